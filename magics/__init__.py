@@ -1,0 +1,6 @@
+def load_ipython_extension(ipython):
+    pass
+
+
+def unload_ipython_extension(ipython):
+    pass

@@ -1,0 +1,206 @@
+"""Local engine: one torchrun agent per simulated node, all on this machine.
+
+Processes are found by the job id in their environment (`/proc/<pid>/environ`), not by
+parentage: torchrun starts each worker in a session of its own, and a restarted launcher is
+nobody's parent. So `signal` reaches every process of an attempt whoever started it, and
+nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal as signals
+import subprocess
+import sys
+from typing import Any
+
+from ..spec import JobSpec
+from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
+
+# Resident memory one CPU rank needs at least (torch imported, a small model): ~400 MB.
+_RANK_MEMORY = 400 * 2**20
+_SUMMARY_BLOCK = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+
+
+def torchrun_argv(spec: JobSpec, node: int, port: int, script: str, python: str) -> list[str]:
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={spec.nodes}", f"--node-rank={node}", f"--nproc-per-node={spec.nproc_per_node}",
+        "--master-addr=127.0.0.1", f"--master-port={port}",
+        # The launcher owns restarts (whole-job, resumed from a committed checkpoint).
+        "--max-restarts=0", "--monitor-interval=0.1",
+        "-m", "jupyter_dlc.runtime.bootstrap", script, *spec.args,
+    ]
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def visible_gpus() -> int:
+    """GPUs this machine shows, without importing torch (NVML through the driver files)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    return len([name for name in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", name)]) \
+        if os.path.isdir("/dev") else 0
+
+
+def job_processes() -> dict[tuple[str, int], list[int]]:
+    """(job id, attempt) → pids, for every process on this machine that belongs to a job."""
+    found: dict[tuple[str, int], list[int]] = {}
+    own = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == b"Z" or b"DLC_JOB_ID=" not in environ:
+            continue
+        job = attempt = None
+        for item in environ.split(b"\0"):
+            if item.startswith(b"DLC_JOB_ID="):
+                job = item[11:].decode()
+            elif item.startswith(b"DLC_ATTEMPT="):
+                attempt = int(item[12:] or 0)
+        if job is not None and attempt is not None:
+            found.setdefault((job, attempt), []).append(int(entry))
+    return found
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def capacity_error(self, spec: JobSpec) -> str | None:
+        if spec.nodes * spec.nproc_per_node > 1 and visible_gpus() and \
+                spec.nproc_per_node > visible_gpus():
+            return (f"nproc_per_node: {spec.nproc_per_node} processes per node but this machine has "
+                    f"{visible_gpus()} GPUs; use --nproc-per-node {visible_gpus()} or fewer")
+        procs = spec.nodes * spec.nproc_per_node
+        cpu_limit = 8 * (os.cpu_count() or 1)
+        mem_limit = max(1, _available_memory() // _RANK_MEMORY) if _available_memory() else cpu_limit
+        limit = min(cpu_limit, mem_limit)
+        if procs > limit:
+            why = "8 per CPU core" if limit == cpu_limit else f"{_RANK_MEMORY >> 20} MB of free memory each"
+            return (f"nodes x nproc_per_node: {procs} processes exceed what this machine can run "
+                    f"({limit}: {why}); ask for fewer, or use a cluster backend")
+        return None
+
+    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
+        python = ctx.spec.python or sys.executable
+        commands = [torchrun_argv(ctx.spec, node, ctx.port, ctx.script_path, python)
+                    for node in range(ctx.spec.nodes)]
+        return {"backend": "local", "cwd": ctx.spec.workdir or ctx.job_dir, "env": ctx.env,
+                "commands": commands,
+                "shell": [" ".join(shlex.quote(arg) for arg in argv) for argv in commands]}
+
+    def start(self, ctx: AttemptContext) -> dict[str, Any]:
+        request = self.dry_run(ctx)
+        nodes = []
+        for node, argv in enumerate(request["commands"]):
+            log_path = os.path.join(ctx.attempt_dir, f"node-{node}.log")
+            exit_path = os.path.join(ctx.attempt_dir, f"node-{node}.exit")
+            # The shell outlives torchrun only to record its exit code, which a launcher that
+            # restarted meanwhile could not learn from waitpid.
+            wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
+            env = dict(ctx.env, DLC_NODE_RANK=str(node))
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(["/bin/sh", "-c", wrapper], cwd=request["cwd"], env=env,
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
+            nodes.append({"node": node, "pid": proc.pid})
+            # Reap it from a thread-free call later; Popen objects are not kept.
+            _detach(proc)
+        return {"nodes": nodes}
+
+    def poll(self, ctx: AttemptContext, handle: dict[str, Any],
+             processes: dict[tuple[str, int], list[int]] | None = None) -> AttemptStatus:
+        if processes is None:
+            processes = job_processes()
+        alive = set(processes.get((ctx.job_id, ctx.attempt), []))
+        status = AttemptStatus()
+        for node in range(ctx.spec.nodes):
+            exit_code = _read_int(os.path.join(ctx.attempt_dir, f"node-{node}.exit"))
+            pid = next((n["pid"] for n in handle.get("nodes", []) if n["node"] == node), None)
+            running = exit_code is None and pid is not None and pid in alive
+            status.nodes.append(NodeStatus(node, running, exit_code))
+        summary_codes = self._agent_summary_codes(ctx)
+        for rank in range(ctx.spec.world_size):
+            record = _read_json(os.path.join(ctx.attempt_dir, f"rank-{rank}.json")) or {}
+            pid = record.get("pid")
+            exit_code = record.get("exit_code")
+            if exit_code is None and rank in summary_codes:
+                exit_code = summary_codes[rank]
+            running = exit_code is None and pid is not None and pid in alive
+            status.ranks[rank] = RankStatus(rank, pid, running, exit_code, record.get("start"),
+                                            record.get("end"))
+        return status
+
+    def _agent_summary_codes(self, ctx: AttemptContext) -> dict[int, int]:
+        """Exit codes of workers killed by a signal, from torchrun's failure summary."""
+        codes: dict[int, int] = {}
+        for node in range(ctx.spec.nodes):
+            try:
+                with open(os.path.join(ctx.attempt_dir, f"node-{node}.log"), errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for rank, code in _SUMMARY_BLOCK.findall(text):
+                code = int(code)
+                # torchrun reports death by signal N as -N; the shell convention is 128 + N.
+                codes[int(rank)] = 128 - code if code < 0 else code
+        return codes
+
+    def signal(self, ctx: AttemptContext, handle: dict[str, Any], sig: int,
+               processes: dict[tuple[str, int], list[int]] | None = None) -> int:
+        if processes is None:
+            processes = job_processes()
+        count = 0
+        for pid in processes.get((ctx.job_id, ctx.attempt), []):
+            try:
+                os.kill(pid, sig)
+                count += 1
+            except ProcessLookupError:
+                pass
+        return count
+
+
+def _detach(proc: subprocess.Popen) -> None:
+    # Popen's __del__ would warn about a running child; the launcher reaps children with
+    # a SIGCHLD-free waitpid sweep instead (see Supervisor.reap).
+    proc.returncode = 0
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+TERM, KILL = signals.SIGTERM, signals.SIGKILL

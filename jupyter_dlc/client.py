@@ -1,0 +1,206 @@
+"""The one HTTP client of the launcher; finds it through its connection file or starts it.
+
+Stdlib only (urllib): it runs in kernels, the CLI and the server extension.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Iterator
+
+from . import paths
+from .spec import JobSpec
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class LauncherError(RuntimeError):
+    """The launcher answered with an error (its one-line message) or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class LauncherUnavailable(LauncherError):
+    pass
+
+
+class LauncherClient:
+    def __init__(self, url: str, token: str, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    # -- finding or starting the launcher ---------------------------------------------------
+    @classmethod
+    def from_connection_file(cls, path: str | None = None) -> "LauncherClient | None":
+        try:
+            with open(path or paths.connection_file()) as f:
+                info = json.load(f)
+            return cls(info["url"], info["token"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @classmethod
+    def connect(cls, start: bool = True, timeout: float = 30.0) -> "LauncherClient":
+        client = cls.from_connection_file()
+        if client is not None and client.alive():
+            return client
+        if not start:
+            raise LauncherUnavailable("launcher: not running; start it with `jupyter-dlc launcher start`")
+        os.makedirs(paths.runtime_dir(), exist_ok=True)
+        # Two kernels starting at once must not start two launchers: one waits for the other.
+        with open(os.path.join(paths.runtime_dir(), "jupyter-dlc-launcher.start.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            client = cls.from_connection_file()
+            if client is not None and client.alive():
+                return client
+            proc = start_launcher()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                client = cls.from_connection_file()
+                if client is not None and client.alive():
+                    return client
+                if proc.poll() is not None and proc.returncode != 3:  # 3: another one serves
+                    break
+                time.sleep(0.05)
+        log = os.path.join(paths.data_dir(), "launcher.log")
+        raise LauncherUnavailable(f"launcher: did not start within {timeout:g}s; see {log}")
+
+    def alive(self) -> bool:
+        try:
+            return bool(self.request("GET", "/healthz", timeout=2)[1].get("ok"))
+        except LauncherError:
+            return False
+
+    # -- HTTP ---------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, params: dict | None = None,
+                timeout: float | None = None) -> tuple[int, dict]:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        url = self.url + path + (("?" + urllib.parse.urlencode(query)) if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={
+            "Authorization": f"token {self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                raw = resp.read()
+                return resp.status, (json.loads(raw) if raw else {})
+        except urllib.error.HTTPError as error:
+            raw = error.read()
+            try:
+                message = json.loads(raw).get("error") or raw.decode()
+            except ValueError:
+                message = raw.decode(errors="replace") or str(error)
+            raise LauncherError(message, error.code) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
+            raise LauncherUnavailable(f"launcher: unreachable at {self.url} ({error})") from None
+
+    def _get(self, path: str, **params: Any) -> dict:
+        return self.request("GET", path, params=params)[1]
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        return self.request("POST", path, body=body or {})[1]
+
+    # -- the API ------------------------------------------------------------------------
+    def submit(self, spec: JobSpec | dict) -> dict:
+        data = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        if isinstance(spec, dict):
+            JobSpec.from_dict(dict(data))  # the same one-line errors before the round trip
+        return self._post("/api/jobs", data)
+
+    def jobs(self) -> list[dict]:
+        return self._get("/api/jobs")["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        return self._get(f"/api/jobs/{job_id}")
+
+    def stop(self, job_id: str, grace: float | None = None) -> dict:
+        return self._post(f"/api/jobs/{job_id}/stop", {"grace": grace} if grace is not None else {})
+
+    def resume(self, job_id: str, step: int | None = None) -> dict:
+        return self._post(f"/api/jobs/{job_id}/resume", {"step": step} if step is not None else {})
+
+    def clone(self, job_id: str) -> dict:
+        return self._post(f"/api/jobs/{job_id}/clone")
+
+    def delete(self, job_id: str) -> None:
+        self.request("DELETE", f"/api/jobs/{job_id}")
+
+    def logs(self, job_id: str, rank: int | None = None, tail: int | None = None,
+             cursor: str | None = None, attempt: int | None = None) -> dict:
+        return self._get(f"/api/jobs/{job_id}/logs", rank=rank, tail=tail, cursor=cursor,
+                         attempt=attempt)
+
+    def metrics(self, job_id: str, since: int = 0) -> dict:
+        return self._get(f"/api/jobs/{job_id}/metrics", since=since)
+
+    def events(self, job_id: str, since: int = 0) -> list[dict]:
+        return self._get(f"/api/jobs/{job_id}/events", since=since)["events"]
+
+    def checkpoints(self, job_id: str) -> list[dict]:
+        return self._get(f"/api/jobs/{job_id}/checkpoints")["checkpoints"]
+
+    def diagnosis(self, job_id: str) -> list[dict]:
+        return self._get(f"/api/jobs/{job_id}/diagnosis")["diagnoses"]
+
+    def alerts(self, job_id: str) -> dict:
+        return self._get(f"/api/jobs/{job_id}/alerts")
+
+    def script(self, job_id: str) -> dict:
+        return self._get(f"/api/jobs/{job_id}/script")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.5) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout:g}s")
+            time.sleep(poll)
+
+    def stream(self, timeout: float = 60.0) -> Iterator[tuple[str, dict]]:
+        """(event, data) pairs from the launcher's server-sent events."""
+        req = urllib.request.Request(self.url + "/api/stream",
+                                     headers={"Authorization": f"token {self.token}"})
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as error:
+            raise LauncherError(f"stream: {error.code}", error.code) from None
+        except (urllib.error.URLError, OSError) as error:
+            raise LauncherUnavailable(f"launcher: unreachable at {self.url} ({error})") from None
+        with resp:
+            event, data = "message", []
+            for raw in resp:
+                line = raw.decode().rstrip("\n")
+                if not line:
+                    if data:
+                        yield event, json.loads("\n".join(data))
+                    event, data = "message", []
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+
+
+def start_launcher() -> subprocess.Popen:
+    """Start a detached launcher (own session, so it outlives this kernel or shell)."""
+    data_dir = paths.data_dir()
+    os.makedirs(data_dir, exist_ok=True)
+    log = open(os.path.join(data_dir, "launcher.log"), "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "jupyter_dlc.launcher", "--data-dir", data_dir,
+                                 "--connection-file", paths.connection_file()],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, close_fds=True)
+    finally:
+        log.close()

@@ -1,0 +1,93 @@
+"""`python -m jupyter_dlc.launcher`: the per-user launcher service on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+
+import tornado.httpserver
+import tornado.ioloop
+
+from .. import paths
+from .app import Launcher, make_app
+from .store import Store
+from .supervisor import Supervisor
+
+
+def write_connection_file(path: str, info: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--connection-file", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)  # reports arrive many times a second
+    data_dir = os.path.abspath(args.data_dir or paths.data_dir())
+    os.makedirs(data_dir, exist_ok=True)
+    # One launcher per data directory: a second one would supervise the same jobs twice.
+    lock = open(os.path.join(data_dir, "launcher.lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"launcher: another launcher already serves {data_dir}", file=sys.stderr)
+        return 3
+    conn_path = args.connection_file or paths.connection_file()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(128)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    token = secrets.token_urlsafe(24)
+    store = Store(os.path.join(data_dir, "launcher.sqlite"))
+    supervisor = Supervisor(store, data_dir, url)
+    launcher = Launcher(store, supervisor, data_dir, token)
+    from .alerting import attach_alerts
+
+    attach_alerts(supervisor)
+    server = tornado.httpserver.HTTPServer(make_app(launcher))
+    server.add_sockets([sock])
+    supervisor.start()
+    write_connection_file(conn_path, {"url": url, "token": token, "pid": os.getpid(),
+                                      "data_dir": data_dir, "started": time.time()})
+    logging.info("launcher serving %s for %s", url, data_dir)
+    loop = tornado.ioloop.IOLoop.current()
+
+    def shutdown(*_):
+        loop.add_callback_from_signal(loop.stop)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    try:
+        loop.start()
+    finally:
+        supervisor.stopped.set()
+        try:
+            with open(conn_path) as f:
+                if json.load(f).get("pid") == os.getpid():
+                    os.unlink(conn_path)
+        except (OSError, ValueError):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

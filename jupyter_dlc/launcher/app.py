@@ -1,0 +1,429 @@
+"""The launcher's HTTP API (tornado). Every route checks the token; see ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import math
+import os
+import time
+from typing import Any
+
+import tornado.web
+
+from .. import __version__, layout
+from ..backends import get_backend
+from ..spec import JobSpec, SpecError
+from .store import ACTIVE_STATES, TERMINAL_STATES, Store
+from .supervisor import Supervisor, create_job_dir, new_job_id
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or Infinity; send them as strings so every client can parse the body."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Launcher:
+    """What the handlers share: the store, the supervisor, the token."""
+
+    def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str):
+        self.store = store
+        self.supervisor = supervisor
+        self.data_dir = data_dir
+        self.token = token
+        self.started = time.time()
+
+
+class BaseHandler(tornado.web.RequestHandler):
+    launcher: Launcher
+
+    def initialize(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+
+    @property
+    def store(self) -> Store:
+        return self.launcher.store
+
+    def presented_token(self) -> str:
+        header = self.request.headers.get("Authorization", "")
+        if header.lower().startswith("token "):
+            return header[6:].strip()
+        if header.lower().startswith("bearer "):
+            return header[7:].strip()
+        return self.get_query_argument("token", "")
+
+    def allowed(self, token: str) -> bool:
+        return hmac.compare_digest(token, self.launcher.token)
+
+    def prepare(self) -> None:
+        if not self.allowed(self.presented_token()):
+            self.fail(401, "token: missing or wrong; read it from the launcher's connection file")
+
+    def fail(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+        raise tornado.web.Finish()
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(_clean(data), default=_json_default))
+
+    def body(self) -> dict:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError:
+            self.fail(400, "body: not valid JSON")
+        if not isinstance(data, dict):
+            self.fail(400, "body: expected a JSON object")
+        return data
+
+    def job_or_404(self, ref: str):
+        job_id = self.store.resolve_id(ref)
+        row = self.store.job_row(job_id) if job_id else None
+        if row is None:
+            self.fail(404, f"job: no job {ref!r}; `jupyter-dlc list` shows the jobs")
+        return row
+
+    def int_arg(self, name: str, default: int | None = None) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw in (None, ""):
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            self.fail(400, f"{name}: expected a whole number, got {raw!r}")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": self._reason}))
+
+
+def job_detail(store: Store, row) -> dict:
+    job = store.summary(row)
+    job["spec"] = json.loads(row["spec"])
+    job["ranks"] = [dict(r) for r in store.rank_rows(row["id"], row["attempt"])]
+    attempts = []
+    for a in store.attempt_rows(row["id"]):
+        item = {k: a[k] for k in ("attempt", "state", "started", "ended", "reason", "outcome",
+                                  "resume_path", "restarts")}
+        item["failure"] = json.loads(a["failure"]) if a["failure"] else None
+        attempts.append(item)
+    job["attempts"] = attempts
+    checkpoints = store.checkpoints(row["id"])
+    job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
+    return job
+
+
+class HealthHandler(BaseHandler):
+    def get(self) -> None:
+        self.reply({"ok": True, "pid": os.getpid(), "version": __version__,
+                    "started": self.launcher.started})
+
+
+class JobsHandler(BaseHandler):
+    def get(self) -> None:
+        self.reply({"jobs": [self.store.summary(r) for r in self.store.job_rows()]})
+
+    def post(self) -> None:
+        try:
+            spec = JobSpec.from_dict(self.body())
+        except (SpecError, TypeError) as error:
+            self.fail(400, str(error))
+        refusal = get_backend(spec.backend).capacity_error(spec) if spec.backend == "local" else None
+        if spec.backend != "local":
+            refusal = f"backend: {spec.backend!r} is not available in this launcher; use 'local'"
+        if refusal:
+            self.fail(400, refusal)
+        if spec.script is not None and not os.path.isfile(spec.script):
+            self.fail(400, f"script: {spec.script} does not exist; give a path to a Python file")
+        self.reply(submit(self.launcher, spec), 201)
+
+
+def submit(launcher: Launcher, spec: JobSpec) -> dict:
+    job_id = new_job_id(spec.name)
+    job_dir = create_job_dir(launcher.data_dir, job_id, spec)
+    token = base64.urlsafe_b64encode(os.urandom(18)).decode()
+    launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
+    launcher.supervisor.wake.set()
+    return job_detail(launcher.store, launcher.store.job_row(job_id))
+
+
+class JobHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        self.reply(job_detail(self.store, self.job_or_404(ref)))
+
+    def delete(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        if row["state"] in ACTIVE_STATES:
+            self.fail(409, f"job: {row['id']} is {row['state']}; stop it first")
+        self.store.delete_job(row["id"])
+        layout_dir = row["job_dir"]
+        if layout_dir.startswith(os.path.join(self.launcher.data_dir, "jobs")):
+            import shutil
+
+            shutil.rmtree(layout_dir, ignore_errors=True)
+        self.set_status(204)
+        self.finish()
+
+
+class ActionHandler(BaseHandler):
+    def post(self, ref: str, action: str) -> None:
+        row = self.job_or_404(ref)
+        body = self.body()
+        supervisor = self.launcher.supervisor
+        if action == "stop":
+            if row["state"] in TERMINAL_STATES:
+                self.fail(409, f"job: {row['id']} already ended ({row['state']})")
+            grace = body.get("grace")
+            if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
+                self.fail(400, "grace: expected seconds >= 0")
+            supervisor.request_stop(row["id"], grace)
+        elif action == "resume":
+            if row["state"] not in TERMINAL_STATES:
+                self.fail(409, f"job: {row['id']} is {row['state']}; only an ended job can be resumed")
+            step = body.get("step")
+            if step is not None:
+                spec = json.loads(row["spec"])
+                ckpt_dir = spec.get("checkpoint_dir") or os.path.join(row["job_dir"], "checkpoints")
+                steps = [c["step"] for c in layout.committed_steps(ckpt_dir)]
+                if not isinstance(step, int) or step not in steps:
+                    self.fail(400, f"step: {step!r} is not a committed checkpoint; committed steps: "
+                              f"{', '.join(map(str, steps)) or 'none'}")
+            supervisor.resume(row["id"], step)
+        elif action == "clone":
+            spec = JobSpec.from_dict(json.loads(row["spec"]))
+            if spec.code is None:
+                spec.script = os.path.join(row["job_dir"], "script.py")
+            spec.files = {name: os.path.join(row["job_dir"], "files", name) for name in spec.files}
+            self.reply(submit(self.launcher, spec), 201)
+            return
+        else:
+            self.fail(404, f"action: unknown {action!r}; use stop, resume or clone")
+        self.reply(job_detail(self.store, self.store.job_row(row["id"])))
+
+
+class ReportHandler(BaseHandler):
+    def prepare(self) -> None:
+        pass  # checked in post: the job's own token is accepted here too
+
+    def post(self, ref: str) -> None:
+        row = self.store.job_row(ref)
+        token = self.presented_token()
+        if row is None:
+            if not self.allowed(token):
+                self.fail(401, "token: missing or wrong")
+            self.fail(404, f"job: no job {ref!r}")
+        if not (self.allowed(token) or hmac.compare_digest(token, row["token"])):
+            self.fail(401, "token: missing or wrong for this job")
+        report = self.body()
+        attempt = int(report.get("attempt") or row["attempt"])
+        if attempt != row["attempt"]:
+            # A straggler of an attempt that already ended: accepted, not stored.
+            self.reply({"ok": True, "commands": ["stop"], "stale": True})
+            return
+        self.store.record_report(row["id"], attempt, report)
+        self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],
+                                                                               int(report.get("rank", 0)))})
+
+
+class LogsHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        rank = self.int_arg("rank")
+        tail = self.int_arg("tail")
+        attempt = self.int_arg("attempt", row["attempt"])
+        raw_cursor = self.get_query_argument("cursor", "")
+        try:
+            cursor = json.loads(base64.urlsafe_b64decode(raw_cursor)) if raw_cursor else {}
+        except ValueError:
+            self.fail(400, "cursor: not a cursor this launcher returned")
+        if cursor.get("attempt") not in (None, attempt):
+            cursor = {}
+        spec = json.loads(row["spec"])
+        world = spec["nodes"] * spec["nproc_per_node"]
+        ranks = [rank] if rank is not None else list(range(world))
+        offsets = cursor.get("offsets", {})
+        lines = []
+        attempt_dir = layout.attempt_dir(row["job_dir"], attempt)
+        for r in ranks:
+            path = layout.rank_log(attempt_dir, r)
+            start = int(offsets.get(str(r), 0))
+            text, end = read_log(path, start, tail if not raw_cursor else None)
+            offsets[str(r)] = end
+            lines.extend({"rank": r, "attempt": attempt, "text": line} for line in text)
+        new_cursor = base64.urlsafe_b64encode(json.dumps(
+            {"attempt": attempt, "offsets": offsets}).encode()).decode()
+        self.reply({"lines": lines, "cursor": new_cursor, "attempt": attempt})
+
+
+def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> tuple[list[str], int]:
+    """Complete lines from `start` (or the last `tail` lines); returns them and the new offset."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return [], start
+    if start > size:  # the file was replaced; start over
+        start = 0
+    if tail is not None:
+        start = max(start, size - max(tail, 1) * 400 - 4096)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(min(size - start, limit))
+    cut = data.rfind(b"\n") + 1
+    text = data[:cut].decode("utf-8", errors="replace").splitlines()
+    if tail is not None:
+        text = text[-tail:] if tail > 0 else []
+    return text, start + cut
+
+
+class MetricsHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        points = self.store.metrics(row["id"], self.int_arg("since", 0) or 0)
+        self.reply({"points": points, "last_seq": points[-1]["seq"] if points else
+                    (self.int_arg("since", 0) or 0)})
+
+
+class EventsHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        self.reply({"events": self.store.events(row["id"], self.int_arg("since", 0) or 0)})
+
+
+class CheckpointsHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        spec = json.loads(row["spec"])
+        ckpt_dir = spec.get("checkpoint_dir") or os.path.join(row["job_dir"], "checkpoints")
+        reported = {c["step"]: c for c in self.store.checkpoints(row["id"])}
+        out = []
+        # The file system decides what is committed; the reports add timing.
+        for record in layout.committed_steps(ckpt_dir):
+            extra = reported.get(record["step"], {})
+            out.append(dict(record, seconds=extra.get("seconds"), attempt=extra.get("attempt")))
+        self.reply({"checkpoints": out})
+
+
+class DiagnosisHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        out = []
+        for a in self.store.attempt_rows(row["id"]):
+            if a["failure"]:
+                out.append(dict(json.loads(a["failure"]), attempt=a["attempt"],
+                                reason=a["reason"]))
+        self.reply({"diagnoses": out})
+
+
+class AlertsHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        state = json.loads(row["alert_state"]) if row["alert_state"] else {}
+        self.reply({"alerts": state.get("alerts", []),
+                    "events": self.store.events(row["id"], types=("alert", "alert_resolved"))})
+
+
+class ScriptHandler(BaseHandler):
+    def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        with open(os.path.join(row["job_dir"], "script.py")) as f:
+            self.reply({"script": f.read(), "files": sorted(os.listdir(
+                os.path.join(row["job_dir"], "files")))})
+
+
+class StreamHandler(BaseHandler):
+    """Server-sent events: a job summary whenever it changes, and alert events."""
+
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        sent: dict[str, dict] = {}
+        alert_seq = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        last_ping = 0.0
+        try:
+            while True:
+                for row in self.store.job_rows():
+                    summary = _clean(self.store.summary(row))
+                    if sent.get(row["id"]) != summary:
+                        sent[row["id"]] = summary
+                        self.write(f"event: job\ndata: {json.dumps(summary)}\n\n")
+                gone = set(sent) - {r["id"] for r in self.store.job_rows()}
+                for job_id in gone:
+                    sent.pop(job_id)
+                    self.write(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
+                for event in self.store.db.execute(
+                        "SELECT * FROM events WHERE seq > ? AND type IN ('alert', 'alert_resolved',"
+                        " 'diagnosis') ORDER BY seq", (alert_seq,)).fetchall():
+                    alert_seq = event["seq"]
+                    self.write(f"event: {event['type']}\ndata: {json.dumps(dict(event))}\n\n")
+                if time.time() - last_ping > 15:
+                    self.write(": ping\n\n")
+                    last_ping = time.time()
+                await self.flush()
+                await asyncio.sleep(0.25)
+        except tornado.iostream.StreamClosedError:
+            return
+
+
+class PrometheusHandler(BaseHandler):
+    def get(self) -> None:
+        rows = self.store.job_rows()
+        lines = ["# HELP dlc_jobs Jobs by state.", "# TYPE dlc_jobs gauge"]
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row["state"]] = counts.get(row["state"], 0) + 1
+        for state in (*ACTIVE_STATES, *TERMINAL_STATES):
+            lines.append(f'dlc_jobs{{state="{state}"}} {counts.get(state, 0)}')
+        lines += ["# HELP dlc_job_step Last step reported.", "# TYPE dlc_job_step gauge"]
+        lines += [f'dlc_job_step{{job="{r["id"]}"}} {r["last_step"]}' for r in rows
+                  if r["last_step"] is not None]
+        lines += ["# HELP dlc_job_loss Last loss reported by rank 0.", "# TYPE dlc_job_loss gauge"]
+        lines += [f'dlc_job_loss{{job="{r["id"]}"}} {r["last_loss"]}' for r in rows
+                  if r["last_loss"] is not None]
+        self.set_header("Content-Type", "text/plain; version=0.0.4")
+        self.finish("\n".join(lines) + "\n")
+
+
+class NotFoundHandler(BaseHandler):
+    def get(self, *_: Any) -> None:
+        self.fail(404, f"route: {self.request.path} does not exist")
+
+    post = delete = get
+
+
+def make_app(launcher: Launcher) -> tornado.web.Application:
+    job = r"/api/jobs/([^/]+)"
+    args = {"launcher": launcher}
+    return tornado.web.Application([
+        (r"/healthz", HealthHandler, args),
+        (r"/metrics", PrometheusHandler, args),
+        (r"/api/stream", StreamHandler, args),
+        (r"/api/jobs", JobsHandler, args),
+        (job, JobHandler, args),
+        (job + r"/(stop|resume|clone)", ActionHandler, args),
+        (job + r"/report", ReportHandler, args),
+        (job + r"/logs", LogsHandler, args),
+        (job + r"/metrics", MetricsHandler, args),
+        (job + r"/events", EventsHandler, args),
+        (job + r"/checkpoints", CheckpointsHandler, args),
+        (job + r"/diagnosis", DiagnosisHandler, args),
+        (job + r"/alerts", AlertsHandler, args),
+        (job + r"/script", ScriptHandler, args),
+        (r"/.*", NotFoundHandler, args),
+    ])

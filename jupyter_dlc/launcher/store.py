@@ -1,0 +1,319 @@
+"""The launcher's SQLite store (WAL): jobs, attempts, ranks, events, metrics, checkpoints.
+
+One connection per thread (the HTTP loop and the supervisor each have their own); WAL lets
+readers go on while a writer commits. Every state change goes through `transition`, which
+writes the event with its reason in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from typing import Any, Iterable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
+    spec TEXT NOT NULL, token TEXT NOT NULL, job_dir TEXT NOT NULL,
+    created REAL NOT NULL, started REAL, ended REAL, reason TEXT,
+    last_step INTEGER, last_loss REAL, resume_step INTEGER, stop_requested REAL,
+    alert_state TEXT
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
+    started REAL, ended REAL, reason TEXT, outcome TEXT, resume_path TEXT, port INTEGER,
+    handle TEXT, failure TEXT, restarts INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS ranks (
+    job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
+    node INTEGER, local_rank INTEGER, pid INTEGER, state TEXT NOT NULL,
+    exit_code INTEGER, last_step INTEGER, last_progress REAL, last_heartbeat REAL,
+    PRIMARY KEY (job_id, attempt, rank)
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, t REAL NOT NULL,
+    attempt INTEGER, type TEXT NOT NULL, state TEXT, reason TEXT, data TEXT
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq);
+CREATE TABLE IF NOT EXISTS metrics (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, t REAL NOT NULL,
+    attempt INTEGER, rank INTEGER, node INTEGER, step INTEGER, kind TEXT NOT NULL,
+    name TEXT NOT NULL, value REAL, device TEXT
+);
+CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job_id, seq);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, time REAL,
+    size INTEGER, world_size INTEGER, attempt INTEGER, seconds REAL,
+    PRIMARY KEY (job_id, step)
+);
+"""
+
+ACTIVE_STATES = ("QUEUED", "PREFLIGHT", "STARTING", "RUNNING", "RESTARTING", "STOPPING")
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+
+_JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",
+                "last_step", "last_loss")
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number
+
+
+class Store:
+    def __init__(self, path: str):
+        self.path = path
+        self._local = threading.local()
+        self.changed = threading.Condition()
+        self.db.executescript(SCHEMA)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                   check_same_thread=True)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def tx(self):
+        store = self
+
+        class _Tx:
+            def __enter__(self):
+                store.db.execute("BEGIN IMMEDIATE")
+                return store.db
+
+            def __exit__(self, kind, *_):
+                store.db.execute("ROLLBACK" if kind else "COMMIT")
+                return False
+
+        return _Tx()
+
+    # -- jobs ---------------------------------------------------------------------------
+    def insert_job(self, job_id: str, name: str, spec: dict, token: str, job_dir: str) -> None:
+        now = time.time()
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO jobs (id, name, state, attempt, spec, token, job_dir, created)"
+                " VALUES (?, ?, 'QUEUED', 1, ?, ?, ?, ?)",
+                (job_id, name, json.dumps(spec), token, job_dir, now))
+            db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, 1, 'QUEUED')", (job_id,))
+            self._event(db, job_id, 1, "state", "QUEUED", "submitted", None)
+
+    def job_row(self, job_id: str) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+
+    def job_rows(self, states: Iterable[str] | None = None) -> list[sqlite3.Row]:
+        if states:
+            states = tuple(states)
+            marks = ",".join("?" * len(states))
+            return self.db.execute(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created",
+                                   states).fetchall()
+        return self.db.execute("SELECT * FROM jobs ORDER BY created").fetchall()
+
+    def resolve_id(self, ref: str) -> str | None:
+        """A job id, or a unique prefix of one."""
+        row = self.db.execute("SELECT id FROM jobs WHERE id = ?", (ref,)).fetchone()
+        if row:
+            return row["id"]
+        rows = self.db.execute("SELECT id FROM jobs WHERE id LIKE ? LIMIT 2",
+                               (ref.replace("%", "") + "%",)).fetchall()
+        return rows[0]["id"] if len(rows) == 1 else None
+
+    def summary(self, row: sqlite3.Row) -> dict:
+        spec = json.loads(row["spec"])
+        out = {key: row[key] for key in _JOB_SUMMARY}
+        out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
+                   backend=spec.get("backend", "local"), source=spec.get("source") or {},
+                   job_dir=row["job_dir"], stop_requested=row["stop_requested"])
+        if out["last_loss"] is not None and not math.isfinite(out["last_loss"]):
+            out["last_loss"] = str(out["last_loss"])
+        return out
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        cols = ", ".join(f"{key} = ?" for key in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def transition(self, job_id: str, state: str, reason: str, data: dict | None = None,
+                   **fields: Any) -> None:
+        """Move a job (and its current attempt) to `state`, recording why."""
+        now = time.time()
+        with self.tx() as db:
+            attempt = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+            fields = dict(fields, state=state, reason=reason)
+            if state == "RUNNING":
+                fields.setdefault("started", now)
+            if state in TERMINAL_STATES:
+                fields.setdefault("ended", now)
+            cols = ", ".join(f"{key} = ?" for key in fields)
+            db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+            db.execute("UPDATE attempts SET state = ? WHERE job_id = ? AND attempt = ?",
+                       (state, job_id, attempt))
+            self._event(db, job_id, attempt, "state", state, reason, data)
+        self.notify()
+
+    def new_attempt(self, job_id: str, reason: str, resume_step: int | None = None) -> int:
+        with self.tx() as db:
+            row = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            attempt = row[0] + 1
+            db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, ?, 'QUEUED')",
+                       (job_id, attempt))
+            db.execute("UPDATE jobs SET attempt = ?, state = 'QUEUED', reason = ?, ended = NULL,"
+                       " stop_requested = NULL, resume_step = ? WHERE id = ?",
+                       (attempt, reason, resume_step, job_id))
+            self._event(db, job_id, attempt, "state", "QUEUED", reason, None)
+        self.notify()
+        return attempt
+
+    def delete_job(self, job_id: str) -> None:
+        with self.tx() as db:
+            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints"):
+                key = "id" if table == "jobs" else "job_id"
+                db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
+        self.notify()
+
+    # -- attempts and ranks -------------------------------------------------------------
+    def attempt_row(self, job_id: str, attempt: int) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM attempts WHERE job_id = ? AND attempt = ?",
+                               (job_id, attempt)).fetchone()
+
+    def attempt_rows(self, job_id: str) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt",
+                               (job_id,)).fetchall()
+
+    def update_attempt(self, job_id: str, attempt: int, **fields: Any) -> None:
+        cols = ", ".join(f"{key} = ?" for key in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE attempts SET {cols} WHERE job_id = ? AND attempt = ?",
+                       (*fields.values(), job_id, attempt))
+
+    def init_ranks(self, job_id: str, attempt: int, nodes: int, nproc: int) -> None:
+        with self.tx() as db:
+            for rank in range(nodes * nproc):
+                db.execute("INSERT OR REPLACE INTO ranks (job_id, attempt, rank, node, local_rank, state)"
+                           " VALUES (?, ?, ?, ?, ?, 'starting')",
+                           (job_id, attempt, rank, rank // nproc, rank % nproc))
+
+    def rank_rows(self, job_id: str, attempt: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM ranks WHERE job_id = ? AND attempt = ? ORDER BY rank",
+                               (job_id, attempt)).fetchall()
+
+    def update_rank(self, job_id: str, attempt: int, rank: int, **fields: Any) -> None:
+        cols = ", ".join(f"{key} = ?" for key in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE ranks SET {cols} WHERE job_id = ? AND attempt = ? AND rank = ?",
+                       (*fields.values(), job_id, attempt, rank))
+
+    # -- events -------------------------------------------------------------------------
+    def _event(self, db, job_id, attempt, type_, state, reason, data) -> None:
+        db.execute("INSERT INTO events (job_id, t, attempt, type, state, reason, data)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (job_id, time.time(), attempt, type_, state, reason,
+                    json.dumps(data) if data is not None else None))
+
+    def add_event(self, job_id: str, attempt: int, type_: str, reason: str,
+                  data: dict | None = None, state: str | None = None) -> None:
+        with self.tx() as db:
+            self._event(db, job_id, attempt, type_, state, reason, data)
+        self.notify()
+
+    def events(self, job_id: str, since: int = 0, types: Iterable[str] | None = None) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
+                               (job_id, since)).fetchall()
+        out = []
+        for row in rows:
+            if types and row["type"] not in types:
+                continue
+            event = dict(row)
+            event["data"] = json.loads(row["data"]) if row["data"] else None
+            out.append(event)
+        return out
+
+    # -- reports from ranks -------------------------------------------------------------
+    def record_report(self, job_id: str, attempt: int, report: dict) -> dict:
+        """Store one rank report; returns what changed, for the supervisor and the stream."""
+        now = time.time()
+        rank = int(report.get("rank", 0))
+        node = report.get("node")
+        rows = []
+        last_step = None
+        last_loss = None
+        for entry in report.get("metrics") or []:
+            step = entry.get("step")
+            t = float(entry.get("t", now))
+            for name, value in (entry.get("values") or {}).items():
+                rows.append((job_id, t, attempt, rank, node, step, "train", str(name),
+                             _finite(value), None))
+                if name == "loss":
+                    last_loss = _finite(value)
+            if step is not None:
+                last_step = step if last_step is None else max(last_step, step)
+        for entry in report.get("system") or []:
+            t = float(entry.get("t", now))
+            for name, value in (entry.get("values") or {}).items():
+                rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
+                             _finite(value), entry.get("device")))
+        with self.tx() as db:
+            if rows:
+                db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
+                               " value, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            fields = {"last_heartbeat": now, "state": "running"}
+            if report.get("pid"):
+                fields["pid"] = int(report["pid"])
+            sets = ", ".join(f"{key} = ?" for key in fields)
+            db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
+                       " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
+            if last_step is not None:
+                db.execute("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
+                           " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)",
+                           (last_step, now, job_id, attempt, rank, last_step))
+                db.execute("UPDATE jobs SET last_step = ? WHERE id = ? AND"
+                           " (last_step IS NULL OR last_step < ? OR attempt = ?)",
+                           (last_step, job_id, last_step, attempt))
+            if last_loss is not None and rank == 0:
+                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (last_loss, job_id))
+            for event in report.get("events") or []:
+                kind = str(event.get("type", "event"))
+                if kind == "checkpoint":
+                    db.execute("INSERT OR REPLACE INTO checkpoints (job_id, step, path, time, size,"
+                               " world_size, attempt, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               (job_id, event.get("step"), event.get("path"), event.get("t", now),
+                                event.get("size"), event.get("world_size"), attempt,
+                                event.get("seconds")))
+                reason = event.get("message") or f"rank {rank}: {kind}" + (
+                    f" at step {event['step']}" if event.get("step") is not None else "")
+                self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
+        return {"steps": last_step is not None, "events": bool(report.get("events"))}
+
+    def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                               (job_id, since, limit)).fetchall()
+        return [dict(row) for row in rows]
+
+    def metric_window(self, job_id: str, t_from: float) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND t >= ? ORDER BY seq",
+                               (job_id, t_from)).fetchall()
+
+    def checkpoints(self, job_id: str) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step",
+                               (job_id,)).fetchall()
+        return [dict(row) for row in rows]
+
+    # -- change notification (for the event stream) --------------------------------------
+    def notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()

@@ -1,0 +1,402 @@
+"""The supervisor (AIMaster's job): drives every job through its lifecycle.
+
+    QUEUED → PREFLIGHT → STARTING → RUNNING → SUCCEEDED | FAILED | STOPPED
+    RUNNING → RESTARTING → QUEUED (attempt + 1, resumed from the newest committed step)
+    any active state → STOPPING → STOPPED (a user's stop: SIGTERM, grace, SIGKILL)
+
+All state lives in the store and in the job directory, and processes are found by their
+environment, so a launcher started after a crash (or kill -9) picks up where the last one
+left off: the loop has no memory of its own beyond timers it can recompute.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+from .. import layout
+from ..backends import AttemptContext, get_backend
+from ..backends.local import job_processes
+from ..spec import JobSpec, network_env
+from .preflight import run_preflight
+from .store import ACTIVE_STATES, Store
+
+log = logging.getLogger("jupyter_dlc.launcher")
+
+# After every rank reported a clean exit, an agent still alive this long is stuck in
+# torchrun's exit barrier (see FIELD-NOTES): it is killed and the job still succeeds.
+EXIT_BARRIER_GRACE = 5.0
+MAX_BACKOFF = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Supervisor(threading.Thread):
+    def __init__(self, store: Store, data_dir: str, url: str, tick: float = 0.2):
+        super().__init__(name="dlc-supervisor", daemon=True)
+        self.store = store
+        self.data_dir = data_dir
+        self.url = url
+        self.tick_seconds = tick
+        self.wake = threading.Event()
+        self.stopped = threading.Event()
+        self.hooks: list[Any] = []  # callables(job_row, now) run each tick (alerts)
+        # Commands for ranks (from checkpoint-and-stop alerts), handed out with report answers.
+        self.pending: dict[str, set[str]] = {}
+
+    def commands_for(self, job_id: str, rank: int) -> list[str]:
+        del rank  # every rank gets the same command; they act on it at the same step boundary
+        return sorted(self.pending.get(job_id, ()))
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not end supervision of every job
+                log.error("supervisor tick failed:\n%s", traceback.format_exc())
+            self.wake.wait(self.tick_seconds)
+            self.wake.clear()
+
+    def tick(self) -> None:
+        _reap_children()
+        processes = job_processes()
+        now = time.time()
+        for row in self.store.job_rows(ACTIVE_STATES):
+            try:
+                self.advance(row, processes, now)
+                for hook in self.hooks:
+                    hook(self.store.job_row(row["id"]), now)
+            except Exception:
+                log.error("job %s: %s", row["id"], traceback.format_exc())
+
+    # -- helpers ------------------------------------------------------------------------
+    def context(self, row, attempt: int | None = None) -> AttemptContext:
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        attempt = attempt or row["attempt"]
+        arow = self.store.attempt_row(row["id"], attempt)
+        job_dir = row["job_dir"]
+        attempt_dir = os.path.join(job_dir, f"attempt-{attempt}")
+        checkpoint_dir = spec.checkpoint_dir or os.path.join(job_dir, "checkpoints")
+        resume = arow["resume_path"] if arow else None
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DLC_", "EASYCKPT_"))}
+        env.update(network_env(spec.network))
+        env.update(spec.env)
+        env.update({
+            "PYTHONUNBUFFERED": "1",
+            "DLC_JOB_ID": row["id"], "DLC_JOB_NAME": row["name"], "DLC_ATTEMPT": str(attempt),
+            "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
+            "DLC_LAUNCHER_URL": self.url, "DLC_TOKEN": row["token"], "DLC_JOB_DIR": job_dir,
+            "DLC_ATTEMPT_DIR": attempt_dir, "DLC_CHECKPOINT_DIR": checkpoint_dir,
+            "DLC_RESUME_PATH": resume or "", "EASYCKPT_RESUME_PATH": resume or "",
+            "DLC_HEARTBEAT_INTERVAL": f"{spec.heartbeat_interval:g}",
+            "DLC_KEEP_LAST": str(spec.keep_last),
+            "DLC_COLLECTIVE_TIMEOUT": f"{spec.collective_timeout:g}",
+        })
+        return AttemptContext(row["id"], attempt, spec, job_dir, attempt_dir,
+                              os.path.join(job_dir, "script.py"), env,
+                              (arow["port"] if arow and arow["port"] else 0))
+
+    def advance(self, row, processes, now: float) -> None:
+        state = row["state"]
+        if state == "QUEUED":
+            self.start_attempt(row)
+        elif state in ("STARTING", "RUNNING"):
+            self.watch(row, processes, now)
+        elif state == "STOPPING":
+            self.finish_stop(row, processes, now)
+        elif state == "RESTARTING":
+            self.maybe_restart(row, processes, now)
+        elif state == "PREFLIGHT":
+            # A launcher died mid-preflight: nothing was started, so simply preflight again.
+            self.start_attempt(row)
+
+    # -- starting -----------------------------------------------------------------------
+    def start_attempt(self, row) -> None:
+        job_id = row["id"]
+        if row["stop_requested"]:
+            self.store.transition(job_id, "STOPPED", "stopped before it started")
+            return
+        self.store.transition(job_id, "PREFLIGHT", "checking the environment")
+        ctx = self.context(row)
+        port = free_port()
+        self.store.update_attempt(job_id, ctx.attempt, port=port, started=time.time())
+        ckpt_dir = ctx.env["DLC_CHECKPOINT_DIR"]
+        committed = layout.committed_steps(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+        last_size = committed[-1]["size"] if committed else 0
+        failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size)
+                  if not c.ok]
+        if failed:
+            self.store.transition(job_id, "FAILED", str(failed[0]),
+                                  {"preflight": [c.__dict__ for c in failed]})
+            return
+        resume_path = self.resume_path(row, committed)
+        self.store.update_attempt(job_id, ctx.attempt, resume_path=resume_path)
+        ctx = self.context(self.store.job_row(job_id))
+        os.makedirs(ctx.attempt_dir, exist_ok=True)
+        self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
+        backend = get_backend(ctx.spec.backend)
+        handle = backend.start(ctx)
+        self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
+        reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
+        if resume_path:
+            reason += f", resuming from {os.path.basename(resume_path)}"
+        self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
+                                                           "port": port})
+
+    def resume_path(self, row, committed) -> str | None:
+        if not committed:
+            return None
+        wanted = row["resume_step"]
+        if wanted is None:
+            return committed[-1]["path"]
+        for step in committed:
+            if step["step"] == wanted:
+                return step["path"]
+        return committed[-1]["path"]
+
+    # -- running ------------------------------------------------------------------------
+    def watch(self, row, processes, now: float) -> None:
+        job_id = row["id"]
+        ctx = self.context(row)
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        handle = json.loads(arow["handle"] or "{}")
+        backend = get_backend(ctx.spec.backend)
+        status = backend.poll(ctx, handle, processes)
+        alive = bool(processes.get((job_id, ctx.attempt)))
+        ranks = {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
+        for rank, rs in status.ranks.items():
+            known = ranks.get(rank)
+            if known is None:
+                continue
+            state = ("running" if rs.running else "exited" if rs.exit_code == 0 else
+                     "failed" if rs.exit_code is not None else known["state"])
+            if rs.exit_code is None and rs.pid and not rs.running and not alive:
+                state = "lost"
+            changes = {k: v for k, v in (("pid", rs.pid), ("exit_code", rs.exit_code),
+                                         ("state", state)) if v is not None and known[k] != v}
+            if changes:
+                self.store.update_rank(job_id, ctx.attempt, rank, **changes)
+                if "exit_code" in changes:
+                    self.store.add_event(job_id, ctx.attempt, "rank_exit",
+                                         f"rank {rank} exited with code {rs.exit_code}",
+                                         {"rank": rank, "exit_code": rs.exit_code})
+        started = all(rs.pid for rs in status.ranks.values())
+        if row["state"] == "STARTING" and started:
+            self.store.transition(job_id, "RUNNING", "every rank is up")
+        codes = [rs.exit_code for rs in status.ranks.values()]
+        failed = sorted(r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0))
+        node_failed = [n for n in status.nodes if n.exit_code not in (None, 0)]
+        if failed or (node_failed and not all(c == 0 for c in codes)):
+            first = failed[0] if failed else None
+            why = (f"rank {first} exited with code {status.ranks[first].exit_code}" if first is not None
+                   else f"node {node_failed[0].node} agent exited with code {node_failed[0].exit_code}")
+            self.end_attempt(row, ctx, handle, "failed", why, processes)
+            return
+        if codes and all(c == 0 for c in codes):
+            last_end = max((rs.end or 0) for rs in status.ranks.values())
+            if alive and now - last_end < EXIT_BARRIER_GRACE:
+                return
+            preempted = self.store.events(job_id, types=("preempted",))
+            preempted = [e for e in preempted if e["attempt"] == ctx.attempt]
+            self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
+                             "preempted: checkpoint committed, attempt ended cleanly" if preempted
+                             else "every rank exited 0", processes)
+            return
+        if not alive and not status.running:
+            lost = [r for r, rs in status.ranks.items() if rs.exit_code is None]
+            self.end_attempt(row, ctx, handle, "failed",
+                             f"processes of rank(s) {lost} vanished without an exit record", processes)
+            return
+        self.check_liveness(row, ctx, handle, ranks, processes, now)
+
+    def check_liveness(self, row, ctx, handle, ranks, processes, now: float) -> None:
+        spec = ctx.spec
+        arow = self.store.attempt_row(row["id"], ctx.attempt)
+        started = arow["started"] or now
+        if spec.max_runtime and row["started"] and now - (row["started"] or now) > spec.max_runtime:
+            self.end_attempt(row, ctx, handle, "timeout",
+                             f"max runtime {spec.max_runtime:g}s exceeded", processes)
+            return
+        verdict = spec.heartbeat_interval * spec.heartbeat_misses
+        for rank, r in ranks.items():
+            # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
+            if r["last_heartbeat"] and now - r["last_heartbeat"] > verdict and r["exit_code"] is None:
+                self.end_attempt(row, ctx, handle, "failed",
+                                 f"rank {rank} missed {spec.heartbeat_misses} heartbeats "
+                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped", processes)
+                return
+        progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
+        if progress and now - min(progress) > spec.progress_timeout:
+            stuck = min(ranks.values(), key=lambda r: r["last_progress"] or now)
+            self.end_attempt(row, ctx, handle, "failed",
+                             f"no step progress on rank {stuck['rank']} for "
+                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang", processes)
+            return
+        del started
+
+    # -- ending an attempt --------------------------------------------------------------
+    def end_attempt(self, row, ctx, handle, outcome: str, reason: str, processes) -> None:
+        job_id = row["id"]
+        backend = get_backend(ctx.spec.backend)
+        # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
+        backend.signal(ctx, handle, signal.SIGKILL, processes)
+        diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
+        self.store.update_attempt(job_id, ctx.attempt, outcome=outcome, ended=time.time(),
+                                  reason=reason,
+                                  failure=json.dumps(diagnosis) if diagnosis else None)
+        if diagnosis:
+            self.store.add_event(job_id, ctx.attempt, "diagnosis",
+                                 f"{diagnosis.get('class')}: {diagnosis.get('suggestion', '')}",
+                                 diagnosis)
+        if row["stop_requested"] or row["state"] == "STOPPING":
+            self.store.transition(job_id, "STOPPED", "stopped by the user")
+            return
+        if outcome == "succeeded":
+            self.store.transition(job_id, "SUCCEEDED", reason)
+            return
+        if outcome == "timeout":
+            self.store.transition(job_id, "FAILED", reason)
+            return
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        restarts = arow["restarts"] or 0
+        if outcome == "failed":
+            deterministic = self.repeats_last_failure(job_id, ctx.attempt, diagnosis)
+            if deterministic:
+                self.store.transition(job_id, "FAILED", f"{reason}; the same failure at the same step "
+                                      "as the previous attempt: a deterministic bug, not retrying")
+                return
+            if restarts >= ctx.spec.max_restarts:
+                self.store.transition(job_id, "FAILED", f"{reason}; no restarts left "
+                                      f"(--max-restarts {ctx.spec.max_restarts})")
+                return
+        self.store.transition(job_id, "RESTARTING", f"{reason}; restarting", {"outcome": outcome})
+
+    def diagnose(self, ctx) -> dict | None:
+        try:
+            from .diagnosis import diagnose
+        except ImportError:
+            return None
+        exits = {r["rank"]: r["exit_code"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)}
+        try:
+            result = diagnose(ctx.attempt_dir, exits)
+        except Exception:
+            log.error("diagnosis of %s failed:\n%s", ctx.job_id, traceback.format_exc())
+            return None
+        if result is not None:
+            result["step"] = self.store.job_row(ctx.job_id)["last_step"]
+        return result
+
+    def repeats_last_failure(self, job_id: str, attempt: int, diagnosis: dict | None) -> bool:
+        if attempt < 2 or not diagnosis:
+            return False
+        previous = self.store.attempt_row(job_id, attempt - 1)
+        if not previous or previous["outcome"] != "failed" or not previous["failure"]:
+            return False
+        before = json.loads(previous["failure"])
+        same = lambda d: (d.get("class"), d.get("line"), d.get("step"))  # noqa: E731
+        return same(before) == same(diagnosis) and diagnosis.get("class") != "host_oom"
+
+    def maybe_restart(self, row, processes, now: float) -> None:
+        job_id = row["id"]
+        if processes.get((job_id, row["attempt"])):
+            get_backend("local").signal(self.context(row), {}, signal.SIGKILL, processes)
+            return
+        arow = self.store.attempt_row(job_id, row["attempt"])
+        restarts = arow["restarts"] or 0
+        preempted = arow["outcome"] == "preempted"
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        # The first restart goes at once (recovery time is what users feel); repeated ones
+        # back off so that a crash loop does not burn the budget in seconds.
+        backoff = 0.0 if restarts == 0 or preempted else min(
+            MAX_BACKOFF, spec.restart_backoff * 2 ** (restarts - 1))
+        if now - (arow["ended"] or now) < backoff:
+            return
+        attempt = self.store.new_attempt(job_id, f"restart after attempt {row['attempt']}: "
+                                         f"{arow['reason']}")
+        self.store.update_attempt(job_id, attempt, restarts=restarts + (0 if preempted else 1))
+        self.wake.set()
+
+    # -- stop, resume, clone ------------------------------------------------------------
+    def request_stop(self, job_id: str, grace: float | None) -> None:
+        row = self.store.job_row(job_id)
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        grace = spec.stop_grace if grace is None else grace
+        now = time.time()
+        self.store.update_job(job_id, stop_requested=now + grace)
+        if row["state"] in ("QUEUED", "PREFLIGHT", "RESTARTING"):
+            self.store.transition(job_id, "STOPPED", "stopped by the user")
+            return
+        ctx = self.context(row)
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), signal.SIGTERM)
+        self.store.transition(job_id, "STOPPING", f"SIGTERM sent; SIGKILL after {grace:g}s")
+        self.wake.set()
+
+    def finish_stop(self, row, processes, now: float) -> None:
+        job_id = row["id"]
+        ctx = self.context(row)
+        pids = processes.get((job_id, ctx.attempt), [])
+        if pids and now < (row["stop_requested"] or 0):
+            return
+        if pids:
+            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
+            self.store.add_event(job_id, ctx.attempt, "state", f"grace over: SIGKILL to {len(pids)} "
+                                 "process(es)")
+            return
+        preempted = [e for e in self.store.events(job_id, types=("preempted", "checkpoint"))
+                     if e["attempt"] == ctx.attempt]
+        self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
+        note = "" if not preempted else "; a checkpoint committed before exit"
+        self.store.transition(job_id, "STOPPED", f"stopped by the user{note}")
+
+    def resume(self, job_id: str, step: int | None) -> None:
+        row = self.store.job_row(job_id)
+        self.store.new_attempt(job_id, f"resumed by the user from "
+                               f"{'step ' + str(step) if step is not None else 'the newest checkpoint'}",
+                               resume_step=step)
+        del row
+        self.wake.set()
+
+
+def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
+    job_dir = os.path.join(data_dir, "jobs", job_id)
+    os.makedirs(os.path.join(job_dir, "files"), exist_ok=True)
+    script = os.path.join(job_dir, "script.py")
+    if spec.code is not None:
+        with open(script, "w") as f:
+            f.write(spec.code if spec.code.endswith("\n") else spec.code + "\n")
+    else:
+        shutil.copyfile(spec.script, script)
+    for name, path in spec.files.items():
+        shutil.copyfile(path, os.path.join(job_dir, "files", name))
+    with open(os.path.join(job_dir, "spec.json"), "w") as f:
+        json.dump(spec.to_dict(), f, indent=1)
+    return job_dir
+
+
+def new_job_id(name: str) -> str:
+    return f"{name[:40]}-{secrets.token_hex(3)}"
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

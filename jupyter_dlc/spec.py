@@ -215,3 +215,37 @@ def network_env(profile: str | None, interface: str | None = None) -> dict[str, 
     elif profile == "debug":
         env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
     return env
+
+
+# The job options of `%%dlc` and `jupyter-dlc run`, declared once: (flags, argparse keywords).
+JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--nodes", "-n"), dict(type=int, default=1, help="simulated nodes (torchrun agents)")),
+    (("--nproc-per-node", "-p"), dict(type=int, default=1, help="processes per node")),
+    (("--name",), dict(default=None, help="job name (letters, digits, . _ -)")),
+    (("--env", "-e"), dict(action="append", default=[], metavar="K=V",
+                           help="environment variable for every rank (repeatable)")),
+    (("--network",), dict(default=None, choices=list(NETWORKS), help="NCCL network profile")),
+    (("--max-runtime",), dict(default=None, help="stop the job after this long, e.g. 2h")),
+    (("--workdir",), dict(default=None, help="working directory of the ranks")),
+    (("--max-restarts",), dict(type=int, default=3, help="automatic restarts on failure")),
+    (("--checkpoint-dir",), dict(default=None, help="where checkpoints go (default: job dir)")),
+    (("--keep-last",), dict(type=int, default=3, help="committed checkpoints to keep")),
+    (("--heartbeat-interval",), dict(default="5s", help="runtime heartbeat interval")),
+    (("--progress-timeout",), dict(default="15m", help="no step progress for this long is a hang")),
+    (("--alert",), dict(action="append", default=[], metavar="RULE",
+                        help="alert rule, e.g. 'gpu_util < 0.3 for 15m -> stop' (repeatable)")),
+    (("--no-default-alerts",), dict(action="store_true", help="turn the default alert rules off")),
+    (("--backend",), dict(default="local", choices=list(BACKENDS), help="engine to run on")),
+]
+
+
+def spec_from_options(options: Any, **fields: Any) -> JobSpec:
+    """A validated JobSpec from parsed JOB_OPTIONS plus `fields` (script or code, source...)."""
+    return JobSpec.from_dict(dict(
+        name=options.name or "", nodes=options.nodes, nproc_per_node=options.nproc_per_node,
+        env=parse_env(options.env), network=options.network, max_runtime=options.max_runtime,
+        workdir=os.path.abspath(options.workdir) if options.workdir else os.getcwd(),
+        max_restarts=options.max_restarts, checkpoint_dir=options.checkpoint_dir,
+        keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
+        progress_timeout=options.progress_timeout, alerts=list(options.alert),
+        default_alerts=not options.no_default_alerts, backend=options.backend, **fields))

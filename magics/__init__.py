@@ -1,6 +1,199 @@
+"""`%%dlc` and `%dlc ...`: a cell becomes a torchrun job; line magics manage jobs.
+
+Installed as `jupyter_dlc.magics`. Argument stacks are declared once (JOB_OPTIONS, shared
+with the CLI) and every user error is a one-line UsageError, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .. import formatting
+from ..client import LauncherClient, LauncherError
+from ..spec import JOB_OPTIONS, SpecError, spec_from_options
+
+
+def _job_options(func):
+    for flags, kwargs in reversed(JOB_OPTIONS):
+        func = argument(*flags, **kwargs)(func)
+    return func
+
+
+class _LineParser:
+    """argparse for the `%dlc SUBCOMMAND` line magics, raising UsageError instead of exiting."""
+
+    def __init__(self):
+        import argparse
+
+        class Parser(argparse.ArgumentParser):
+            def error(self, message):
+                raise UsageError(f"%dlc: {message}")
+
+            def exit(self, status=0, message=None):
+                raise UsageError(message or "%dlc: see %dlc --help")
+
+        self.parser = Parser(prog="%dlc", add_help=False)
+        sub = self.parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+        sub.add_parser("list")
+        for name in ("status", "stop", "attach", "why", "checkpoints", "clone", "delete", "wait"):
+            sub.add_parser(name).add_argument("job")
+        logs = sub.add_parser("logs")
+        logs.add_argument("job")
+        logs.add_argument("--rank", type=int)
+        logs.add_argument("--tail", type=int)
+        logs.add_argument("--follow", "-f", action="store_true")
+        resume = sub.add_parser("resume")
+        resume.add_argument("job")
+        resume.add_argument("--step", type=int)
+        export = sub.add_parser("export")
+        export.add_argument("job")
+        export.add_argument("dir")
+
+    def parse(self, line: str):
+        return self.parser.parse_args(shlex.split(line))
+
+
+@magics_class
+class DLCMagics(Magics):
+    _client: LauncherClient | None = None
+
+    @property
+    def client(self) -> LauncherClient:
+        if self._client is None or not self._client.alive():
+            DLCMagics._client = LauncherClient.connect()
+        return self._client
+
+    @magic_arguments()
+    @_job_options
+    @argument("--wait", action="store_true", help="block until the job ends; raise if it failed")
+    @argument("--push", action="append", default=[], metavar="NAME",
+              help="send the value of NAME to every rank (pickled)")
+    @argument("--include-cell", action="append", default=[], type=int, metavar="N",
+              help="replay the whole of cell N in every rank")
+    @argument("--show-capture", action="store_true", help="print the captured code")
+    @argument("--export", default=None, metavar="DIR",
+              help="write a standalone bundle for this cell instead of submitting")
+    @cell_magic
+    def dlc(self, line, cell):
+        """Run this cell as a torchrun job: %%dlc --nodes 2 --nproc-per-node 2"""
+        try:
+            args = parse_argstring(self.dlc, line)
+        except UsageError as error:
+            raise UsageError(f"%%dlc: {error}") from None
+        try:
+            script, files, summary = self._capture(cell, args)
+            spec = spec_from_options(args, code=script, files=files,
+                                     source={"kind": "notebook", "path": _notebook_path(self.shell)})
+        except (SpecError, ValueError) as error:
+            raise UsageError(f"%%dlc: {error}") from None
+        if summary:
+            print(summary)
+        if args.show_capture:
+            print(script)
+        if args.export:
+            from ..export import export_bundle
+
+            paths = export_bundle(spec, script, args.export, files=files)
+            print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
+            return None
+        try:
+            job = self.client.submit(spec)
+        except LauncherError as error:
+            raise UsageError(f"%%dlc: {error}") from None
+        view = self._show(job["id"])
+        if args.wait:
+            job = self.client.wait(job["id"])
+            if view is not None:
+                view.refresh_now()
+            if job["state"] != "SUCCEEDED":
+                raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
+        return None
+
+    def _capture(self, cell: str, args) -> tuple[str, dict, str]:
+        try:
+            from .capture import capture
+        except ImportError:
+            return cell, {}, ""
+        result = capture(cell, self.shell, push=args.push, include_cells=args.include_cell)
+        return result.script, result.files, result.summary
+
+    def _show(self, job_id: str):
+        from ..widgets import show_job
+
+        return show_job(self.client, job_id)
+
+    @line_magic("dlc")
+    def dlc_line(self, line):
+        """%dlc list | status JOB | wait JOB | logs JOB [--rank R] [--tail N] [--follow] | stop JOB |
+        attach JOB | resume JOB [--step N] | checkpoints JOB | why JOB | clone JOB |
+        delete JOB | export JOB DIR"""
+        options = _LineParser().parse(line)
+        try:
+            return self._run_line(options)
+        except (LauncherError, SpecError, ValueError) as error:
+            raise UsageError(f"%dlc {options.command}: {error}") from None
+
+    def _run_line(self, options):
+        client = self.client
+        command = options.command
+        if command == "list":
+            print(formatting.jobs_table(client.jobs()))
+        elif command == "status":
+            print(formatting.status_text(client.job(options.job)))
+        elif command == "logs":
+            from ..cli import follow_logs, print_logs
+
+            if options.follow:
+                follow_logs(client, options.job, options.rank, options.tail)
+            else:
+                print_logs(client, options.job, options.rank, options.tail)
+        elif command == "stop":
+            print(formatting.status_line(client.stop(options.job)))
+        elif command == "wait":
+            job = client.wait(options.job)
+            print(formatting.status_line(job))
+            if job["state"] != "SUCCEEDED":
+                raise UsageError(f"job {job['id']} {job['state']}: {job.get('reason')}")
+        elif command == "attach":
+            self._show(client.job(options.job)["id"])
+        elif command == "resume":
+            job = client.resume(options.job, options.step)
+            self._show(job["id"])
+        elif command == "checkpoints":
+            print(formatting.checkpoints_table(client.checkpoints(options.job)))
+        elif command == "why":
+            print(formatting.diagnosis_text(client.diagnosis(options.job), client.job(options.job)))
+        elif command == "clone":
+            job = client.clone(options.job)
+            self._show(job["id"])
+        elif command == "delete":
+            client.delete(options.job)
+            print(f"deleted {options.job}")
+        elif command == "export":
+            from ..export import export_job
+
+            for path in export_job(client, options.job, options.dir):
+                print(path)
+
+
+def _notebook_path(shell) -> str | None:
+    """The notebook this kernel runs, when the front end says (JupyterLab sets it)."""
+    for key in ("JPY_SESSION_NAME", "__session__"):
+        value = os.environ.get(key) or shell.user_ns.get(key)
+        if value:
+            return str(value)
+    return None
+
+
 def load_ipython_extension(ipython):
-    pass
+    ipython.register_magics(DLCMagics)
 
 
 def unload_ipython_extension(ipython):
-    pass
+    for kind in ("cell", "line"):
+        ipython.magics_manager.magics[kind].pop("dlc", None)

@@ -31,6 +31,34 @@ def write_connection_file(path: str, info: dict) -> None:
     os.replace(tmp, path)
 
 
+def bind(port: int, port_file: str) -> socket.socket:
+    """Listen on `port`, else on the port the last launcher had, else on a free one.
+
+    Running ranks know the launcher by the URL they were started with; coming back on the
+    same port is what lets their reports reach a restarted launcher.
+    """
+    candidates = [port]
+    if not port:
+        try:
+            with open(port_file) as f:
+                candidates.insert(0, int(f.read().strip()))
+        except (OSError, ValueError):
+            pass
+    for candidate in candidates:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            sock.close()
+            continue
+        sock.listen(128)
+        with open(port_file, "w") as f:
+            f.write(str(sock.getsockname()[1]))
+        return sock
+    raise OSError(f"launcher: port {port} is taken; choose another with --port")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -49,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launcher: another launcher already serves {data_dir}", file=sys.stderr)
         return 3
     conn_path = args.connection_file or paths.connection_file()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)
+    sock = bind(args.port, os.path.join(data_dir, "launcher.port"))
     sock.setblocking(False)
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"

@@ -123,7 +123,10 @@ class Store:
         return self.db.execute("SELECT * FROM jobs ORDER BY created").fetchall()
 
     def resolve_id(self, ref: str) -> str | None:
-        """A job id, or a unique prefix of one."""
+        """A job id, a unique prefix of one, or "last" (the newest job)."""
+        if ref == "last":
+            row = self.db.execute("SELECT id FROM jobs ORDER BY created DESC LIMIT 1").fetchone()
+            return row["id"] if row else None
         row = self.db.execute("SELECT id FROM jobs WHERE id = ?", (ref,)).fetchone()
         if row:
             return row["id"]

@@ -1,0 +1,111 @@
+"""Plain-text renderings of launcher answers, shared by the CLI and the line magics."""
+
+from __future__ import annotations
+
+import time
+
+
+def age(t: float | None, now: float | None = None) -> str:
+    if not t:
+        return "-"
+    s = max(0, int((now or time.time()) - t))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+def elapsed(job: dict, now: float | None = None) -> str:
+    start = job.get("started") or job.get("created")
+    end = job.get("ended") or now or time.time()
+    return age(start, end) if start else "-"
+
+
+def _loss(value) -> str:
+    if value is None:
+        return "-"
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def jobs_table(jobs: list[dict]) -> str:
+    if not jobs:
+        return "no jobs"
+    header = ("ID", "STATE", "ATTEMPT", "NODESxPROCS", "STEP", "LOSS", "AGE")
+    rows = [header] + [
+        (j["id"], j["state"], str(j["attempt"]), f"{j['nodes']}x{j['nproc_per_node']}",
+         "-" if j.get("last_step") is None else str(j["last_step"]), _loss(j.get("last_loss")),
+         age(j.get("created")))
+        for j in jobs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def status_line(job: dict) -> str:
+    ranks = job.get("ranks") or []
+    counts: dict[str, int] = {}
+    for rank in ranks:
+        counts[rank["state"]] = counts.get(rank["state"], 0) + 1
+    rank_text = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "-"
+    step = job.get("last_step")
+    parts = [f"{job['id']}: {job['state']}", f"attempt {job['attempt']}", f"ranks: {rank_text}",
+             f"elapsed {elapsed(job)}"]
+    if step is not None:
+        parts.append(f"step {step}, loss {_loss(job.get('last_loss'))}")
+    text = " | ".join(parts)
+    if job["state"] in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
+        text += f"\n  reason: {job['reason']}"
+    return text
+
+
+def status_text(job: dict) -> str:
+    lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
+    header = ("RANK", "NODE", "STATE", "STEP", "HEARTBEAT", "EXIT", "PID")
+    rows = [header] + [
+        (str(r["rank"]), str(r["node"]), r["state"], "-" if r["last_step"] is None else str(r["last_step"]),
+         age(r["last_heartbeat"]) + (" ago" if r["last_heartbeat"] else ""),
+         "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["pid"] or "-"))
+        for r in job.get("ranks") or []
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    if job.get("last_checkpoint"):
+        ckpt = job["last_checkpoint"]
+        lines.append(f"  last checkpoint: step {ckpt['step']} ({age(ckpt.get('time'))} ago)")
+    return "\n".join(lines)
+
+
+def checkpoints_table(checkpoints: list[dict]) -> str:
+    if not checkpoints:
+        return "no committed checkpoints"
+    rows = [("STEP", "TIME", "SIZE", "WORLD", "PATH")] + [
+        (str(c["step"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time"] or 0)),
+         f"{(c.get('size') or 0) / 2**20:.1f} MB", str(c.get("world_size") or "-"), c["path"])
+        for c in checkpoints
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
+    if not diagnoses:
+        if job["state"] == "FAILED":
+            return f"{job['id']} FAILED: {job.get('reason')}"
+        return f"{job['id']} is {job['state']}: no failed attempt to explain"
+    out = []
+    for d in diagnoses:
+        where = f"rank {d.get('rank')} on node {d.get('node')}" if d.get("rank") is not None else "job"
+        out.append(f"attempt {d['attempt']}: {d.get('class')} ({where}): {d.get('line') or d.get('reason')}")
+        if d.get("suggestion"):
+            out.append(f"  what to do: {d['suggestion']}")
+        context = d.get("context") or []
+        if context:
+            out.append("  before it:")
+            out += [f"    {line}" for line in context]
+    return "\n".join(out)

@@ -1,0 +1,105 @@
+"""Shared fixtures: a real launcher process on loopback, in a private data and runtime dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.client import LauncherClient
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives a real JupyterLab in Chromium")
+    config.addinivalue_line("markers", "slow: takes more than half a minute")
+
+
+class LauncherEnv:
+    """A private launcher: its data dir, runtime dir and client."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.data_dir = os.path.join(root, "data")
+        self.runtime_dir = os.path.join(root, "runtime")
+        self.env = {"DLC_DATA_DIR": self.data_dir, "JUPYTER_RUNTIME_DIR": self.runtime_dir}
+        self._saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        self.client = LauncherClient.connect()
+
+    def pid(self) -> int:
+        return self.client.request("GET", "/healthz")[1]["pid"]
+
+    def restart(self, kill: bool = True) -> None:
+        """kill -9 the launcher (or SIGTERM it) and start a new one on the same data."""
+        pid = self.pid()
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(pid):
+            time.sleep(0.05)
+        self.client = LauncherClient.connect()
+
+    def script(self, name: str, body: str) -> str:
+        path = os.path.join(self.root, name)
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(body))
+        return path
+
+    def own_processes(self) -> list[int]:
+        return [pid for (job, _), pids in job_processes().items()
+                if os.path.isdir(os.path.join(self.data_dir, "jobs", job)) for pid in pids]
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid(), signal.SIGTERM)
+        except Exception:
+            pass
+        for pid in self.own_processes():  # a failing test must not leak ranks into the next
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    env = LauncherEnv(str(tmp_path))
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def shared_launcher(tmp_path_factory):
+    env = LauncherEnv(str(tmp_path_factory.mktemp("launcher")))
+    yield env
+    env.close()
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+PYTHON = sys.executable

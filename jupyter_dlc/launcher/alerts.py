@@ -1,0 +1,505 @@
+"""Alert rules: parse the small rule language, evaluate rules each supervisor tick, post webhooks.
+
+Rules (one per line of `JobSpec.alerts`):
+
+    METRIC OP VALUE [for DURATION]            gpu_util < 0.3 for 15m, checkpoint_seconds > 1800
+    METRIC is nan                             loss is nan
+    no progress for DURATION                  no progress for 15m
+    METRIC OP Nx baseline K times             grad_sync_ms > 2x baseline 3 times
+    log matches /REGEX/[i]                    log matches /CUDA out of memory/
+    ... -> notify | webhook URL | stop | checkpoint-and-stop
+
+The evaluator is incremental: the launcher hands it a `JobSnapshot` of recent points each
+tick; per series it remembers how far it has read, so a point that is still in the next
+tick's window is not counted twice, and points a rank reports late are still seen. Episodes
+(and everything a rule remembers) are in `state()`, so a restarted launcher neither
+re-fires an alert that is already open nor forgets one.
+
+Stdlib and `jupyter_dlc.spec` only: the launcher imports this, nothing else should.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from jupyter_dlc.spec import SpecError, format_duration, parse_duration
+
+ACTIONS = ("notify", "webhook", "stop", "checkpoint-and-stop")
+OPS = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+}
+# Baseline = median of a rank's first BASELINE_WINDOW values: the median ignores the slow
+# warm-up steps that the first few collectives always have.
+BASELINE_WINDOW = 10
+# A log-match episode ends after this long without another matching line; without it, a
+# message printed every step would fire every tick.
+LOG_QUIET_SECONDS = 300.0
+
+DEFAULT_RULES = (
+    # From the seeds: low GPU utilisation for 15 minutes is the early sign of a stuck data
+    # loader or a failed distributed init. Only series that exist are evaluated, so a job
+    # without GPU samples never fires it.
+    "gpu_util < 0.3 for 15m",
+    "loss is nan -> notify",
+    # The training heartbeat (last completed step) catches hangs that leave GPUs busy.
+    "no progress for 15m",
+    "log matches /CUDA out of memory/",
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str
+    kind: str  # "threshold" | "nan" | "no_progress" | "baseline" | "log"
+    metric: str | None = None
+    op: str | None = None
+    value: float | None = None
+    duration: float = 0.0
+    factor: float | None = None
+    times: int | None = None
+    pattern: str | None = None
+    ignore_case: bool = False
+    action: str = "notify"
+    url: str | None = None
+
+    @property
+    def condition(self) -> str:
+        """Canonical condition text: the key for state, and for a user rule replacing a default."""
+        if self.kind == "no_progress":
+            return f"no progress for {format_duration(self.duration)}"
+        if self.kind == "nan":
+            return f"{self.metric} is nan"
+        if self.kind == "log":
+            pattern = self.pattern.replace("/", "\\/")
+            return f"log matches /{pattern}/{'i' if self.ignore_case else ''}"
+        if self.kind == "baseline":
+            return f"{self.metric} {self.op} {self.factor:g}x baseline {self.times} times"
+        tail = f" for {format_duration(self.duration)}" if self.duration else ""
+        return f"{self.metric} {self.op} {self.value:g}{tail}"
+
+    @property
+    def key(self) -> str:
+        action = f"webhook {self.url}" if self.action == "webhook" else self.action
+        return f"{self.condition} -> {action}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.key, "condition": self.condition, "action": self.action, "url": self.url}
+
+
+# ---------------------------------------------------------------------------------------
+# Parser: a cursor over the text, so every error can name its 1-based column.
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_DURATION_TOKEN = re.compile(r"\d+(?:\.\d+)?(?:ms|s|m|h|d)?\b")
+_OP = re.compile(r"<=|>=|==|!=|<|>")
+_FACTOR = re.compile(r"(\d+(?:\.\d+)?)\s*x\b")
+_INT = re.compile(r"\d+\b")
+
+
+class _Cursor:
+    def __init__(self, text: str):
+        self.text = text
+        self.pos = 0
+
+    def skip_space(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def fail(self, expected: str, at: int | None = None) -> SpecError:
+        column = (self.pos if at is None else at) + 1
+        found = self.text[self.pos:self.pos + 12] if at is None else ""
+        got = f", got {found!r}" if found else (", got the end of the rule" if at is None else "")
+        return SpecError("alerts", f"{self.text!r} at position {column}: expected {expected}{got}")
+
+    def peek(self, pattern: re.Pattern | str) -> re.Match | None:
+        self.skip_space()
+        if isinstance(pattern, str):
+            pattern = re.compile(re.escape(pattern) + (r"\b" if pattern[-1].isalnum() else ""))
+        return pattern.match(self.text, self.pos)
+
+    def take(self, pattern: re.Pattern | str, expected: str) -> re.Match:
+        match = self.peek(pattern)
+        if not match:
+            raise self.fail(expected)
+        self.pos = match.end()
+        return match
+
+    def accept(self, word: str) -> bool:
+        match = self.peek(word)
+        if match:
+            self.pos = match.end()
+        return bool(match)
+
+    def at_end(self) -> bool:
+        self.skip_space()
+        return self.pos >= len(self.text)
+
+
+def _duration(cur: _Cursor) -> float:
+    cur.skip_space()
+    start = cur.pos
+    token = cur.take(_DURATION_TOKEN, "a duration like 90s, 15m or 2h").group(0)
+    try:
+        return parse_duration(token, "alerts")
+    except SpecError:
+        raise cur.fail("a positive duration", at=start) from None
+
+
+def _regex(cur: _Cursor) -> tuple[str, bool]:
+    cur.skip_space()
+    start = cur.pos
+    if not cur.text.startswith("/", start):
+        raise cur.fail("a /regular expression/")
+    i, chars = start + 1, []
+    while i < len(cur.text) and cur.text[i] != "/":
+        if cur.text[i] == "\\" and cur.text[i + 1:i + 2] == "/":
+            chars.append("/")  # `\/` is how a slash is written inside /.../
+            i += 2
+            continue
+        chars.append(cur.text[i])
+        i += 1
+    if i >= len(cur.text):
+        raise SpecError("alerts", f"{cur.text!r} at position {len(cur.text) + 1}: "
+                        "expected the closing '/' of the regular expression")
+    pattern = "".join(chars)
+    if not pattern:
+        raise cur.fail("a non-empty regular expression", at=start + 1)
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise cur.fail(f"a valid regular expression ({error.msg})", at=start + 1 + (error.pos or 0)) from None
+    cur.pos = i + 1
+    ignore_case = cur.text.startswith("i", cur.pos) and not cur.text[cur.pos + 1:cur.pos + 2].isalnum()
+    cur.pos += ignore_case
+    return pattern, ignore_case
+
+
+def _action(cur: _Cursor) -> tuple[str, str | None]:
+    if not cur.accept("->"):
+        return "notify", None
+    for name in ("checkpoint-and-stop", "notify", "stop"):
+        if cur.accept(name):
+            return name, None
+    if cur.accept("webhook"):
+        url = cur.take(re.compile(r"\S+"), "a webhook URL").group(0)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise cur.fail("an http:// or https:// URL", at=cur.pos - len(url))
+        return "webhook", url
+    raise cur.fail("an action: notify, webhook URL, stop or checkpoint-and-stop")
+
+
+def parse_rule(text: str) -> Rule:
+    """One rule line → `Rule`; a bad line raises `SpecError("alerts", "... at position N: expected ...")`."""
+    if not isinstance(text, str):
+        raise SpecError("alerts", f"expected a rule string like 'loss is nan -> stop', got {text!r}")
+    cur = _Cursor(text)
+    fields: dict[str, Any]
+    if cur.accept("no"):
+        cur.take("progress", "'progress' (as in: no progress for 15m)")
+        cur.take("for", "'for' (as in: no progress for 15m)")
+        fields = {"kind": "no_progress", "duration": _duration(cur)}
+    elif cur.peek(re.compile(r"log\s+matches\b")):
+        cur.take(re.compile(r"log\s+matches\b"), "'log matches'")
+        pattern, ignore_case = _regex(cur)
+        fields = {"kind": "log", "pattern": pattern, "ignore_case": ignore_case}
+    else:
+        metric = cur.take(_NAME, "a metric name, 'no progress for ...' or 'log matches /.../'").group(0)
+        if cur.accept("is"):
+            cur.take(re.compile(r"nan\b", re.I), "'nan' (as in: loss is nan)")
+            fields = {"kind": "nan", "metric": metric}
+        else:
+            op = cur.take(_OP, "a comparison (<, <=, >, >=, ==, !=) or 'is nan'").group(0)
+            factor = cur.peek(_FACTOR)
+            if factor and re.compile(r"\s*baseline\b").match(text, factor.end()):
+                cur.pos = factor.end()
+                cur.take("baseline", "'baseline'")
+                times = int(cur.take(_INT, "a whole number of consecutive values (as in: 3 times)").group(0))
+                if times < 1:
+                    raise cur.fail("at least 1 time", at=cur.pos - 1)
+                cur.take("times", "'times'")
+                fields = {"kind": "baseline", "metric": metric, "op": op,
+                          "factor": float(factor.group(1)), "times": times}
+            else:
+                value = float(cur.take(_NUMBER, "a number or 'Nx baseline K times'").group(0))
+                duration = _duration(cur) if cur.accept("for") else 0.0
+                fields = {"kind": "threshold", "metric": metric, "op": op, "value": value,
+                          "duration": duration}
+    action, url = _action(cur)
+    if not cur.at_end():
+        raise cur.fail("'for DURATION', '-> ACTION' or the end of the rule"
+                        if fields["kind"] == "threshold" and not fields["duration"] else
+                        "'-> ACTION' or the end of the rule")
+    return Rule(text=text, action=action, url=url, **fields)
+
+
+def rules_for(spec_alerts: list[str], default_alerts: bool) -> list[Rule]:
+    """The job's rules: the defaults (unless turned off) then the spec's; a spec rule with the
+    same condition as a default replaces it (`loss is nan -> stop` overrides the notify)."""
+    user = [parse_rule(text) for text in spec_alerts or []]
+    taken = {rule.condition for rule in user}
+    defaults = [parse_rule(t) for t in DEFAULT_RULES] if default_alerts else []
+    rules = [rule for rule in defaults if rule.condition not in taken] + user
+    seen, unique = set(), []
+    for rule in rules:
+        if rule.key not in seen:
+            seen.add(rule.key)
+            unique.append(rule)
+    return unique
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation.
+
+@dataclass
+class JobSnapshot:
+    """What the launcher knows of one running job, read from its store each tick.
+
+    `metrics[name]` holds recent points `(t, rank, value)` or `(t, rank, value, device)` of
+    both kinds: train values from `log()` and system samples (`gpu_util`, `gpu_mem`,
+    `cpu_util`, `mem_used`, with a device like "gpu0"). A window that overlaps the previous
+    tick's is fine. Non-finite values are kept as float('nan') / inf.
+    """
+
+    metrics: dict[str, list[tuple]] = field(default_factory=dict)
+    last_progress: float | None = None  # time of the last completed step (any rank)
+    started: float | None = None  # when the current attempt's ranks started
+    checkpoints: list[tuple] = field(default_factory=list)  # (t, rank, seconds) per commit
+    nan_events: list[tuple] = field(default_factory=list)  # (t, rank, metric name)
+    log_lines: list[tuple] = field(default_factory=list)  # (t, rank, text), new since last tick
+
+
+@dataclass
+class Transition:
+    kind: str  # "fired" | "resolved"
+    rule: Rule
+    t: float
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self, **job: Any) -> dict[str, Any]:
+        """The JSON form for the alert event, the stream and webhooks; `job` adds id/name."""
+        return {**job, "kind": self.kind, "t": self.t, "message": self.message,
+                **self.rule.to_dict(), "detail": self.detail}
+
+
+def _series_points(snapshot: JobSnapshot, name: str) -> Iterable[tuple[str, float, float]]:
+    """(series key, t, value) for a metric; the key is "rank R" or "rank R gpuN"."""
+    points = list(snapshot.metrics.get(name, ()))
+    if name == "checkpoint_seconds":
+        points += list(snapshot.checkpoints)
+    for point in points:
+        t, rank, value = point[0], point[1], point[2]
+        device = point[3] if len(point) > 3 and point[3] else ""
+        key = f"rank {rank}" + (f" {device}" if device else "")
+        try:
+            yield key, float(t), float(value)
+        except (TypeError, ValueError):
+            continue
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+class AlertEvaluator:
+    """Turns snapshots into fired/resolved transitions, one per episode per rule.
+
+    Per-series semantics: a series is one rank's metric, or one device of one rank for
+    system samples. A rule is active when ANY series meets it, and the transition names
+    that series. `for D` means every sample of that series over at least D seconds (first
+    to latest sample of the run) met the condition; one sample that does not restarts it.
+    """
+
+    def __init__(self, rules: list[Rule]):
+        self.rules = list(rules)
+        self._state: dict[str, dict[str, Any]] = {rule.key: self._fresh() for rule in self.rules}
+
+    @staticmethod
+    def _fresh() -> dict[str, Any]:
+        # cursor: last t read per series; series: per-rule memory per series; active: episode open.
+        return {"active": False, "since": None, "cursor": {}, "series": {}, "last_match": None}
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._state))
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for key, saved in (state or {}).items():
+            if key in self._state and isinstance(saved, dict):
+                self._state[key] = {**self._fresh(), **saved}
+
+    def active(self) -> list[dict[str, Any]]:
+        """Open episodes, for GET /api/jobs/{id}/alerts."""
+        return [{**rule.to_dict(), "active": self._state[rule.key]["active"],
+                 "since": self._state[rule.key]["since"]} for rule in self.rules]
+
+    def evaluate(self, now: float, snapshot: JobSnapshot) -> list[Transition]:
+        transitions = []
+        for rule in self.rules:
+            st = self._state[rule.key]
+            hit = getattr(self, f"_check_{rule.kind}")(rule, st, now, snapshot)
+            if hit is not None and not st["active"]:
+                st.update(active=True, since=now)
+                transitions.append(Transition("fired", rule, now, f"{rule.condition}: {hit[0]}", hit[1]))
+            elif hit is None and st["active"]:
+                st.update(active=False, since=None)
+                transitions.append(Transition("resolved", rule, now, f"{rule.condition}: cleared", {}))
+        return transitions
+
+    @staticmethod
+    def _new(st: dict, snapshot: JobSnapshot, name: str) -> list[tuple[str, float, float]]:
+        """Points not seen before, in time order, advancing the per-series cursors."""
+        cursor = st["cursor"]
+        fresh = sorted((p for p in _series_points(snapshot, name) if p[1] > cursor.get(p[0], -math.inf)),
+                       key=lambda p: p[1])
+        for key, t, _ in fresh:
+            cursor[key] = t
+        return fresh
+
+    # Each check returns None (condition clear) or (message, detail) naming the series.
+
+    def _check_threshold(self, rule, st, now, snapshot):
+        compare = OPS[rule.op]
+        runs = st["series"]  # key -> [first t of the current run, latest t, latest value] or None
+        for key, t, value in self._new(st, snapshot, rule.metric):
+            if compare(value, rule.value):
+                run = runs.get(key)
+                runs[key] = [run[0] if run else t, t, value]
+            else:
+                runs[key] = None
+        met = [(key, run) for key, run in runs.items() if run and run[1] - run[0] >= rule.duration]
+        if not met:
+            return None
+        key, run = max(met, key=lambda item: item[1][1] - item[1][0])
+        held = f" for {format_duration(round(run[1] - run[0]))}" if rule.duration else ""
+        return (f"{key} at {_fmt(run[2])}{held}",
+                {"series": key, "value": run[2], "since": run[0], "series_met": len(met)})
+
+    def _check_nan(self, rule, st, now, snapshot):
+        latest = st["series"]  # key -> [t, finite?]
+        events = [(f"rank {rank}", float(t), math.nan) for t, rank, name in snapshot.nan_events
+                  if name == rule.metric]
+        for key, t, value in sorted(self._new(st, snapshot, rule.metric) + events, key=lambda p: p[1]):
+            if key not in latest or t >= latest[key][0]:
+                latest[key] = [t, math.isfinite(value)]
+        bad = sorted(key for key, (t, finite) in latest.items() if not finite)
+        if not bad:
+            return None
+        return f"non-finite {rule.metric} on {', '.join(bad)}", {"series": bad[0], "ranks": bad}
+
+    def _check_no_progress(self, rule, st, now, snapshot):
+        reference = snapshot.last_progress if snapshot.last_progress is not None else snapshot.started
+        if reference is None or now - reference < rule.duration:
+            return None
+        what = "last step" if snapshot.last_progress is not None else "start, and no step yet"
+        return (f"{format_duration(round(now - reference))} since the {what}",
+                {"last_progress": snapshot.last_progress, "started": snapshot.started})
+
+    def _check_baseline(self, rule, st, now, snapshot):
+        compare = OPS[rule.op]
+        series = st["series"]  # key -> {"first": [...], "baseline": x, "streak": n, "last": v}
+        for key, t, value in self._new(st, snapshot, rule.metric):
+            s = series.setdefault(key, {"first": [], "baseline": None, "streak": 0, "last": None})
+            if not math.isfinite(value):
+                continue  # NaN is the `is nan` rule's business, and would poison a median
+            if s["baseline"] is None:
+                s["first"].append(value)
+                if len(s["first"]) >= BASELINE_WINDOW:
+                    s["baseline"], s["first"] = statistics.median(s["first"]), []
+                continue
+            over = compare(value, rule.factor * s["baseline"])
+            s["streak"] = s["streak"] + 1 if over else 0
+            s["last"] = value
+        met = [(key, s) for key, s in series.items() if s["baseline"] is not None and s["streak"] >= rule.times]
+        if not met:
+            return None
+        key, s = max(met, key=lambda item: item[1]["streak"])
+        return (f"{key} at {_fmt(s['last'])}, {s['streak']} values in a row {rule.op} "
+                f"{rule.factor:g}x its baseline {_fmt(s['baseline'])}",
+                {"series": key, "value": s["last"], "baseline": s["baseline"], "streak": s["streak"]})
+
+    def _check_log(self, rule, st, now, snapshot):
+        regex = re.compile(rule.pattern, re.I if rule.ignore_case else 0)
+        for t, rank, text in snapshot.log_lines:
+            if regex.search(str(text)):
+                if not st["series"]:  # keep the episode's first line: it is the one worth reading
+                    st["series"] = {"rank": rank, "line": str(text)[:500], "count": 0}
+                st["series"]["count"] += 1
+                st["last_match"] = max(now if t is None else float(t), st["last_match"] or -math.inf)
+        if st["last_match"] is None or now - st["last_match"] >= LOG_QUIET_SECONDS:
+            st["series"] = {}
+            return None
+        first = st["series"]
+        return (f"rank {first['rank']}: {first['line']}",
+                {"series": f"rank {first['rank']}", "rank": first["rank"], "line": first["line"],
+                 "count": first["count"]})
+
+
+# ---------------------------------------------------------------------------------------
+# Webhooks.
+
+def webhook_style(url: str) -> str:
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "oapi.dingtalk.com":
+        return "dingtalk"
+    if host in ("open.feishu.cn", "open.larksuite.com"):
+        return "feishu"
+    if host == "hooks.slack.com":
+        return "slack"
+    return "generic"
+
+
+def alert_text(payload: dict[str, Any]) -> str:
+    # DingTalk robots with keyword security need a fixed word in the text: "jupyter-dlc".
+    job = payload.get("job_name") or payload.get("job_id") or payload.get("job") or ""
+    head = "resolved" if payload.get("kind") == "resolved" else "ALERT"
+    where = f" job {job}" if job else ""
+    return f"[jupyter-dlc]{where} {head}: {payload.get('message', payload.get('rule', ''))}"
+
+
+def webhook_body(url: str, payload: dict[str, Any], style: str | None = None) -> dict[str, Any]:
+    """The JSON body each incoming-webhook flavour accepts; `style` overrides the URL's host."""
+    text = alert_text(payload)
+    style = style or webhook_style(url)
+    if style == "dingtalk":
+        return {"msgtype": "text", "text": {"content": text}}
+    if style == "feishu":
+        return {"msg_type": "text", "content": {"text": text}}
+    if style == "slack":
+        return {"text": text}
+    return {"text": text, "alert": payload}
+
+
+def post_webhook(url: str, alert_payload: dict[str, Any], timeout: float = 5,
+                 style: str | None = None) -> tuple[bool, str]:
+    """POST the alert; (ok, one-line detail). Never raises: a dead hook must not stop the supervisor."""
+    try:
+        body = json.dumps(webhook_body(url, alert_payload, style), default=str).encode()
+        request = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json; charset=utf-8"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, text = response.status, response.read(4096).decode("utf-8", "replace")
+    except urllib.error.HTTPError as error:
+        return False, f"HTTP {error.code} from {url}: {error.read(300).decode('utf-8', 'replace').strip()}"
+    except Exception as error:  # noqa: BLE001 - URLError, timeouts, bad URLs alike
+        return False, f"{type(error).__name__} posting to {url}: {error}"
+    # DingTalk and Feishu answer HTTP 200 with an error code in the body for a refused message.
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        code = answer.get("errcode", answer.get("code", answer.get("StatusCode", 0)))
+        if code not in (0, None):
+            return False, f"HTTP {status} from {url} refused the message: {text.strip()[:300]}"
+    return True, f"HTTP {status}"

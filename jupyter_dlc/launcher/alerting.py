@@ -1,5 +1,138 @@
-"""Wires alert rules into the supervisor's tick (filled in with the alert evaluator)."""
+"""Alert rules evaluated by the launcher each tick, on what the store and the logs hold.
+
+Per job: an `AlertEvaluator` fed only what is new since its last look (metric rows by
+sequence number, log bytes by offset), so a tick costs what arrived, not the job's history.
+Its state (episodes, cursors) is saved with the job, so a restarted launcher neither fires
+an open episode twice nor forgets one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from .. import layout
+from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
+
+log = logging.getLogger("jupyter_dlc.launcher")
+
+EVALUATE_EVERY = 0.5  # seconds; a NaN reported mid-interval fires at the next tick
+_LOG_READ_LIMIT = 1 << 20
+
+
+class JobAlerts:
+    def __init__(self, spec: dict, saved: dict | None):
+        self.evaluator = AlertEvaluator(rules_for(spec.get("alerts") or [],
+                                                  spec.get("default_alerts", True)))
+        saved = saved or {}
+        self.evaluator.load_state(saved.get("evaluator") or {})
+        self.metric_seq = int(saved.get("metric_seq", 0))
+        self.event_seq = int(saved.get("event_seq", 0))
+        self.attempt = saved.get("attempt")
+        self.log_offsets: dict[str, int] = saved.get("log_offsets") or {}
+        self.last_run = 0.0
+
+    def state(self) -> dict:
+        return {"evaluator": self.evaluator.state(), "alerts": self.evaluator.active(),
+                "metric_seq": self.metric_seq, "event_seq": self.event_seq,
+                "attempt": self.attempt, "log_offsets": self.log_offsets}
+
+
+def _new_log_lines(attempt_dir: str, world: int, offsets: dict[str, int]) -> list[tuple]:
+    lines = []
+    for rank in range(world):
+        path = layout.rank_log(attempt_dir, rank)
+        start = offsets.get(str(rank), 0)
+        try:
+            size = os.path.getsize(path)
+            if size <= start:
+                continue
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(min(size - start, _LOG_READ_LIMIT))
+        except OSError:
+            continue
+        cut = data.rfind(b"\n") + 1
+        offsets[str(rank)] = start + cut
+        now = time.time()
+        lines += [(now, rank, text) for text in data[:cut].decode(errors="replace").splitlines()]
+    return lines
+
+
+class Alerting:
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.store = supervisor.store
+        self.jobs: dict[str, JobAlerts] = {}
+
+    def __call__(self, row, now: float, final: bool = False) -> None:
+        """Evaluate a running job; `final` for the last look as its attempt ends."""
+        if row is None or row["state"] not in ("STARTING", "RUNNING", "STOPPING"):
+            return
+        job_id = row["id"]
+        alerts = self.jobs.get(job_id)
+        if alerts is None:
+            saved = json.loads(row["alert_state"]) if row["alert_state"] else None
+            alerts = self.jobs[job_id] = JobAlerts(json.loads(row["spec"]), saved)
+        if now - alerts.last_run < EVALUATE_EVERY and not final:
+            return
+        alerts.last_run = now
+        if alerts.attempt != row["attempt"]:  # logs of a new attempt start from the top
+            alerts.attempt, alerts.log_offsets = row["attempt"], {}
+        snapshot = self.snapshot(row, alerts)
+        transitions = alerts.evaluator.evaluate(now, snapshot)
+        for transition in transitions:
+            self.act(row, transition)
+        self.store.update_job(job_id, alert_state=json.dumps(alerts.state()))
+
+    def snapshot(self, row, alerts: JobAlerts) -> JobSnapshot:
+        job_id = row["id"]
+        snap = JobSnapshot()
+        for point in self.store.metrics(job_id, alerts.metric_seq):
+            alerts.metric_seq = point["seq"]
+            value = float("nan") if point["value"] is None else point["value"]
+            snap.metrics.setdefault(point["name"], []).append(
+                (point["t"], point["rank"], value, point["device"]))
+        for event in self.store.events(job_id, alerts.event_seq):
+            alerts.event_seq = event["seq"]
+            data = event["data"] or {}
+            if event["type"] == "checkpoint" and data.get("seconds") is not None:
+                snap.checkpoints.append((event["t"], data.get("rank"), data["seconds"]))
+            elif event["type"] == "nan":
+                snap.nan_events.append((event["t"], data.get("rank"), data.get("name", "loss")))
+        ranks = self.store.rank_rows(job_id, row["attempt"])
+        progress = [r["last_progress"] for r in ranks if r["last_progress"]]
+        snap.last_progress = max(progress) if progress else None
+        attempt = self.store.attempt_row(job_id, row["attempt"])
+        snap.started = attempt["started"] if attempt else None
+        snap.log_lines = _new_log_lines(layout.attempt_dir(row["job_dir"], row["attempt"]),
+                                        len(ranks), alerts.log_offsets)
+        return snap
+
+    def act(self, row, transition) -> None:
+        job_id = row["id"]
+        payload = transition.payload(job_id=job_id, job_name=row["name"], attempt=row["attempt"])
+        kind = "alert" if transition.kind == "fired" else "alert_resolved"
+        self.store.add_event(job_id, row["attempt"], kind, transition.message, payload)
+        if transition.kind != "fired":
+            return
+        action = transition.rule.action
+        if action == "webhook" and transition.rule.url:
+            threading.Thread(target=self._post, args=(job_id, row["attempt"], transition.rule.url,
+                                                      payload), daemon=True).start()
+        elif action == "stop":
+            self.supervisor.request_stop(job_id, None, reason=f"alert: {transition.message}")
+        elif action == "checkpoint-and-stop":
+            self.supervisor.checkpoint_and_stop(job_id, f"alert: {transition.message}")
+
+    def _post(self, job_id: str, attempt: int, url: str, payload: dict) -> None:
+        ok, detail = post_webhook(url, payload)
+        self.store.add_event(job_id, attempt, "webhook", f"webhook {'delivered' if ok else 'failed'}: "
+                             f"{detail}", {"url": url, "ok": ok})
 
 
 def attach_alerts(supervisor) -> None:
-    del supervisor
+    supervisor.hooks.append(Alerting(supervisor))

@@ -16,6 +16,7 @@ import tornado.web
 from .. import __version__, layout
 from ..backends import get_backend
 from ..spec import JobSpec, SpecError
+from .alerts import rules_for
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
@@ -143,6 +144,7 @@ class JobsHandler(BaseHandler):
     def post(self) -> None:
         try:
             spec = JobSpec.from_dict(self.body())
+            rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
         refusal = get_backend(spec.backend).capacity_error(spec) if spec.backend == "local" else None

@@ -53,7 +53,9 @@ class Supervisor(threading.Thread):
         self.tick_seconds = tick
         self.wake = threading.Event()
         self.stopped = threading.Event()
-        self.hooks: list[Any] = []  # callables(job_row, now) run each tick (alerts)
+        # Callables (job_row, now, final=False) run each tick, and once more with final=True
+        # as an attempt ends, so what its last reports said is judged too (alerts).
+        self.hooks: list[Any] = []
         # Commands for ranks (from checkpoint-and-stop alerts), handed out with report answers.
         self.pending: dict[str, set[str]] = {}
 
@@ -177,23 +179,7 @@ class Supervisor(threading.Thread):
         backend = get_backend(ctx.spec.backend)
         status = backend.poll(ctx, handle, processes)
         alive = bool(processes.get((job_id, ctx.attempt)))
-        ranks = {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
-        for rank, rs in status.ranks.items():
-            known = ranks.get(rank)
-            if known is None:
-                continue
-            state = ("running" if rs.running else "exited" if rs.exit_code == 0 else
-                     "failed" if rs.exit_code is not None else known["state"])
-            if rs.exit_code is None and rs.pid and not rs.running and not alive:
-                state = "lost"
-            changes = {k: v for k, v in (("pid", rs.pid), ("exit_code", rs.exit_code),
-                                         ("state", state)) if v is not None and known[k] != v}
-            if changes:
-                self.store.update_rank(job_id, ctx.attempt, rank, **changes)
-                if "exit_code" in changes:
-                    self.store.add_event(job_id, ctx.attempt, "rank_exit",
-                                         f"rank {rank} exited with code {rs.exit_code}",
-                                         {"rank": rank, "exit_code": rs.exit_code})
+        ranks = self.sync_ranks(ctx, status, alive)
         started = all(rs.pid for rs in status.ranks.values())
         if row["state"] == "STARTING" and started:
             self.store.transition(job_id, "RUNNING", "every rank is up")
@@ -223,11 +209,31 @@ class Supervisor(threading.Thread):
             return
         self.check_liveness(row, ctx, handle, ranks, processes, now)
 
+    def sync_ranks(self, ctx, status, alive: bool) -> dict:
+        """Copy what the engine knows of each rank into the store; returns the rank rows."""
+        job_id = ctx.job_id
+        ranks = {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
+        for rank, rs in status.ranks.items():
+            known = ranks.get(rank)
+            if known is None:
+                continue
+            state = ("running" if rs.running else "exited" if rs.exit_code == 0 else
+                     "failed" if rs.exit_code is not None else known["state"])
+            if rs.exit_code is None and rs.pid and not rs.running and not alive:
+                state = "lost"
+            changes = {k: v for k, v in (("pid", rs.pid), ("exit_code", rs.exit_code),
+                                         ("state", state)) if v is not None and known[k] != v}
+            if changes:
+                self.store.update_rank(job_id, ctx.attempt, rank, **changes)
+                if "exit_code" in changes:
+                    self.store.add_event(job_id, ctx.attempt, "rank_exit",
+                                         f"rank {rank} exited with code {rs.exit_code}",
+                                         {"rank": rank, "exit_code": rs.exit_code})
+        return {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
+
     def check_liveness(self, row, ctx, handle, ranks, processes, now: float) -> None:
         spec = ctx.spec
-        arow = self.store.attempt_row(row["id"], ctx.attempt)
-        started = arow["started"] or now
-        if spec.max_runtime and row["started"] and now - (row["started"] or now) > spec.max_runtime:
+        if spec.max_runtime and row["started"] and now - row["started"] > spec.max_runtime:
             self.end_attempt(row, ctx, handle, "timeout",
                              f"max runtime {spec.max_runtime:g}s exceeded", processes)
             return
@@ -246,12 +252,13 @@ class Supervisor(threading.Thread):
                              f"no step progress on rank {stuck['rank']} for "
                              f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang", processes)
             return
-        del started
 
     # -- ending an attempt --------------------------------------------------------------
     def end_attempt(self, row, ctx, handle, outcome: str, reason: str, processes) -> None:
         job_id = row["id"]
         backend = get_backend(ctx.spec.backend)
+        for hook in self.hooks:
+            hook(row, time.time(), final=True)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         backend.signal(ctx, handle, signal.SIGKILL, processes)
         diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
@@ -331,25 +338,36 @@ class Supervisor(threading.Thread):
         self.wake.set()
 
     # -- stop, resume, clone ------------------------------------------------------------
-    def request_stop(self, job_id: str, grace: float | None) -> None:
+    def request_stop(self, job_id: str, grace: float | None, reason: str = "stopped by the user") -> None:
         row = self.store.job_row(job_id)
         spec = JobSpec.from_dict(json.loads(row["spec"]))
         grace = spec.stop_grace if grace is None else grace
         now = time.time()
         self.store.update_job(job_id, stop_requested=now + grace)
         if row["state"] in ("QUEUED", "PREFLIGHT", "RESTARTING"):
-            self.store.transition(job_id, "STOPPED", "stopped by the user")
+            self.store.transition(job_id, "STOPPED", reason)
             return
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
         get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), signal.SIGTERM)
-        self.store.transition(job_id, "STOPPING", f"SIGTERM sent; SIGKILL after {grace:g}s")
+        self.store.transition(job_id, "STOPPING", f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s")
         self.wake.set()
+
+    def checkpoint_and_stop(self, job_id: str, reason: str) -> None:
+        """Ask the ranks (through their next report's answer) to save and leave, then stop."""
+        row = self.store.job_row(job_id)
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        self.pending.setdefault(job_id, set()).add("stop")
+        self.store.update_job(job_id, stop_requested=time.time() + spec.stop_grace)
+        self.store.transition(job_id, "STOPPING", f"{reason}: checkpoint requested, then stop")
 
     def finish_stop(self, row, processes, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
         pids = processes.get((job_id, ctx.attempt), [])
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        status = get_backend(ctx.spec.backend).poll(ctx, json.loads(arow["handle"] or "{}"), processes)
+        self.sync_ranks(ctx, status, bool(pids))
         if pids and now < (row["stop_requested"] or 0):
             return
         if pids:
@@ -360,15 +378,14 @@ class Supervisor(threading.Thread):
         preempted = [e for e in self.store.events(job_id, types=("preempted", "checkpoint"))
                      if e["attempt"] == ctx.attempt]
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
+        self.pending.pop(job_id, None)
         note = "" if not preempted else "; a checkpoint committed before exit"
-        self.store.transition(job_id, "STOPPED", f"stopped by the user{note}")
+        self.store.transition(job_id, "STOPPED", f"stopped{note}")
 
     def resume(self, job_id: str, step: int | None) -> None:
-        row = self.store.job_row(job_id)
         self.store.new_attempt(job_id, f"resumed by the user from "
                                f"{'step ' + str(step) if step is not None else 'the newest checkpoint'}",
                                resume_step=step)
-        del row
         self.wake.set()
 
 

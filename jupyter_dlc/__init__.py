@@ -17,3 +17,13 @@ def unload_ipython_extension(ipython):
     from .magics import unload_ipython_extension as _unload
 
     _unload(ipython)
+
+
+def _jupyter_server_extension_points():
+    # the handlers live in jupyter_dlc.server, imported only by the Jupyter server
+    return [{"module": "jupyter_dlc.server"}]
+
+
+def _jupyter_labextension_paths():
+    # the prebuilt panel (labextension/ built into jupyter_dlc/labextension)
+    return [{"src": "labextension", "dest": "jupyter-dlc"}]

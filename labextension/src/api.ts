@@ -1,0 +1,264 @@
+/**
+ * Talking to `{base_url}/dlc/` (the server extension), with Jupyter's auth, and keeping the
+ * store fed: the event stream while it works, a list poll with backoff while it does not.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { Action, JobSummary, SseParser, backoffMs } from './store';
+
+export class DlcError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+export class DlcApi {
+  readonly settings: ServerConnection.ISettings;
+
+  constructor(settings?: ServerConnection.ISettings) {
+    this.settings = settings ?? ServerConnection.makeSettings();
+  }
+
+  url(path: string, params?: Record<string, string | number | undefined>): string {
+    let url = URLExt.join(this.settings.baseUrl, 'dlc', path);
+    if (params) {
+      const q = Object.entries(params)
+        .filter(([, v]) => v !== undefined && v !== '')
+        .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(String(v))}`)
+        .join('&');
+      if (q) {
+        url += '?' + q;
+      }
+    }
+    return url;
+  }
+
+  async request<T = any>(
+    method: string,
+    path: string,
+    body?: unknown,
+    params?: Record<string, string | number | undefined>
+  ): Promise<T> {
+    const init: RequestInit = { method };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers = { 'Content-Type': 'application/json' };
+    }
+    let resp: Response;
+    try {
+      resp = await ServerConnection.makeRequest(this.url(path, params), init, this.settings);
+    } catch (e) {
+      throw new DlcError(0, `Jupyter server unreachable (${(e as Error).message})`);
+    }
+    if (resp.status === 204) {
+      return undefined as unknown as T;
+    }
+    const text = await resp.text();
+    let data: any = undefined;
+    try {
+      data = text ? JSON.parse(text) : undefined;
+    } catch {
+      data = { error: text.slice(0, 200) };
+    }
+    if (!resp.ok) {
+      const msg = data?.error ?? data?.message ?? resp.statusText;
+      throw new DlcError(resp.status, String(msg));
+    }
+    return data as T;
+  }
+
+  jobs(): Promise<{ jobs: JobSummary[] }> {
+    return this.request('GET', 'api/jobs');
+  }
+
+  job(id: string): Promise<any> {
+    return this.request('GET', `api/jobs/${encodeURIComponent(id)}`);
+  }
+
+  sub(id: string, what: string, params?: Record<string, string | number | undefined>): Promise<any> {
+    return this.request('GET', `api/jobs/${encodeURIComponent(id)}/${what}`, undefined, params);
+  }
+
+  action(id: string, what: 'stop' | 'resume' | 'clone', body: unknown = {}): Promise<any> {
+    return this.request('POST', `api/jobs/${encodeURIComponent(id)}/${what}`, body);
+  }
+
+  remove(id: string): Promise<void> {
+    return this.request('DELETE', `api/jobs/${encodeURIComponent(id)}`);
+  }
+
+  /** Open the event stream; resolves once the relay answered 200, with a reader of its body. */
+  async openStream(signal: AbortSignal): Promise<ReadableStreamDefaultReader<Uint8Array>> {
+    let resp: Response;
+    try {
+      resp = await ServerConnection.makeRequest(
+        this.url('stream'),
+        { method: 'GET', signal, headers: { Accept: 'text/event-stream' }, cache: 'no-store' },
+        this.settings
+      );
+    } catch (e) {
+      throw new DlcError(0, `Jupyter server unreachable (${(e as Error).message})`);
+    }
+    if (!resp.ok || !resp.body) {
+      let msg = resp.statusText;
+      try {
+        const data = await resp.json();
+        msg = data.error ?? data.message ?? msg;
+      } catch {
+        // not JSON
+      }
+      throw new DlcError(resp.status, msg);
+    }
+    return resp.body.getReader();
+  }
+}
+
+function describe(e: unknown): string {
+  if (e instanceof DlcError) {
+    if (e.status === 0) {
+      return e.message;
+    }
+    if (e.status === 403) {
+      return 'Not allowed by the Jupyter server (403): log in again.';
+    }
+    if (e.status === 404) {
+      return 'The jupyter-dlc server extension is not enabled on this Jupyter server.';
+    }
+    return `Launcher unreachable (${e.status}: ${e.message})`;
+  }
+  return `Launcher unreachable (${(e as Error)?.message ?? e})`;
+}
+
+/**
+ * Keeps the store current: opens the stream, loads the list, applies events; when the
+ * stream fails, polls the list with backoff (slower while the panel is hidden) and tries the
+ * stream again. Runs while JupyterLab is open, so notifications arrive with the panel closed.
+ */
+export class LiveFeed {
+  private abort: AbortController | null = null;
+  private stopped = false;
+  private wake: (() => void) | null = null;
+  private attempt = 0;
+
+  constructor(
+    private api: DlcApi,
+    private dispatch: (a: Action) => void,
+    private isHidden: () => boolean
+  ) {}
+
+  start(): void {
+    void this.loop();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.abort?.abort();
+    this.wake?.();
+  }
+
+  /** Retry now (e.g. the panel became visible). */
+  poke(): void {
+    this.wake?.();
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise(resolve => {
+      const t = setTimeout(done, ms);
+      function done() {
+        clearTimeout(t);
+        resolve();
+      }
+      this.wake = done;
+    });
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.stopped) {
+      this.abort = new AbortController();
+      let streamed = false;
+      try {
+        const reader = await this.api.openStream(this.abort.signal);
+        // stream first, then the list: nothing that changes in between is lost
+        const { jobs } = await this.api.jobs();
+        this.dispatch({ type: 'snapshot', jobs });
+        this.dispatch({ type: 'connection', status: 'live' });
+        this.attempt = 0;
+        streamed = true;
+        const ended = await this.consume(reader);
+        if (this.stopped) {
+          return;
+        }
+        this.dispatch({
+          type: 'connection',
+          status: 'down',
+          message: ended ?? 'Launcher stream ended; reconnecting…'
+        });
+      } catch (e) {
+        if (this.stopped) {
+          return;
+        }
+        // the stream is out; is the list at least there?
+        try {
+          const { jobs } = await this.api.jobs();
+          this.dispatch({ type: 'snapshot', jobs });
+          this.dispatch({
+            type: 'connection',
+            status: 'polling',
+            message: `Live updates unavailable (${(e as Error).message}); polling.`
+          });
+        } catch (e2) {
+          this.dispatch({ type: 'connection', status: 'down', message: describe(e2) + ' Retrying…' });
+        }
+      } finally {
+        this.abort.abort();
+      }
+      const wait = streamed ? 500 : backoffMs(this.attempt++, this.isHidden());
+      await this.sleep(wait);
+    }
+  }
+
+  /** Read SSE until the stream ends; returns the launcher's reason when it said one. */
+  private async consume(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string | null> {
+    const parser = new SseParser();
+    const decoder = new TextDecoder();
+    let reason: string | null = null;
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) {
+          break;
+        }
+        for (const ev of parser.feed(decoder.decode(value, { stream: true }))) {
+          let data: any;
+          try {
+            data = JSON.parse(ev.data);
+          } catch {
+            continue;
+          }
+          if (ev.event === 'job' && data && typeof data.id === 'string') {
+            if (data.deleted) {
+              this.dispatch({ type: 'removed', id: data.id });
+            } else {
+              this.dispatch({ type: 'job', job: data });
+            }
+          } else if (ev.event === 'deleted' || ev.event === 'job_deleted') {
+            this.dispatch({ type: 'removed', id: data.id ?? data.job_id });
+          } else if (ev.event === 'alert' || ev.event === 'alert_resolved') {
+            this.dispatch({ type: 'alert', alert: data });
+          } else if (ev.event === 'launcher' && data?.state === 'down') {
+            reason = `Launcher down or restarting (${data.reason ?? 'stream ended'}); reconnecting…`;
+          }
+        }
+      }
+    } catch (e) {
+      if (!this.stopped) {
+        reason = `Lost the connection (${(e as Error).message}); reconnecting…`;
+      }
+    }
+    return reason;
+  }
+}

@@ -1,0 +1,196 @@
+/**
+ * Plain SVG line charts for the detail view, and the grouping of launcher metric points
+ * into series. No JupyterLab imports (jest-tested).
+ */
+
+export interface MetricPoint {
+  seq: number;
+  t: number;
+  attempt: number;
+  rank: number | null;
+  node: number | null;
+  step: number | null;
+  kind: 'train' | 'system' | string;
+  name: string;
+  value: number;
+  device: string | null;
+}
+
+export interface Series {
+  label: string;
+  points: [number, number][];
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
+export const MAX_POINTS_PER_SERIES = 2000;
+
+/**
+ * Accumulates metric points (fetched incrementally with `since=last_seq`) into series:
+ * train metrics by (name, rank) against step; system metrics by (name, node/device) against time.
+ */
+export class MetricSeries {
+  lastSeq = 0;
+  private series = new Map<string, Map<string, [number, number][]>>();
+
+  add(points: MetricPoint[]): void {
+    for (const p of points) {
+      if (p.seq > this.lastSeq) {
+        this.lastSeq = p.seq;
+      }
+      if (typeof p.value !== 'number' || !isFinite(p.value)) {
+        continue;
+      }
+      let chart: string;
+      let label: string;
+      let x: number;
+      if (p.kind === 'train') {
+        if (p.step === null || p.step === undefined) {
+          continue;
+        }
+        chart = p.name;
+        label = `rank ${p.rank ?? '?'}`;
+        x = p.step;
+      } else {
+        chart = p.name;
+        label = `node ${p.node ?? '?'} ${p.device ?? ''}`.trim();
+        x = p.t;
+      }
+      let byLabel = this.series.get(chart);
+      if (!byLabel) {
+        byLabel = new Map();
+        this.series.set(chart, byLabel);
+      }
+      let pts = byLabel.get(label);
+      if (!pts) {
+        pts = [];
+        byLabel.set(label, pts);
+      }
+      pts.push([x, p.value]);
+      if (pts.length > MAX_POINTS_PER_SERIES) {
+        // keep every other point of the older half: bounded memory, whole history's shape
+        const half = Math.floor(pts.length / 2);
+        const thinned = pts.slice(0, half).filter((_, i) => i % 2 === 0);
+        pts.splice(0, half, ...thinned);
+      }
+    }
+  }
+
+  charts(): string[] {
+    return [...this.series.keys()];
+  }
+
+  get(chart: string): Series[] {
+    const byLabel = this.series.get(chart);
+    if (!byLabel) {
+      return [];
+    }
+    return [...byLabel.entries()]
+      .sort(([a], [b]) => a.localeCompare(b, undefined, { numeric: true }))
+      .map(([label, points]) => ({ label, points }));
+  }
+}
+
+function fmt(v: number): string {
+  if (v === 0) {
+    return '0';
+  }
+  const a = Math.abs(v);
+  if (a >= 10000 || a < 0.001) {
+    return v.toExponential(1);
+  }
+  return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toFixed(3);
+}
+
+/** An SVG line chart of `series` (x ascending per series). */
+export function lineChart(
+  title: string,
+  series: Series[],
+  opts: { width?: number; height?: number; xLabel?: string } = {}
+): SVGSVGElement {
+  const W = opts.width ?? 260;
+  const H = opts.height ?? 110;
+  const L = 40;
+  const R = 6;
+  const T = 16;
+  const B = 16;
+  const svg = document.createElementNS(SVG_NS, 'svg');
+  svg.setAttribute('class', 'dlc-chart');
+  svg.setAttribute('width', String(W));
+  svg.setAttribute('height', String(H));
+  svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
+  svg.dataset.chart = title;
+  const text = (x: number, y: number, s: string, anchor = 'start', cls = 'dlc-chart-text') => {
+    const t = document.createElementNS(SVG_NS, 'text');
+    t.setAttribute('x', String(x));
+    t.setAttribute('y', String(y));
+    t.setAttribute('text-anchor', anchor);
+    t.setAttribute('class', cls);
+    t.textContent = s;
+    svg.appendChild(t);
+  };
+  text(L, 11, title, 'start', 'dlc-chart-title');
+  let x0 = Infinity;
+  let x1 = -Infinity;
+  let y0 = Infinity;
+  let y1 = -Infinity;
+  for (const s of series) {
+    for (const [x, y] of s.points) {
+      x0 = Math.min(x0, x);
+      x1 = Math.max(x1, x);
+      y0 = Math.min(y0, y);
+      y1 = Math.max(y1, y);
+    }
+  }
+  const frame = document.createElementNS(SVG_NS, 'rect');
+  frame.setAttribute('x', String(L));
+  frame.setAttribute('y', String(T));
+  frame.setAttribute('width', String(W - L - R));
+  frame.setAttribute('height', String(H - T - B));
+  frame.setAttribute('class', 'dlc-chart-frame');
+  svg.appendChild(frame);
+  if (!isFinite(x0)) {
+    text(W / 2, H / 2 + 4, 'no data yet', 'middle');
+    return svg;
+  }
+  if (x1 === x0) {
+    x1 = x0 + 1;
+  }
+  if (y1 === y0) {
+    y1 = y0 + Math.abs(y0 || 1) * 0.1;
+    y0 = y0 - Math.abs(y0 || 1) * 0.1;
+  }
+  const sx = (x: number) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const sy = (y: number) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  text(L - 3, T + 8, fmt(y1), 'end');
+  text(L - 3, H - B, fmt(y0), 'end');
+  if (opts.xLabel) {
+    text(W - R, H - 3, opts.xLabel, 'end');
+  }
+  series.forEach((s, i) => {
+    const path = document.createElementNS(SVG_NS, 'path');
+    const d = s.points
+      .map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)} ${sy(y).toFixed(1)}`)
+      .join(' ');
+    path.setAttribute('d', d);
+    path.setAttribute('class', 'dlc-chart-line');
+    path.setAttribute('stroke', COLORS[i % COLORS.length]);
+    const tip = document.createElementNS(SVG_NS, 'title');
+    const last = s.points[s.points.length - 1];
+    tip.textContent = `${s.label}: ${last ? fmt(last[1]) : ''}`;
+    path.appendChild(tip);
+    svg.appendChild(path);
+  });
+  // legend: first few series
+  series.slice(0, 4).forEach((s, i) => {
+    const t = document.createElementNS(SVG_NS, 'text');
+    t.setAttribute('x', String(W - R - 2));
+    t.setAttribute('y', String(T + 10 + i * 10));
+    t.setAttribute('text-anchor', 'end');
+    t.setAttribute('class', 'dlc-chart-legend');
+    t.setAttribute('fill', COLORS[i % COLORS.length]);
+    t.textContent = s.label;
+    svg.appendChild(t);
+  });
+  return svg;
+}

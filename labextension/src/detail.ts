@@ -1,0 +1,486 @@
+/**
+ * The detail view of one job: charts, ranks, log tail, alerts, diagnosis, and the actions.
+ * Reads everything through DlcApi; refreshes while visible and the job is active.
+ */
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import { Widget } from '@lumino/widgets';
+
+import { DlcApi, DlcError } from './api';
+import { MetricSeries, lineChart } from './charts';
+import { stateClass } from './listview';
+import { JobEntry, age, isActive } from './store';
+
+const LOG_TAIL = 200;
+const REFRESH_MS = 2000;
+const SYSTEM_ORDER = ['gpu_util', 'gpu_mem', 'cpu_util', 'mem_used'];
+
+export interface DetailHost {
+  api: DlcApi;
+  back(): void;
+  select(id: string): void;
+  removed(id: string): void;
+  openPath(path: string): Promise<void>;
+  isVisible(): boolean;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  cls?: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  if (cls) {
+    e.className = cls;
+  }
+  if (text !== undefined) {
+    e.textContent = text;
+  }
+  return e;
+}
+
+function fmtTime(t: number | null | undefined): string {
+  if (!t) {
+    return '';
+  }
+  return new Date(t * 1000).toLocaleString();
+}
+
+class PickerBody extends Widget implements Dialog.IBodyWidget<number | null> {
+  private select: HTMLSelectElement;
+  constructor(checkpoints: any[]) {
+    super();
+    this.addClass('dlc-resume-picker');
+    const label = el('label', '', 'Resume from ');
+    this.select = el('select');
+    this.select.className = 'dlc-resume-step';
+    const latest = el('option', '', 'latest committed step');
+    latest.value = '';
+    this.select.appendChild(latest);
+    const sorted = [...checkpoints].sort((a, b) => b.step - a.step);
+    for (const c of sorted) {
+      const o = el('option', '', `step ${c.step} · ${fmtTime(c.time)} · world ${c.world_size ?? '?'}`);
+      o.value = String(c.step);
+      this.select.appendChild(o);
+    }
+    label.appendChild(this.select);
+    this.node.appendChild(label);
+    if (checkpoints.length === 0) {
+      this.node.appendChild(
+        el('p', 'dlc-muted', 'No committed checkpoint: the job starts again from step 0.')
+      );
+    }
+  }
+  getValue(): number | null {
+    return this.select.value === '' ? null : Number(this.select.value);
+  }
+}
+
+export class DetailView {
+  readonly node: HTMLElement;
+  private id: string | null = null;
+  private entry: JobEntry | null = null;
+  private metrics = new MetricSeries();
+  private timer: number | null = null;
+  private loading = false;
+  private lastFullRev = -1;
+  private logRank = '';
+  private parts: Record<string, HTMLElement> = {};
+
+  constructor(private host: DetailHost) {
+    this.node = el('div', 'dlc-detail');
+    const head = el('div', 'dlc-detail-head');
+    const back = el('button', 'jp-Button dlc-back', '← Jobs');
+    back.onclick = () => this.host.back();
+    head.appendChild(back);
+    this.parts.title = el('span', 'dlc-detail-title');
+    this.parts.badge = el('span', 'dlc-badge');
+    head.append(this.parts.badge, this.parts.title);
+    this.node.appendChild(head);
+
+    this.parts.meta = el('div', 'dlc-detail-meta');
+    this.parts.reason = el('div', 'dlc-detail-reason');
+    this.node.append(this.parts.meta, this.parts.reason);
+
+    const actions = el('div', 'dlc-actions');
+    const button = (label: string, cls: string, fn: () => Promise<void>) => {
+      const b = el('button', `jp-Button dlc-action ${cls}`, label);
+      b.dataset.action = cls.replace('dlc-action-', '');
+      b.onclick = () => {
+        b.disabled = true;
+        fn()
+          .catch(e => Notification.error(`DLC: ${label} failed: ${(e as Error).message}`, { autoClose: 8000 }))
+          .finally(() => {
+            b.disabled = false;
+            this.updateButtons();
+            void this.refresh(true);
+          });
+      };
+      actions.appendChild(b);
+      this.parts[cls] = b;
+      return b;
+    };
+    button('Stop', 'dlc-action-stop', () => this.stop());
+    button('Resume', 'dlc-action-resume', () => this.resume());
+    button('Clone', 'dlc-action-clone', () => this.clone());
+    button('Delete', 'dlc-action-delete', () => this.remove());
+    button('Open source', 'dlc-action-open', () => this.openSource());
+    this.node.appendChild(actions);
+
+    this.parts.alerts = el('div', 'dlc-alerts');
+    this.parts.diagnosis = el('div', 'dlc-diagnosis');
+    this.parts.charts = el('div', 'dlc-charts');
+    const ranksBox = el('details', 'dlc-section');
+    ranksBox.open = true;
+    ranksBox.appendChild(el('summary', '', 'Ranks'));
+    this.parts.ranks = el('div', 'dlc-ranks');
+    ranksBox.appendChild(this.parts.ranks);
+    const logBox = el('details', 'dlc-section');
+    logBox.open = true;
+    const logSummary = el('summary', '', 'Log tail ');
+    const rankSel = el('select', 'dlc-log-rank');
+    rankSel.onchange = () => {
+      this.logRank = rankSel.value;
+      void this.refresh(true);
+    };
+    rankSel.onclick = ev => ev.stopPropagation();
+    this.parts.logRank = rankSel;
+    logSummary.appendChild(rankSel);
+    logBox.appendChild(logSummary);
+    this.parts.logs = el('pre', 'dlc-logs');
+    logBox.appendChild(this.parts.logs);
+    this.node.append(this.parts.alerts, this.parts.diagnosis, this.parts.charts, ranksBox, logBox);
+  }
+
+  get jobId(): string | null {
+    return this.id;
+  }
+
+  show(entry: JobEntry): void {
+    if (this.id !== entry.job.id) {
+      this.id = entry.job.id;
+      this.metrics = new MetricSeries();
+      this.lastFullRev = -1;
+      this.logRank = '';
+      this.parts.charts.textContent = '';
+      this.parts.logs.textContent = '';
+      this.parts.ranks.textContent = '';
+      this.parts.alerts.textContent = '';
+      this.parts.diagnosis.textContent = '';
+      (this.parts.logRank as HTMLSelectElement).textContent = '';
+    }
+    this.update(entry);
+    this.schedule(0);
+  }
+
+  hide(): void {
+    this.id = null;
+    this.entry = null;
+    if (this.timer !== null) {
+      window.clearTimeout(this.timer);
+      this.timer = null;
+    }
+  }
+
+  /** The summary of the shown job changed. */
+  update(entry: JobEntry): void {
+    const prevRev = this.entry?.rev;
+    this.entry = entry;
+    const j = entry.job;
+    this.node.dataset.jobId = j.id;
+    this.node.dataset.state = j.state;
+    this.parts.title.textContent = j.name;
+    this.parts.title.title = j.id;
+    this.parts.badge.textContent = j.state;
+    this.parts.badge.className = `dlc-badge ${stateClass(j.state)}`;
+    const src = j.source?.path ? ` · from ${j.source.kind} ${j.source.path}` : '';
+    this.parts.meta.textContent =
+      `${j.id} · attempt ${j.attempt} · ${j.nodes} nodes × ${j.nproc_per_node} processes` +
+      ` · ${j.backend ?? ''} · created ${age(j.created, Date.now())} ago` +
+      (j.last_step !== null && j.last_step !== undefined ? ` · step ${j.last_step}` : '') +
+      src;
+    this.parts.reason.textContent = j.reason ? `${j.state}: ${j.reason}` : '';
+    this.updateButtons();
+    if (prevRev !== undefined && prevRev !== entry.rev) {
+      this.schedule(0);
+    }
+  }
+
+  private updateButtons(): void {
+    const j = this.entry?.job;
+    if (!j) {
+      return;
+    }
+    const active = isActive(j.state);
+    (this.parts['dlc-action-stop'] as HTMLButtonElement).disabled = !active;
+    (this.parts['dlc-action-resume'] as HTMLButtonElement).disabled = active;
+    const del = this.parts['dlc-action-delete'] as HTMLButtonElement;
+    del.disabled = active;
+    del.title = active ? 'Stop the job before deleting it' : 'Delete the job and its files';
+    const open = this.parts['dlc-action-open'] as HTMLButtonElement;
+    open.disabled = !j.source?.path;
+    open.title = j.source?.path ? `Open ${j.source.path}` : 'No source recorded';
+  }
+
+  private schedule(ms: number): void {
+    if (this.timer !== null) {
+      window.clearTimeout(this.timer);
+    }
+    this.timer = window.setTimeout(() => {
+      this.timer = null;
+      void this.refresh(false).finally(() => {
+        const j = this.entry?.job;
+        if (this.id && j && isActive(j.state)) {
+          this.schedule(this.host.isVisible() ? REFRESH_MS : REFRESH_MS * 5);
+        }
+      });
+    }, ms);
+  }
+
+  async refresh(force: boolean): Promise<void> {
+    const id = this.id;
+    const entry = this.entry;
+    if (!id || !entry || this.loading) {
+      return;
+    }
+    if (!force && !this.host.isVisible()) {
+      return;
+    }
+    if (!force && !isActive(entry.job.state) && this.lastFullRev === entry.rev) {
+      return; // a finished job does not change until its summary does
+    }
+    this.loading = true;
+    const api = this.host.api;
+    try {
+      const [job, metrics, logs, alerts, diagnosis] = await Promise.all([
+        api.job(id),
+        api.sub(id, 'metrics', { since: this.metrics.lastSeq }),
+        api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank }),
+        api.sub(id, 'alerts'),
+        api.sub(id, 'diagnosis')
+      ]);
+      if (this.id !== id) {
+        return;
+      }
+      this.lastFullRev = entry.rev;
+      this.metrics.add(metrics.points ?? []);
+      this.renderCharts();
+      this.renderRanks(job.ranks ?? []);
+      this.renderLogs(logs.lines ?? [], job.ranks ?? []);
+      this.renderAlerts(alerts.alerts ?? []);
+      this.renderDiagnosis(diagnosis.diagnoses ?? []);
+    } catch (e) {
+      if (e instanceof DlcError && e.status === 404) {
+        this.host.removed(id);
+        return;
+      }
+      this.parts.reason.textContent = `Could not load details: ${(e as Error).message}`;
+    } finally {
+      this.loading = false;
+    }
+  }
+
+  private renderCharts(): void {
+    const box = this.parts.charts;
+    box.textContent = '';
+    const names = this.metrics.charts();
+    const train = names.filter(n => !SYSTEM_ORDER.includes(n));
+    train.sort((a, b) => (a === 'loss' ? -1 : b === 'loss' ? 1 : a.localeCompare(b)));
+    if (!train.includes('loss')) {
+      train.unshift('loss');
+    }
+    for (const n of train.slice(0, 4)) {
+      box.appendChild(lineChart(n, this.metrics.get(n), { xLabel: 'step' }));
+    }
+    for (const n of SYSTEM_ORDER.filter(x => names.includes(x))) {
+      box.appendChild(lineChart(n, this.metrics.get(n), { xLabel: 'time' }));
+    }
+  }
+
+  private renderRanks(ranks: any[]): void {
+    const table = el('table', 'dlc-rank-table');
+    const head = el('tr');
+    for (const h of ['rank', 'node', 'local', 'pid', 'state', 'exit', 'step', 'heartbeat']) {
+      head.appendChild(el('th', '', h));
+    }
+    table.appendChild(head);
+    const now = Date.now();
+    for (const r of ranks) {
+      const tr = el('tr');
+      tr.dataset.rank = String(r.rank);
+      const cells = [
+        r.rank,
+        r.node,
+        r.local_rank,
+        r.pid ?? '',
+        r.state ?? '',
+        r.exit_code ?? '',
+        r.last_step ?? '',
+        r.last_heartbeat ? `${age(r.last_heartbeat, now)} ago` : ''
+      ];
+      for (const c of cells) {
+        tr.appendChild(el('td', '', String(c)));
+      }
+      if (r.state) {
+        (tr.children[4] as HTMLElement).className = stateClass(String(r.state));
+      }
+      table.appendChild(tr);
+    }
+    this.parts.ranks.textContent = '';
+    this.parts.ranks.appendChild(ranks.length ? table : el('div', 'dlc-muted', 'No ranks yet.'));
+  }
+
+  private renderLogs(lines: any[], ranks: any[]): void {
+    const sel = this.parts.logRank as HTMLSelectElement;
+    const want = ['', ...ranks.map(r => String(r.rank))];
+    const have = Array.from(sel.options).map(o => o.value);
+    if (want.join(',') !== have.join(',')) {
+      sel.textContent = '';
+      for (const v of want) {
+        const o = el('option', '', v === '' ? 'all ranks' : `rank ${v}`);
+        o.value = v;
+        sel.appendChild(o);
+      }
+      sel.value = this.logRank;
+    }
+    const pre = this.parts.logs;
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = lines
+      .map(l => (this.logRank === '' ? `[${l.rank}] ${l.text}` : String(l.text)))
+      .join('\n');
+    if (atBottom) {
+      pre.scrollTop = pre.scrollHeight;
+    }
+  }
+
+  private renderAlerts(alerts: any[]): void {
+    const box = this.parts.alerts;
+    box.textContent = '';
+    if (!alerts.length) {
+      return;
+    }
+    box.appendChild(el('div', 'dlc-section-title', 'Alerts'));
+    for (const a of alerts) {
+      const state = String(a.state ?? a.status ?? (a.firing ? 'firing' : ''));
+      const row = el('div', `dlc-alert dlc-alert-${state.toLowerCase().replace(/[^a-z]/g, '')}`);
+      const rule = a.rule ?? a.text ?? a.name ?? 'alert';
+      const msg = a.message ?? a.reason;
+      row.textContent = `${rule}${state ? ' · ' + state : ''}${msg ? ' · ' + msg : ''}${
+        a.action ? ' · action ' + a.action : ''
+      }`;
+      box.appendChild(row);
+    }
+  }
+
+  private renderDiagnosis(diagnoses: any[]): void {
+    const box = this.parts.diagnosis;
+    box.textContent = '';
+    if (!diagnoses.length) {
+      return;
+    }
+    box.appendChild(el('div', 'dlc-section-title', 'Diagnosis'));
+    for (const d of diagnoses) {
+      const item = el('div', 'dlc-diag');
+      const head = [
+        d.attempt !== undefined ? `attempt ${d.attempt}` : '',
+        d.category ?? d.kind ?? d.cause ?? '',
+        d.rank !== undefined && d.rank !== null ? `rank ${d.rank}` : ''
+      ]
+        .filter(Boolean)
+        .join(' · ');
+      item.appendChild(el('div', 'dlc-diag-head', head));
+      const text = d.summary ?? d.message ?? d.reason;
+      if (text) {
+        item.appendChild(el('div', 'dlc-diag-text', String(text)));
+      }
+      const hint = d.hint ?? d.suggestion ?? d.fix ?? d.advice;
+      if (hint) {
+        item.appendChild(el('div', 'dlc-diag-hint', String(hint)));
+      }
+      if (!text && !hint) {
+        item.appendChild(el('pre', 'dlc-diag-raw', JSON.stringify(d, null, 1)));
+      }
+      box.appendChild(item);
+    }
+  }
+
+  // -- actions ----------------------------------------------------------------------
+  private async stop(): Promise<void> {
+    await this.host.api.action(this.id!, 'stop', {});
+  }
+
+  private async resume(): Promise<void> {
+    const id = this.id!;
+    const { checkpoints } = await this.host.api.sub(id, 'checkpoints');
+    const body = new PickerBody(checkpoints ?? []);
+    const result = await showDialog({
+      title: `Resume ${this.entry?.job.name ?? id}`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Resume' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    const step = result.value;
+    await this.host.api.action(id, 'resume', step === null || step === undefined ? {} : { step });
+  }
+
+  private async clone(): Promise<void> {
+    const job = await this.host.api.action(this.id!, 'clone', {});
+    if (job?.id) {
+      Notification.info(`DLC: cloned as ${job.name} (${job.id})`, { autoClose: 4000 });
+      this.host.select(job.id);
+    }
+  }
+
+  private async remove(): Promise<void> {
+    const id = this.id!;
+    const j = this.entry?.job;
+    if (j && isActive(j.state)) {
+      await showDialog({
+        title: 'Stop the job first',
+        body: `${j.name} is ${j.state}. Stop it, then delete it.`,
+        buttons: [Dialog.okButton()]
+      });
+      return;
+    }
+    const result = await showDialog({
+      title: `Delete ${j?.name ?? id}?`,
+      body: 'This deletes the job, its logs, metrics and checkpoints from the launcher.',
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    await this.host.api.remove(id);
+    this.host.removed(id);
+  }
+
+  private async openSource(): Promise<void> {
+    const path = this.entry?.job.source?.path;
+    if (!path) {
+      return;
+    }
+    await this.host.openPath(relativeToRoot(path));
+  }
+}
+
+/** A path the contents API understands: relative to the server root when absolute. */
+export function relativeToRoot(path: string): string {
+  if (!path.startsWith('/')) {
+    return path;
+  }
+  const root = (PageConfig.getOption('serverRoot') || '').replace(/\/+$/, '');
+  if (root && (path === root || path.startsWith(root + '/'))) {
+    return path.slice(root.length + 1);
+  }
+  if (root.startsWith('~')) {
+    // serverRoot may be written with ~; match on the tail
+    const tail = root.slice(1);
+    const i = path.indexOf(tail + '/');
+    if (i >= 0) {
+      return path.slice(i + tail.length + 1);
+    }
+  }
+  throw new Error(`${path} is outside the Jupyter server's root ${root}`);
+}

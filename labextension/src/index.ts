@@ -1,0 +1,92 @@
+/**
+ * jupyter-dlc JupyterLab extension: the "DLC jobs" side panel, and notifications when a
+ * job fails, finishes or raises an alert (also while the panel is closed).
+ */
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { Notification } from '@jupyterlab/apputils';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { DlcApi, LiveFeed } from './api';
+import { DlcPanel } from './panel';
+import { Action, Notice, State, initialState, reduce } from './store';
+
+const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">
+<g class="jp-icon3" fill="#616161"><rect x="1" y="2" width="6" height="5" rx="1"/><rect x="9" y="2" width="6" height="5" rx="1"/>
+<rect x="1" y="9" width="6" height="5" rx="1"/><rect x="9" y="9" width="6" height="5" rx="1"/></g></svg>`;
+
+export const dlcIcon = new LabIcon({ name: 'jupyter-dlc:jobs', svgstr: ICON_SVG });
+
+const COMMAND_OPEN = 'jupyter-dlc:open-panel';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-dlc:plugin',
+  description: 'DLC jobs panel: every job of the launcher, live',
+  autoStart: true,
+  optional: [ILabShell],
+  activate: (app: JupyterFrontEnd, labShell: ILabShell | null) => {
+    const api = new DlcApi(app.serviceManager.serverSettings);
+    let state: State = initialState();
+    let panel: DlcPanel | null = null;
+
+    const notify = (n: Notice) => {
+      const actions = [
+        {
+          label: 'Show',
+          callback: () => {
+            dispatch({ type: 'select', id: n.jobId });
+            void app.commands.execute(COMMAND_OPEN);
+          }
+        }
+      ];
+      const options = { autoClose: n.kind === 'success' ? (5000 as const) : (false as const), actions };
+      if (n.kind === 'error') {
+        Notification.error(n.message, options);
+      } else if (n.kind === 'warning') {
+        Notification.warning(n.message, options);
+      } else if (n.kind === 'success') {
+        Notification.success(n.message, options);
+      } else {
+        Notification.info(n.message, options);
+      }
+    };
+
+    const dispatch = (a: Action) => {
+      const r = reduce(state, a);
+      const changed = r.state !== state;
+      state = r.state;
+      r.notices.forEach(notify);
+      if (changed) {
+        panel?.scheduleRender();
+      }
+    };
+
+    const feed = new LiveFeed(api, dispatch, () => !panel || !panel.isVisible);
+
+    panel = new DlcPanel({
+      api,
+      getState: () => state,
+      dispatch,
+      openPath: async path => {
+        await app.commands.execute('docmanager:open', { path });
+      },
+      onVisible: () => feed.poke()
+    });
+    panel.title.icon = dlcIcon;
+    app.shell.add(panel, 'left', { rank: 600 });
+
+    app.commands.addCommand(COMMAND_OPEN, {
+      label: 'Show DLC jobs',
+      execute: () => {
+        if (panel) {
+          app.shell.activateById(panel.id);
+        }
+      }
+    });
+    feed.start();
+    // for tests and debugging in the browser console
+    (window as any).jupyterDlc = { getState: () => state, dispatch };
+    void labShell;
+  }
+};
+
+export default plugin;

@@ -1,0 +1,86 @@
+import { JobListView } from '../src/listview';
+import { JobSummary, State, initialState, reduce } from '../src/store';
+
+function job(i: number, over: Partial<JobSummary> = {}): JobSummary {
+  return {
+    id: `j${i}`, name: `job-${i}`, state: 'RUNNING', attempt: 1, nodes: 2, nproc_per_node: 4,
+    created: 1000 + i, started: null, ended: null, reason: null, last_step: null, last_loss: null,
+    ...over
+  };
+}
+
+function load(n: number): State {
+  const jobs = Array.from({ length: n }, (_, i) => job(i));
+  return reduce(initialState(), { type: 'snapshot', jobs }).state;
+}
+
+describe('JobListView', () => {
+  it('renders one keyed row per job, newest first, with state colour and shape', () => {
+    const view = new JobListView(() => undefined);
+    view.render(load(3), 2_000_000);
+    const rows = Array.from(view.node.querySelectorAll<HTMLElement>('.dlc-row'));
+    expect(rows.map(r => r.dataset.jobId)).toEqual(['j2', 'j1', 'j0']);
+    expect(rows[0].querySelector('.dlc-badge')!.className).toContain('dlc-state-running');
+    expect(rows[0].querySelector('.dlc-shape')!.textContent).toBe('2×4');
+  });
+
+  it('an event for one of 500 jobs re-renders exactly one row and moves none', () => {
+    const view = new JobListView(() => undefined);
+    let s = load(500);
+    view.render(s);
+    expect(view.node.children.length).toBe(500);
+    const before = view.rowRenders;
+    const observer = new MutationObserver(() => undefined);
+    observer.observe(view.node, { childList: true });
+    s = reduce(s, { type: 'job', job: job(250, { last_step: 7, last_loss: 0.25 }) }).state;
+    view.render(s);
+    expect(view.rowRenders - before).toBe(1);
+    expect(observer.takeRecords()).toEqual([]); // no row was inserted, moved or removed
+    const row = view.node.querySelector<HTMLElement>('[data-job-id="j250"]')!;
+    expect(row.querySelector('.dlc-step')!.textContent).toBe('step 7 · loss 0.2500');
+    expect(row.querySelector('path')!.getAttribute('d')).not.toBe('');
+  });
+
+  it('filters without re-rendering rows, and a state change moves the row out of the filter', () => {
+    const view = new JobListView(() => undefined);
+    let s = reduce(load(500), { type: 'filter', state: 'RUNNING', search: 'job-49' }).state;
+    view.render(s);
+    // job-49, job-490..499
+    expect(view.visibleCount).toBe(11);
+    expect(view.node.children.length).toBe(11);
+    const renders = view.rowRenders;
+    s = reduce(s, { type: 'job', job: job(495, { state: 'FAILED' }) }).state;
+    view.render(s);
+    expect(view.rowRenders - renders).toBe(1);
+    expect(view.visibleCount).toBe(10);
+    expect(view.node.querySelector('[data-job-id="j495"]')).toBeNull();
+    s = reduce(s, { type: 'removed', id: 'j499' }).state;
+    view.render(s);
+    expect(view.visibleCount).toBe(9);
+  });
+
+  it('selects a job on click', () => {
+    const picked: string[] = [];
+    const view = new JobListView(id => picked.push(id));
+    view.render(load(2));
+    view.node.querySelector<HTMLElement>('[data-job-id="j1"] .dlc-name')!.click();
+    expect(picked).toEqual(['j1']);
+  });
+
+  it('renders 500 jobs and 5000 progress events quickly', () => {
+    const view = new JobListView(() => undefined);
+    let s = load(500);
+    const t0 = Date.now();
+    view.render(s);
+    for (let k = 0; k < 5000; k++) {
+      const i = k % 500;
+      s = reduce(s, { type: 'job', job: job(i, { last_step: k, last_loss: 1 / (k + 1) }) }).state;
+      if (k % 10 === 0) {
+        view.render(s); // one render per animation frame, many events per frame
+      }
+    }
+    view.render(s);
+    const ms = Date.now() - t0;
+    expect(ms).toBeLessThan(5000);
+  });
+});

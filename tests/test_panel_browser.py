@@ -1,0 +1,282 @@
+"""The DLC jobs panel in a real JupyterLab, driven through real Chromium (Playwright).
+
+One purposeful walk: open the panel; a job started from the CLI appears and changes state;
+Stop and Resume (from a picked checkpoint) from the panel; a failing job raises a JupyterLab
+notification while the panel is closed; the launcher going away shows one line and the
+panel recovers by itself. Screenshots go to artifacts/panel/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+ART = REPO / "artifacts" / "panel"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+BASE = "/lab-user/"
+TOKEN = "panel-" + os.urandom(4).hex()
+
+TRAIN = r'''
+import os, time, torch
+from jupyter_dlc import runtime
+runtime.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+ckpt = runtime.Checkpointer(model=model, optimizer=opt)
+step = ckpt.restore()
+fail_at = int(os.environ.get("FAIL_AT", "0"))
+while step < 100000:
+    step += 1
+    x = torch.randn(16, 4)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    runtime.log(step, loss=loss.item())
+    if step % 10 == 0:
+        ckpt.save(step)
+    if fail_at and step >= fail_at:
+        raise RuntimeError(f"planned failure at step {step}")
+    time.sleep(0.05)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout, what, interval=0.25):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    pytest.importorskip("playwright")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no /usr/bin/chromium")
+    # the panel must be built (CI runs scripts/build-labextension.sh; so does this, idempotently)
+    subprocess.run([str(REPO / "scripts" / "build-labextension.sh")], check=True)
+    built = REPO / "jupyter_dlc" / "labextension"
+    assert (built / "package.json").exists()
+
+    tmp = Path(tempfile.mkdtemp(prefix="dlc-lab-"))
+    for d in ("runtime", "config", "workspaces", "root", "data", "labext"):
+        (tmp / d).mkdir()
+    # the built panel, found the way an installed one is (a labextensions dir)
+    (tmp / "labext" / "jupyter-dlc").symlink_to(built)
+    env = dict(os.environ)
+    env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), DLC_DATA_DIR=str(tmp / "data"),
+               PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1")
+    port = free_port()
+    log = open(tmp / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+         "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.base_url={BASE}",
+         f"--ServerApp.root_dir={tmp / 'root'}",
+         "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
+         f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}{BASE}"
+
+    def up():
+        try:
+            req = urllib.request.Request(url + "api/status", headers={"Authorization": f"token {TOKEN}"})
+            return urllib.request.urlopen(req, timeout=2).status == 200
+        except OSError:
+            assert proc.poll() is None, (tmp / "lab.log").read_text()
+            return False
+
+    wait_until(up, 90, "jupyter lab")
+    (tmp / "root" / "train.py").write_text(TRAIN)
+    ART.mkdir(parents=True, exist_ok=True)
+    yield {"url": url, "env": env, "tmp": tmp}
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    stop_launcher(env)
+    log.close()
+
+
+def launcher_client(env):
+    old = {k: os.environ.get(k) for k in ("JUPYTER_RUNTIME_DIR", "DLC_DATA_DIR")}
+    os.environ.update(JUPYTER_RUNTIME_DIR=env["JUPYTER_RUNTIME_DIR"], DLC_DATA_DIR=env["DLC_DATA_DIR"])
+    try:
+        from jupyter_dlc.client import LauncherClient
+
+        return LauncherClient.from_connection_file(
+            os.path.join(env["JUPYTER_RUNTIME_DIR"], "jupyter-dlc-launcher.json"))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def stop_launcher(env):
+    client = launcher_client(env)
+    if client is None:
+        return
+    try:
+        for job in client.jobs():
+            if job["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                client.stop(job["id"], grace=1)
+        pid = client.request("GET", "/healthz")[1]["pid"]
+        time.sleep(2)
+        os.kill(pid, signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def cli(env, *args):
+    r = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", *args], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=os.path.join(env["DLC_DATA_DIR"], "..", "root"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def row(page, name):
+    return page.locator(".dlc-row", has=page.locator(".dlc-name", has_text=name)).first
+
+
+def test_panel_end_to_end(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    env, tmp = lab["env"], lab["tmp"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors, console = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        try:
+            page.goto(f"{lab['url']}lab?reset&token={TOKEN}")
+            tab = page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-dlc-panel"]')
+            expect(tab).to_be_visible(timeout=60000)
+            tab.click()
+            panel = page.locator("#jupyter-dlc-panel")
+            expect(panel).to_be_visible()
+            expect(panel.locator(".dlc-title")).to_have_text("DLC jobs")
+            # connected: the one status line is hidden once live
+            expect(panel.locator(".dlc-status")).to_be_hidden(timeout=60000)
+            page.screenshot(path=str(ART / "01-panel-empty.png"))
+
+            # -- a job from the CLI appears, then changes state ------------------------------
+            out = cli(env, "run", str(tmp / "root" / "train.py"), "--nodes", "2",
+                      "--nproc-per-node", "1", "--name", "panel-e2e")
+            r = row(page, "panel-e2e")
+            expect(r).to_be_visible(timeout=20000)
+            first_state = r.get_attribute("data-state")
+            assert first_state in ("QUEUED", "PREFLIGHT", "STARTING"), (first_state, out)
+            expect(r).to_have_attribute("data-state", "RUNNING", timeout=90000)
+            expect(r.locator(".dlc-shape")).to_have_text("2×1")
+            expect(r.locator(".dlc-step")).to_contain_text("step", timeout=60000)
+            job_id = r.get_attribute("data-job-id")
+            page.screenshot(path=str(ART / "02-job-running.png"))
+
+            # -- detail view: charts, ranks, logs; wait for a few checkpoints -------------------
+            r.click()
+            detail = panel.locator(".dlc-detail")
+            expect(detail).to_be_visible()
+            expect(detail).to_have_attribute("data-job-id", job_id)
+            expect(detail.locator('svg[data-chart="loss"] path.dlc-chart-line').first).to_be_visible(timeout=30000)
+            expect(detail.locator(".dlc-rank-table tr[data-rank]")).to_have_count(2, timeout=30000)
+            client = launcher_client(env)
+            wait_until(lambda: len(client.checkpoints(job_id)) >= 2, 90, "two committed checkpoints")
+            page.screenshot(path=str(ART / "03-job-detail.png"))
+
+            # -- Stop from the panel ------------------------------------------------------------
+            detail.locator('[data-action="stop"]').click()
+            expect(detail).to_have_attribute("data-state", "STOPPED", timeout=90000)
+            assert client.job(job_id)["state"] == "STOPPED"
+            expect(detail.locator('[data-action="resume"]')).to_be_enabled()
+            page.screenshot(path=str(ART / "04-job-stopped.png"))
+
+            # -- Resume from the panel, at a picked committed step -------------------------------
+            steps = sorted(c["step"] for c in client.checkpoints(job_id))
+            pick = steps[0]
+            detail.locator('[data-action="resume"]').click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_be_visible()
+            dialog.locator("select.dlc-resume-step").select_option(str(pick))
+            page.screenshot(path=str(ART / "05-resume-picker.png"))
+            dialog.locator("button.jp-mod-accept").click()
+            expect(detail).to_have_attribute("data-state", "RUNNING", timeout=90000)
+            job = client.job(job_id)
+            assert job["attempt"] == 2, job
+            assert job["attempts"][-1]["resume_path"] and f"step-{pick}" in job["attempts"][-1]["resume_path"], job["attempts"]
+            expect(detail.locator(".dlc-detail-meta")).to_contain_text("attempt 2")
+            page.screenshot(path=str(ART / "06-job-resumed.png"))
+            client.stop(job_id, grace=2)
+            expect(detail).to_have_attribute("data-state", "STOPPED", timeout=90000)
+            detail.locator(".dlc-back").click()
+            expect(panel.locator(".dlc-joblist")).to_be_visible()
+
+            # -- a failing job notifies, while the panel is closed --------------------------------
+            tab.click()  # collapse the left area
+            expect(panel).to_be_hidden()
+            cli(env, "run", str(tmp / "root" / "train.py"), "--nodes", "1", "--nproc-per-node", "1",
+                "--name", "panel-fail", "--env", "FAIL_AT=3", "--max-restarts", "0")
+            toast = page.locator(".Toastify__toast", has_text="panel-fail")
+            expect(toast).to_be_visible(timeout=120000)
+            expect(toast).to_contain_text("failed")
+            page.screenshot(path=str(ART / "07-failure-notification.png"))
+
+            # -- the launcher goes away: one line, then recovery by itself ------------------------
+            tab.click()
+            expect(panel).to_be_visible()
+            page.evaluate("""() => {
+                window.__dlcStatuses = [];
+                const el = document.querySelector('#jupyter-dlc-panel .dlc-status');
+                new MutationObserver(() => window.__dlcStatuses.push(
+                    [el.dataset.status, el.textContent])).observe(el, {attributes: true, childList: true});
+            }""")
+            pid = client.request("GET", "/healthz")[1]["pid"]
+            os.kill(pid, signal.SIGTERM)
+            page.wait_for_function(
+                "() => window.__dlcStatuses.some(s => s[0] === 'down' || s[0] === 'polling')",
+                timeout=30000)
+            expect(panel.locator(".dlc-status")).to_be_hidden(timeout=60000)
+            seen = page.evaluate("window.__dlcStatuses")
+            assert any(s[0] in ("down", "polling") and s[1] and "\n" not in s[1] for s in seen), seen
+            new_pid = launcher_client(env).request("GET", "/healthz")[1]["pid"]
+            assert new_pid != pid
+            # still live after the recovery: the list shows the jobs
+            expect(row(page, "panel-e2e")).to_be_visible()
+            expect(row(page, "panel-fail")).to_have_attribute("data-state", "FAILED")
+            page.screenshot(path=str(ART / "08-recovered.png"))
+            assert not errors, errors
+        except Exception:
+            page.screenshot(path=str(ART / "failure.png"))
+            shutil.copy(tmp / "lab.log", ART / "lab.log")
+            (ART / "console.log").write_text("\n".join(console + errors))
+            raise
+        finally:
+            browser.close()

@@ -86,7 +86,7 @@ class DLCMagics(Magics):
         except UsageError as error:
             raise UsageError(f"%%dlc: {error}") from None
         try:
-            script, files, summary = self._capture(cell, args)
+            script, files, summary, captured = self._capture(cell, args)
             spec = spec_from_options(args, code=script, files=files,
                                      source={"kind": "notebook", "path": _notebook_path(self.shell)})
         except (SpecError, ValueError) as error:
@@ -94,11 +94,14 @@ class DLCMagics(Magics):
         if summary:
             print(summary)
         if args.show_capture:
-            print(script)
+            print(captured or "# nothing captured")
         if args.export:
             from ..export import export_bundle
 
-            paths = export_bundle(spec, script, args.export, files=files)
+            try:
+                paths = export_bundle(spec, script, args.export, files=files)
+            except ValueError as error:
+                raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
             return None
         try:
@@ -114,13 +117,11 @@ class DLCMagics(Magics):
                 raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
         return None
 
-    def _capture(self, cell: str, args) -> tuple[str, dict, str]:
-        try:
-            from .capture import capture
-        except ImportError:
-            return cell, {}, ""
+    def _capture(self, cell: str, args) -> tuple[str, dict, str, str]:
+        from .capture import capture
+
         result = capture(cell, self.shell, push=args.push, include_cells=args.include_cell)
-        return result.script, result.files, result.summary
+        return result.script, result.files, result.summary, result.code
 
     def _show(self, job_id: str):
         from ..widgets import show_job

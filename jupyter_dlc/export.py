@@ -1,0 +1,226 @@
+"""Export a job as a self-contained bundle that runs with plain torchrun.
+
+```
+<dest>/
+  script.py      what the ranks run (captured code + the cell, or the job's script)
+  job.yaml       the job spec; `script` and `files` relative to this directory
+  files/         pushed values; DLC_JOB_DIR is set to <dest> so the script finds them
+  run.sh         ./run.sh all (every node on this machine) or ./run.sh K (node K)
+  <extra>        native forms a backend adds (a PyTorchJob manifest, an sbatch script)
+```
+
+Neither Jupyter nor the launcher is needed: run.sh is torchrun with a static rendezvous on
+the job's topology, and the environment the launcher would have given (the spec's env, the
+network profile, DLC_JOB_DIR, DLC_CHECKPOINT_DIR). Variables the launcher sets only to talk
+to itself (DLC_LAUNCHER_URL, DLC_TOKEN, DLC_JOB_ID) are left out on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from typing import Any
+
+import yaml
+
+from .spec import JobSpec, network_env
+
+RESERVED = ("script.py", "job.yaml", "run.sh", "files", "checkpoints")
+DEFAULT_PORT = 29500
+
+
+class ExportError(ValueError):
+    """One line naming what is wrong with the export request."""
+
+
+def _load_spec(spec: JobSpec | dict[str, Any]) -> tuple[JobSpec, dict[str, str]]:
+    data = dict(spec.to_dict() if isinstance(spec, JobSpec) else spec)
+    # A stored job's staged files may be gone (they were copied into its job directory);
+    # they are checked as they are copied, not by the spec.
+    staged = dict(data.pop("files", None) or {})
+    return JobSpec.from_dict(data), staged
+
+
+def _check_extra_name(name: str) -> None:
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or ".." in parts or not name or parts[0] in RESERVED:
+        raise ExportError(f"extra: {name!r} must be a relative path inside the bundle, other "
+                          f"than {', '.join(RESERVED)}")
+
+
+def _env_lines(spec: JobSpec) -> list[str]:
+    env = dict(network_env(spec.network))
+    env.update(spec.env)  # the user's --env wins, as in the launcher
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    lines = []
+    for key, value in env.items():
+        # ${K-default}: a value already in the caller's environment (even empty) wins.
+        lines.append(f'export {key}="${{{key}-{_dq(value)}}}"')
+    return lines
+
+
+def _dq(value: str) -> str:
+    """Escape for a double-quoted bash word."""
+    return "".join("\\" + c if c in '"\\$`' else c for c in str(value))
+
+
+def render_run_sh(spec: JobSpec, uses_runtime: bool = False) -> str:
+    nodes, nproc = spec.nodes, spec.nproc_per_node
+    torchrun = (f"{shlex.quote(spec.python)} -m torch.distributed.run" if spec.python else "torchrun")
+    node_lines = "\n".join(
+        f"#     MASTER_ADDR=<host of node 0> ./run.sh {k}" for k in range(min(nodes, 4)))
+    if nodes > 4:
+        node_lines += f"\n#     ... up to ./run.sh {nodes - 1}"
+    needs = "torch" + (" and jupyter-dlc (the script imports jupyter_dlc)" if uses_runtime else "")
+    args = " ".join(shlex.quote(a) for a in spec.args)
+    workdir = _dq(spec.workdir) if spec.workdir else ""
+    env = "\n".join(_env_lines(spec))
+    return f"""#!/usr/bin/env bash
+# Job {spec.name!r} exported by jupyter-dlc: {nodes} node(s) x {nproc} process(es) per node,
+# started with plain torchrun (static rendezvous). Needs {needs}.
+#
+#   ./run.sh all        every node on this machine, in the background (a one-machine try)
+#   ./run.sh K          node K (0..{nodes - 1}); run one per host, all with node 0's address:
+{node_lines}
+#   NODE_RANK=K ./run.sh   same as ./run.sh K
+#
+# MASTER_ADDR defaults to 127.0.0.1, MASTER_PORT to {DEFAULT_PORT} (a free port for "all").
+# Every variable below is a default: a value already set in your environment wins.
+set -euo pipefail
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+NNODES={nodes}
+NPROC_PER_NODE={nproc}
+read -r -a TORCHRUN <<< "${{TORCHRUN:-{torchrun}}}"
+ARGS=({args})
+
+# The launcher's environment: DLC_JOB_DIR is this bundle, so pushed values load from files/.
+export DLC_JOB_DIR="$HERE"
+export DLC_JOB_NAME="${{DLC_JOB_NAME-{_dq(spec.name)}}}"
+export DLC_NNODES="$NNODES"
+export DLC_ATTEMPT="${{DLC_ATTEMPT-1}}"
+export DLC_CHECKPOINT_DIR="${{DLC_CHECKPOINT_DIR:-$HERE/checkpoints}}"
+{env}
+export MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
+DLC_WORKDIR="${{DLC_WORKDIR:-{workdir}}}"
+[ -n "$DLC_WORKDIR" ] && [ -d "$DLC_WORKDIR" ] || DLC_WORKDIR="$HERE"
+cd "$DLC_WORKDIR"
+mkdir -p "$DLC_CHECKPOINT_DIR"
+
+run_node() {{
+    DLC_NODE_RANK="$1" "${{TORCHRUN[@]}}" --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \\
+        --node-rank "$1" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\
+        "$HERE/script.py" ${{ARGS[@]+"${{ARGS[@]}}"}}
+}}
+
+MODE="${{1:-${{NODE_RANK:-}}}}"
+if [ "$MODE" = all ]; then
+    if [ -z "${{MASTER_PORT:-}}" ]; then
+        MASTER_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)))"
+    fi
+    export MASTER_PORT
+    # Each node in its own process group, so a failed run is ended whole (agents and ranks):
+    # a gloo agent whose peer died can otherwise wait minutes in its exit barrier.
+    set -m
+    pids=()
+    for ((k = 0; k < NNODES; k++)); do
+        run_node "$k" &
+        pids+=("$!")
+    done
+    stop_all() {{
+        for pid in "${{pids[@]}}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+        for _ in $(seq 50); do
+            alive=0
+            for pid in "${{pids[@]}}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+            [ "$alive" = 0 ] && return 0
+            sleep 0.2
+        done
+        for pid in "${{pids[@]}}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    }}
+    trap 'stop_all; exit 130' INT TERM
+    rc=0
+    for ((k = 0; k < NNODES; k++)); do
+        wait -n || {{ rc=$?; echo "run.sh: a node failed (exit $rc); stopping the others" >&2
+                      stop_all; break; }}
+    done
+    wait || true
+    exit "$rc"
+fi
+case "$MODE" in
+    ''|*[!0-9]*)
+        echo "usage: ./run.sh all | ./run.sh K (K = 0..$((NNODES - 1))) | NODE_RANK=K ./run.sh" >&2
+        exit 2 ;;
+esac
+if [ "$MODE" -ge "$NNODES" ]; then
+    echo "run.sh: node $MODE does not exist; this job has $NNODES node(s): 0..$((NNODES - 1))" >&2
+    exit 2
+fi
+export MASTER_PORT="${{MASTER_PORT:-{DEFAULT_PORT}}}"
+DLC_NODE_RANK="$MODE" exec "${{TORCHRUN[@]}}" --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \\
+    --node-rank "$MODE" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\
+    "$HERE/script.py" ${{ARGS[@]+"${{ARGS[@]}}"}}
+"""
+
+
+def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: str,
+                  files: dict[str, str] | None = None, extra: dict[str, str] | None = None,
+                  overwrite: bool = False) -> list[str]:
+    """Write the bundle into `dest_dir` and return the paths written.
+
+    `files` (name -> path) are the pushed values to copy into files/; when None, the spec's
+    own `files` are used. `extra` (relative name -> text) are backends' native forms.
+    Refuses a non-empty `dest_dir` unless `overwrite`.
+    """
+    job, staged = _load_spec(spec)
+    files = staged if files is None else dict(files)
+    for name, path in files.items():
+        if "/" in name or name.startswith(".") or not name:
+            raise ExportError(f"files: {name!r} is not a plain file name")
+        if not os.path.isfile(path):
+            raise ExportError(f"files: {name!r} → {path!r} does not exist; export from the job "
+                              "directory, where the launcher copied it")
+    for name in extra or {}:
+        _check_extra_name(name)
+    dest = os.path.abspath(dest_dir)
+    if os.path.isdir(dest) and os.listdir(dest) and not overwrite:
+        raise ExportError(f"{dest_dir}: the directory is not empty; choose a new one")
+    os.makedirs(os.path.join(dest, "files"), exist_ok=True)
+
+    written = []
+
+    def write(rel: str, text: str, mode: int = 0o644) -> None:
+        path = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, mode)
+        written.append(path)
+
+    write("script.py", script_text if script_text.endswith("\n") else script_text + "\n")
+    for name, path in files.items():
+        target = os.path.join(dest, "files", name)
+        shutil.copyfile(path, target)
+        written.append(target)
+
+    record = job.to_dict()
+    record.update(script="script.py", code=None, files={n: f"files/{n}" for n in files})
+    header = ("# jupyter-dlc job spec, exported with its bundle. Paths are relative to this\n"
+              "# directory; script.py is what the ranks ran (captured code + the cell).\n")
+    write("job.yaml", header + yaml.safe_dump(record, sort_keys=False))
+    write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text), 0o755)
+    for name, text in (extra or {}).items():
+        write(name, text)
+    return written
+
+
+def export_job(client, job_id: str, dest_dir: str) -> list[str]:
+    """A bundle for a job the launcher knows: its recorded script, spec and pushed files.
+
+    The pushed files are read from the job's directory, which the launcher names: they are
+    binary inputs of the job, not a view of its state.
+    """
+    job = client.job(job_id)
+    recorded = client.script(job["id"])
+    files = {name: os.path.join(job["job_dir"], "files", name) for name in recorded["files"]}
+    return export_bundle(job["spec"], recorded["script"], dest_dir, files=files)

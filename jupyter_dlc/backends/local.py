@@ -147,6 +147,10 @@ class LocalBackend(Backend):
             exit_code = record.get("exit_code")
             if exit_code is None and rank in summary_codes:
                 exit_code = summary_codes[rank]
+            if exit_code is None and status.nodes[rank // ctx.spec.nproc_per_node].exit_code == 0:
+                # The script left with os._exit before the bootstrap could record it; torchrun
+                # exits 0 only when every worker of its node did.
+                exit_code = 0
             running = exit_code is None and pid is not None and pid in alive
             status.ranks[rank] = RankStatus(rank, pid, running, exit_code, record.get("start"),
                                             record.get("end"))

@@ -1,0 +1,178 @@
+"""Fault injection on real 2x2 torchrun jobs under the supervising launcher.
+
+The training script is deterministic (seeded data, ResumableDistributedSampler, gloo on
+CPU), so a job that is killed and resumed must end with exactly the parameters of a job
+that never failed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from conftest import wait_for
+
+TRAIN = """
+import os, sys, time
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from jupyter_dlc import runtime
+
+total = int(sys.argv[1])
+pause = float(sys.argv[2])
+info = runtime.init()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2048, 8, generator=g)
+data = TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(2048, 1, generator=g))
+sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
+# A DataLoader draws a seed from the global RNG each time it is iterated; a resumed run
+# iterates once more than a clean one, so give it a generator of its own.
+loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
+torch.manual_seed(0)
+# Gradients are averaged one parameter at a time: DDP regroups its gradient buckets after its
+# first iteration, and the bucket layout decides the order of the floating-point sums in the
+# ring all-reduce, so a resumed DDP run (one more "first iteration") can differ in the last bit.
+import torch.distributed as dist
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+for p in model.parameters():
+    dist.broadcast(p.data, 0)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
+step = ckpt.restore()
+epoch = sampler.epoch
+while step < total:
+    sampler.set_epoch(epoch)
+    for xb, yb in loader:
+        noise = torch.randn(xb.shape) * 1e-3          # exercises the torch RNG state
+        loss = nn.functional.mse_loss(model(xb + noise), yb)
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        opt.step()
+        step += 1
+        runtime.log(step, loss=loss.item())
+        if step % 10 == 0:
+            ckpt.save(step)
+        time.sleep(pause)
+        if step >= total:
+            break
+    epoch += 1
+ckpt.wait()
+if info.rank == 0:
+    torch.save(model.state_dict(), os.path.join(os.environ["DLC_JOB_DIR"], "final.pt"))
+"""
+
+
+def final_params(job) -> dict:
+    return torch.load(os.path.join(job["job_dir"], "final.pt"))
+
+
+def committed_beyond(client, job_id, step):
+    return any(c["step"] > step for c in client.checkpoints(job_id))
+
+
+@pytest.mark.slow
+def test_three_kill_9s_end_bitwise_identical(launcher):
+    script = launcher.script("train.py", TRAIN)
+    total = 120
+    clean = launcher.client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
+                                    "nproc_per_node": 2, "name": "clean"})
+    faulty = launcher.client.submit({"script": script, "args": [str(total), "0.05"], "nodes": 2,
+                                     "nproc_per_node": 2, "name": "faulty", "max_restarts": 3,
+                                     "heartbeat_interval": 1})
+    rng = random.Random(7)
+    client = launcher.client
+    for kill in range(3):
+        attempt = kill + 1
+        wait_for(lambda: client.job(faulty["id"])["attempt"] == attempt and
+                 client.job(faulty["id"])["state"] == "RUNNING", 120, what=f"attempt {attempt}")
+        base = client.job(faulty["id"])["last_step"] or 0
+        target = base + rng.randint(3, 12)
+        wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= target and
+                 committed_beyond(client, faulty["id"], 0), 120, what=f"step {target}")
+        ranks = [r for r in client.job(faulty["id"])["ranks"] if r["pid"]]
+        victim = rng.choice(ranks)
+        os.kill(victim["pid"], signal.SIGKILL)
+    clean = client.wait(clean["id"], timeout=300)
+    faulty = client.wait(faulty["id"], timeout=300)
+    assert clean["state"] == "SUCCEEDED", clean["reason"]
+    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
+    assert faulty["attempt"] == 4
+    outcomes = [a["outcome"] for a in client.job(faulty["id"])["attempts"]]
+    assert outcomes == ["failed", "failed", "failed", "succeeded"]
+    for attempt in client.job(faulty["id"])["attempts"][1:]:
+        assert attempt["resume_path"] and os.path.basename(attempt["resume_path"]).startswith("step-")
+    a, b = final_params(clean), final_params(faulty)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # bitwise, not approximately
+    assert launcher.own_processes() == []
+
+
+def test_sigterm_preempts_with_a_checkpoint_and_resume_continues(launcher):
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["400", "0.05"], "nodes": 1, "nproc_per_node": 2,
+                         "heartbeat_interval": 1})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 13, 120, what="step 13")
+    client.stop(job["id"], grace=30)
+    stopped = client.wait(job["id"], timeout=60)
+    assert stopped["state"] == "STOPPED"
+    assert "checkpoint committed" in stopped["reason"]
+    steps = [c["step"] for c in client.checkpoints(job["id"])]
+    last = stopped["last_step"]
+    assert steps and steps[-1] == last  # saved at the step boundary it stopped on
+    assert any(e["type"] == "preempted" for e in client.events(job["id"]))
+    client.resume(job["id"])
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", 60, what="resumed attempt")
+    attempt = client.job(job["id"])["attempts"][-1]
+    assert attempt["resume_path"].endswith(f"step-{last}")
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) > last, 60, what="progress after resume")
+    client.stop(job["id"], grace=5)
+    client.wait(job["id"], timeout=60)
+
+
+def test_sigstop_is_detected_and_restarted(launcher):
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["60", "0.1"], "nodes": 1, "nproc_per_node": 2,
+                         "heartbeat_interval": 1, "heartbeat_misses": 3, "progress_timeout": "10s",
+                         "max_restarts": 1})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 12, 120, what="step 12")
+    victim = client.job(job["id"])["ranks"][1]
+    stopped_at = time.time()
+    os.kill(victim["pid"], signal.SIGSTOP)
+    wait_for(lambda: client.job(job["id"])["attempt"] == 2, 30, what="restart after SIGSTOP")
+    detected = time.time() - stopped_at
+    assert detected < 3 * 1 + 5  # heartbeat verdict plus a tick or two
+    reasons = [e["reason"] for e in client.events(job["id"]) if e["type"] == "state"]
+    assert any("missed 3 heartbeats" in r or "no step progress" in r for r in reasons), reasons
+    final = client.wait(job["id"], timeout=120)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    assert launcher.own_processes() == []
+
+
+def test_same_failure_at_the_same_step_stops_retrying(launcher):
+    script = launcher.script("bug.py", """
+        from jupyter_dlc import runtime
+        info = runtime.init()
+        for step in range(1, 10):
+            runtime.log(step, loss=1.0)
+            if step == 5 and info.rank == 1:
+                raise ValueError("shape mismatch in my_layer")
+        """)
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
+                                  "max_restarts": 5})
+    job = launcher.client.wait(job["id"], timeout=120)
+    assert job["state"] == "FAILED"
+    assert job["attempt"] == 2  # one retry, then the repeat is recognised
+    assert "deterministic" in job["reason"]
+    diagnosis = launcher.client.diagnosis(job["id"])
+    assert diagnosis[-1]["class"] == "user_exception" and diagnosis[-1]["rank"] == 1

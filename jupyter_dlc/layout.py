@@ -1,0 +1,204 @@
+"""Where job files live, and what a committed checkpoint step is.
+
+The runtime (which writes and restores checkpoints) and the launcher (which picks
+DLC_RESUME_PATH) must agree exactly on when a step counts, and neither may import the other,
+so the one definition lives here. Imports nothing of ours.
+
+A step counts only when `step-<N>/manifest.json` exists, parses, and every file it lists is
+present with the listed size. The manifest is written last and atomically, so a crash at any
+moment leaves either a committed step or one that does not count.
+"""
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+
+MANIFEST = "manifest.json"
+_STEP_DIR_NAME = re.compile(r"^step-(\d+)$")
+_HASH_CHUNK = 1 << 20
+
+
+# -- job directory ------------------------------------------------------------------------
+
+def data_dir():
+    return os.environ.get("DLC_DATA_DIR") or os.path.expanduser("~/.local/share/jupyter-dlc")
+
+
+def job_dir(job_id, root=None):
+    return os.path.join(root or data_dir(), "jobs", job_id)
+
+
+def attempt_dir(job_dir_path, attempt):
+    return os.path.join(job_dir_path, f"attempt-{attempt}")
+
+
+def rank_log(attempt_dir_path, rank):
+    return os.path.join(attempt_dir_path, f"rank-{rank}.log")
+
+
+def rank_json(attempt_dir_path, rank):
+    return os.path.join(attempt_dir_path, f"rank-{rank}.json")
+
+
+def rank_error_json(attempt_dir_path, rank):
+    return os.path.join(attempt_dir_path, f"rank-{rank}.error.json")
+
+
+def node_log(attempt_dir_path, node):
+    return os.path.join(attempt_dir_path, f"node-{node}.log")
+
+
+def node_exit(attempt_dir_path, node):
+    return os.path.join(attempt_dir_path, f"node-{node}.exit")
+
+
+def default_checkpoint_dir(job_dir_path):
+    return os.path.join(job_dir_path, "checkpoints")
+
+
+# -- checkpoint steps ---------------------------------------------------------------------
+
+def step_dir(ckpt_dir, step):
+    return os.path.join(ckpt_dir, f"step-{int(step)}")
+
+
+def rank_file_name(rank):
+    return f"rank-{rank}.pt"
+
+
+def rank_sidecar_name(rank):
+    """`{"size", "sha256"}` of the rank's file, written after the file is complete: its
+    presence is how the committing rank learns that this rank's part is durable."""
+    return f"rank-{rank}.pt.json"
+
+
+def rank_failure_name(rank, token):
+    """Written by a rank whose persist failed in save round `token`, so the committing rank
+    gives up at once instead of waiting out its timeout."""
+    return f"rank-{rank}.failed-{token}"
+
+
+def step_of(path):
+    match = _STEP_DIR_NAME.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path, obj):
+    """Temp file in the same directory, fsync, rename, fsync the directory: after a crash
+    the path holds either nothing or the whole document, never a torn one."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def write_manifest(step_path, step, world_size, files):
+    """files: {name: {"size", "sha256"}}. Call only once every listed file is durable."""
+    manifest = {"step": int(step), "world_size": int(world_size), "time": time.time(),
+                "files": files}
+    write_json_atomic(os.path.join(step_path, MANIFEST), manifest)
+    return manifest
+
+
+def read_manifest(step_path):
+    """The parsed manifest, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(step_path, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return None
+    return manifest
+
+
+def verify_step(step_path, deep=False):
+    """True when the step is committed: manifest present and every file it lists has the
+    listed size (and, with deep, the listed sha256)."""
+    return _verified_manifest(step_path, deep) is not None
+
+
+def _verified_manifest(step_path, deep):
+    manifest = read_manifest(step_path)
+    if manifest is None or manifest.get("step") != step_of(step_path):
+        return None
+    for name, record in manifest["files"].items():
+        path = os.path.join(step_path, name)
+        try:
+            if os.path.getsize(path) != record["size"]:
+                return None
+            if deep and sha256_of(path) != record["sha256"]:
+                return None
+        except (OSError, KeyError, TypeError):
+            return None
+    return manifest
+
+
+def step_dirs(ckpt_dir):
+    """{step: path} of every step directory, committed or not."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for name in names:
+        step = step_of(name)
+        if step is not None:
+            found[step] = os.path.join(ckpt_dir, name)
+    return found
+
+
+def committed_steps(ckpt_dir):
+    """[{"step", "path", "time", "size", "world_size"}] of verified steps, oldest first."""
+    records = []
+    for step, path in sorted(step_dirs(ckpt_dir).items()):
+        manifest = _verified_manifest(path, deep=False)
+        if manifest is not None:
+            records.append({
+                "step": step,
+                "path": path,
+                "time": manifest.get("time"),
+                "size": sum(r["size"] for r in manifest["files"].values()),
+                "world_size": manifest.get("world_size"),
+            })
+    return records
+
+
+def latest_committed(ckpt_dir):
+    """The newest committed step's record, or None."""
+    steps = committed_steps(ckpt_dir)
+    return steps[-1] if steps else None
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,0 +1,105 @@
+"""The step boundary: `log()` and `should_stop()`, where the runtime may act.
+
+Convention: `step` is the number of optimizer steps completed, so a checkpoint saved at a
+boundary is "after step N" and a resumed run continues with step N + 1. Every rank should
+call log() (or should_stop()) once per step: that is where a stop or checkpoint request is
+acted on, at the same step on every rank (agreement.py).
+"""
+
+import math
+
+from . import control
+from .agreement import StepAgreement
+from .dist_init import job_store
+from .env import rank_info
+from .report import EXIT_FLUSH_SECONDS, get_reporter
+
+NAN_FLUSH_SECONDS = 2.0
+
+
+class NonFiniteLossError(RuntimeError):
+    """A logged value was NaN or infinite; the message says which and at what step."""
+
+
+_last_step = 0
+_agreement = None
+
+
+def log(step, **metrics):
+    """Record this step's metrics (numbers, numpy or one-element torch scalars; anything
+    else is skipped) and act on pending requests. Cheap: reporting happens on a thread.
+
+    Raises NonFiniteLossError on a NaN/Inf value (after reporting a "nan" event), and
+    SystemExit(0) when the job was told to stop (after checkpointing).
+    """
+    global _last_step
+    _last_step = step
+    values, non_finite = {}, None
+    for name, value in metrics.items():
+        try:
+            number = float(value)  # a CUDA tensor syncs here: log .item()s you have anyway
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            values[name] = number
+        elif non_finite is None:
+            non_finite = (name, number)
+    reporter = get_reporter()
+    if reporter and values:
+        reporter.metric(step, values)
+    if non_finite:
+        _stop_non_finite(step, *non_finite, reporter)
+    should_stop(step)
+
+
+def should_stop(step=None, exit=True):
+    """Act on pending requests at this step boundary (log() calls this for you).
+
+    Returns False while training should go on. When every rank agreed to stop here, saves
+    with the registered Checkpointer, waits for the commit, reports "preempted" and raises
+    SystemExit(0); with exit=False it returns True instead, for callers that leave their
+    loop themselves.
+    """
+    step = _last_step if step is None else step
+    control.install_sigterm_handler()
+    requests = control.requested()
+    kinds = _agreed_kinds(step, set(requests))
+    if not kinds:
+        return False
+    control.clear(kinds)
+    checkpointer = control.checkpointer()
+    if checkpointer is not None:
+        checkpointer.save(step)
+    if control.STOP not in kinds:
+        return False
+    if checkpointer is not None:
+        checkpointer.wait()
+    reporter = get_reporter()
+    if reporter:
+        reporter.event("preempted", step=step,
+                       reason=requests.get(control.STOP, "stop requested on another rank"))
+        reporter.flush(EXIT_FLUSH_SECONDS)
+    if exit:
+        raise SystemExit(0)
+    return True
+
+
+def _agreed_kinds(step, local_kinds):
+    global _agreement
+    store = job_store()
+    if store is None:
+        return local_kinds  # a world of one has nobody to agree with
+    if _agreement is None:
+        info = rank_info()
+        _agreement = StepAgreement(store, info.world_size,
+                                   f"dlc/{info.restart_count}-{info.attempt}")
+    return _agreement.poll(step, local_kinds)
+
+
+def _stop_non_finite(step, name, value, reporter):
+    reason = f"{name} is {value} at step {step}; stopped, last good checkpoint kept"
+    control.mark_non_finite(reason)
+    if reporter:
+        reporter.event("nan", step=step, name=name)
+        reporter.flush(NAN_FLUSH_SECONDS)
+    raise NonFiniteLossError(reason)

@@ -1,0 +1,178 @@
+"""Checkpointer: save with one short stall, persist in the background, restore on resume.
+
+A save copies state into host buffers on the calling thread (staging.py), then a background
+thread serialises this rank's file and, on rank 0, commits the step once every rank wrote
+its part (persist.py). At most one persist is in flight: the host buffers are reused, so a
+save that finds one still running waits for it first.
+"""
+
+import atexit
+import os
+import sys
+import threading
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from .. import layout
+from . import control, persist, rng
+from .dist_init import job_store
+from .env import rank_info
+from .report import get_reporter
+from .staging import HostStaging
+
+PERSIST_NICENESS = 10
+_round_token = None
+
+
+class Checkpointer:
+    """Checkpointer(model=..., optimizer=..., **more_state): every object with
+    state_dict()/load_state_dict() (lr scheduler, ResumableDistributedSampler, ...).
+
+    checkpoint_dir: default DLC_CHECKPOINT_DIR, else <DLC_JOB_DIR>/checkpoints, else
+    ./checkpoints. keep_last: committed steps to keep, default DLC_KEEP_LAST.
+    The last Checkpointer built is the one a stop or "checkpoint" command saves with.
+    """
+
+    def __init__(self, model=None, optimizer=None, *, checkpoint_dir=None, keep_last=None,
+                 **more_state):
+        info = rank_info()
+        self.objects = {name: obj for name, obj in
+                        {"model": model, "optimizer": optimizer, **more_state}.items()
+                        if obj is not None}
+        self.checkpoint_dir = os.path.abspath(
+            checkpoint_dir or info.checkpoint_dir
+            or (layout.default_checkpoint_dir(info.job_dir) if info.job_dir else "checkpoints"))
+        self.keep_last = info.keep_last if keep_last is None else keep_last
+        self.timeout = info.collective_timeout
+        self.last_committed_step = None
+        self.last_error = None
+        self._staging = HostStaging()
+        self._thread = None
+        self._last_saved_step = None
+        control.register_checkpointer(self)
+        atexit.register(self.wait)
+
+    def save(self, step):
+        """Stage state now (the only stall) and persist it in the background.
+
+        `step` is the number of optimizer steps completed. A second save of the same step is
+        a no-op. Refused (with a message) once a logged value went NaN/Inf, so the last good
+        checkpoint stays the newest.
+        """
+        if control.non_finite():
+            print(f"jupyter_dlc: checkpoint at step {step} refused: {control.non_finite()}",
+                  file=sys.stderr, flush=True)
+            return
+        if step == self._last_saved_step:
+            return
+        self.wait()
+        started = time.monotonic()
+        state = {name: obj.state_dict() for name, obj in self.objects.items()}
+        state["rng"] = rng.capture()
+        state["step"] = step
+        staged, ready = self._staging.stage(state)
+        self._last_saved_step = step
+        self._thread = threading.Thread(
+            target=self._persist, args=(staged, ready, step, started, _shared_round_token()),
+            name=f"dlc-checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self):
+        """Block until the save in flight, if any, committed or failed. Returns True when
+        the last save committed."""
+        if self._thread is not None:
+            self._thread.join()
+        return self._last_saved_step is not None and \
+            self.last_committed_step == self._last_saved_step
+
+    def restore(self):
+        """Load DLC_RESUME_PATH (else the newest committed step in checkpoint_dir) into the
+        objects and RNGs; returns the step to continue from, 0 when there is none."""
+        path = rank_info().resume_path
+        if not path:
+            latest = layout.latest_committed(self.checkpoint_dir)
+            if latest is None:
+                return 0
+            path = latest["path"]
+        if not layout.verify_step(path):
+            raise RuntimeError(f"resume path {path} is not a committed checkpoint step "
+                               "(no manifest, or files missing or truncated)")
+        rank, world_size = _rank_and_world()
+        saved_world = layout.read_manifest(path)["world_size"]
+        if saved_world != world_size:
+            raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
+                               f"this run has {world_size}")
+        state = torch.load(os.path.join(path, layout.rank_file_name(rank)),
+                           map_location="cpu", weights_only=False)
+        for name, obj in self.objects.items():
+            if name not in state:
+                raise RuntimeError(f"resume path {path} holds no state for {name!r}")
+            obj.load_state_dict(state[name])
+        rng.restore(state["rng"])
+        self._last_saved_step = self.last_committed_step = state["step"]
+        return state["step"]
+
+    def _persist(self, staged, ready, step, started, token):
+        rank, world_size = _rank_and_world()
+        step_path = layout.step_dir(self.checkpoint_dir, step)
+        reporter = get_reporter()
+        _yield_cpu_to_training()
+        try:
+            if ready is not None:
+                ready.synchronize()
+            try:
+                persist.write_rank_file(step_path, rank, token, staged)
+            except OSError:
+                if rank == 0:
+                    persist.abandon(step_path, world_size, token, self.timeout)
+                raise
+            if rank == 0:
+                size = persist.commit(step_path, step, world_size, token, self.timeout)
+                persist.prune(self.checkpoint_dir, self.keep_last, step)
+                if reporter:
+                    reporter.event("checkpoint", step=step, path=step_path, size=size,
+                                   seconds=round(time.monotonic() - started, 3))
+            else:
+                persist.wait_for_commit(step_path, step, world_size, token, self.timeout)
+            self.last_committed_step = step
+        except Exception as error:  # a failed save must never take training down
+            self.last_error = f"checkpoint at step {step} failed: {error}"
+            print(f"jupyter_dlc: {self.last_error}", file=sys.stderr, flush=True)
+            if reporter:
+                reporter.event("checkpoint", step=step, error=self.last_error)
+
+
+def _yield_cpu_to_training():
+    """Lower this persisting thread's priority: where cores are few, the training thread
+    should win them. Linux applies setpriority to a single thread given its native id."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PERSIST_NICENESS)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: persist at normal priority
+
+
+def _rank_and_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    info = rank_info()
+    return info.rank, info.world_size
+
+
+def _shared_round_token():
+    """One token per run, the same on every rank: rank 0 draws it, the others read it from
+    the job store (blocking only until rank 0 makes its first save, one step at most)."""
+    global _round_token
+    if _round_token is None:
+        store = job_store()
+        if store is None:
+            _round_token = uuid.uuid4().hex[:12]
+        else:
+            info = rank_info()
+            key = f"dlc/{info.restart_count}-{info.attempt}/checkpoint-token"
+            if dist.get_rank() == 0:
+                store.set(key, uuid.uuid4().hex[:12])
+            _round_token = store.get(key).decode()
+    return _round_token

@@ -1,0 +1,62 @@
+"""Build the process group from the injected environment.
+
+Why not plain `init_process_group(init_method="env://")`: after a torchrun in-agent restart,
+the new workers reuse the agent's store and trip over the previous attempt's keys (gloo
+connectFullMesh: connection refused, see FIELD-NOTES). Prefixing every key with the restart
+count and our attempt number gives each attempt a clean namespace in the same store.
+Scripts that call `init_process_group` themselves keep working: nothing else in the runtime
+requires `init()`.
+"""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .env import rank_info
+
+_store = None
+
+
+def init(backend=None, timeout=None):
+    """Join the job's process group (once; later calls just return the rank facts).
+
+    backend: "nccl" when CUDA is available, else "gloo". timeout: seconds for collectives,
+    default DLC_COLLECTIVE_TIMEOUT. Returns a RankInfo.
+    """
+    global _store
+    info = rank_info()
+    if dist.is_available() and not dist.is_initialized():
+        use_cuda = torch.cuda.is_available()
+        backend = backend or ("nccl" if use_cuda else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(info.local_rank)
+        collective_timeout = timedelta(seconds=timeout or info.collective_timeout)
+        _store = _attempt_store(info, collective_timeout)
+        dist.init_process_group(backend=backend, store=_store, rank=info.rank,
+                                world_size=info.world_size, timeout=collective_timeout)
+    return info
+
+
+def _attempt_store(info, timeout):
+    if "MASTER_ADDR" not in os.environ:
+        # A script run by plain `python`: a world of one needs no rendezvous.
+        return dist.HashStore()
+    # Under torchrun the agent already hosts the store on MASTER_PORT; otherwise rank 0 does.
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    tcp_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+        is_master=(info.rank == 0 and not agent_hosts_store), timeout=timeout,
+        wait_for_workers=False)
+    return dist.PrefixStore(f"attempt{info.restart_count}-{info.attempt}", tcp_store)
+
+
+def job_store():
+    """The store every rank of this attempt shares, or None in a world of one.
+
+    Ours when `init()` built the group, else the one `init_process_group` made.
+    """
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return _store if _store is not None else dist.distributed_c10d._get_default_store()

@@ -1,0 +1,206 @@
+"""Reports from this rank to the launcher: metrics, system samples, events, heartbeats.
+
+The training thread only appends to bounded in-memory buffers; one daemon thread batches
+them into `POST {DLC_LAUNCHER_URL}/api/jobs/{DLC_JOB_ID}/report` (ARCHITECTURE.md, "Rank
+report protocol"). A batch leaves the buffer only once the launcher accepted it, so a
+launcher that is down or restarting costs retries, never data (unless the buffer overflows,
+which drops the oldest entries and counts them). Every report is a heartbeat; with nothing
+to say the thread still reports every DLC_HEARTBEAT_INTERVAL seconds.
+"""
+
+import atexit
+import collections
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from . import control, system
+from .env import rank_info
+
+# Metrics reach live views within about this long; batching keeps one POST per second
+# however fast the loop logs.
+BATCH_INTERVAL = 1.0
+MAX_BATCH = 2000
+HTTP_TIMEOUT = 3.0
+MAX_BACKOFF = 5.0
+EXIT_FLUSH_SECONDS = 5.0
+# 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
+_RETRYABLE_CLIENT_ERRORS = (408, 429)
+
+
+class _BoundedBuffer:
+    """A FIFO that drops its oldest entries when full, and counts what it dropped."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.items = collections.deque()
+        self.dropped = 0
+
+    def put(self, item):
+        self.items.append(item)
+        self._trim()
+
+    def take(self, n):
+        return [self.items.popleft() for _ in range(min(n, len(self.items)))]
+
+    def give_back(self, items):
+        self.items.extendleft(reversed(items))
+        self._trim()
+
+    def _trim(self):
+        while len(self.items) > self.capacity:
+            self.items.popleft()
+            self.dropped += 1
+
+
+class Reporter:
+    """Thread-safe; the caller's cost per entry is one lock and one append."""
+
+    def __init__(self, info, on_commands, capacity=20000):
+        self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
+        self.token = info.token
+        self.heartbeat_interval = info.heartbeat_interval
+        self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
+                         "pid": os.getpid()}
+        self.on_commands = on_commands
+        self.reports_sent = 0
+        self._cond = threading.Condition()
+        self._buffers = {"metrics": _BoundedBuffer(capacity),
+                         "system": _BoundedBuffer(capacity // 10),
+                         "events": _BoundedBuffer(capacity // 10)}
+        self._urgent = False
+        self._sending = False
+        self._warned_drop = False
+        self._warned_status = set()
+        self._thread = threading.Thread(target=self._run, name="dlc-reporter", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush, EXIT_FLUSH_SECONDS)
+
+    @property
+    def dropped(self):
+        with self._cond:
+            return sum(b.dropped for b in self._buffers.values())
+
+    def metric(self, step, values):
+        self._put("metrics", {"t": time.time(), "step": step, "values": values})
+
+    def system(self, device, values):
+        self._put("system", {"t": time.time(), "device": device, "values": values})
+
+    def event(self, type_, **fields):
+        """Events go out at once rather than with the next batch."""
+        self._put("events", {"t": time.time(), "type": type_, **fields}, urgent=True)
+
+    def flush(self, timeout):
+        """Wait until everything buffered so far is accepted, at most timeout seconds.
+        Returns True when the buffers drained."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._urgent = True
+            self._cond.notify_all()
+            while self._pending() or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _put(self, kind, entry, urgent=False):
+        with self._cond:
+            buffer = self._buffers[kind]
+            buffer.put(entry)
+            if buffer.dropped and not self._warned_drop:
+                self._warned_drop = True
+                print(f"jupyter_dlc: report buffer full, dropping the oldest {kind} entries "
+                      "(is the launcher reachable?)", file=sys.stderr, flush=True)
+            if urgent or len(buffer.items) >= MAX_BATCH:
+                self._urgent = True
+                self._cond.notify_all()
+
+    def _pending(self):
+        return any(b.items for b in self._buffers.values())
+
+    def _run(self):
+        backoff = 0.0
+        last_report = 0.0
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    due = last_report + (BATCH_INTERVAL if self._pending()
+                                         else self.heartbeat_interval)
+                    if backoff:
+                        due = max(due, last_report + backoff)
+                    elif self._urgent:
+                        due = now
+                    if now >= due:
+                        break
+                    self._cond.wait(due - now)
+                self._urgent = False
+                batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
+                self._sending = True
+            delivered = self._post(batch)
+            last_report = time.monotonic()
+            with self._cond:
+                self._sending = False
+                if delivered:
+                    backoff = 0.0
+                else:
+                    backoff = min(MAX_BACKOFF, max(0.25, backoff * 2))
+                    for kind, entries in batch.items():
+                        self._buffers[kind].give_back(entries)
+                self._cond.notify_all()
+
+    def _post(self, batch):
+        """True when the batch is done with (accepted, or refused for good)."""
+        body = {**self.identity, "t": time.time(), **batch}
+        request = urllib.request.Request(
+            self.url, data=json.dumps(body, allow_nan=False).encode(), method="POST",
+            headers={"Content-Type": "application/json",
+                     "Authorization": f"token {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+                answer = json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
+                self._warn_refused(error)
+                return True
+            return False
+        except (OSError, ValueError):
+            # Connection refused or reset, timeout, half-written answer: the launcher is
+            # down or restarting; keep the batch and retry.
+            return False
+        self.reports_sent += 1
+        commands = answer.get("commands") if isinstance(answer, dict) else None
+        if commands:
+            self.on_commands(commands)
+        return True
+
+    def _warn_refused(self, error):
+        if error.code not in self._warned_status:
+            self._warned_status.add(error.code)
+            detail = error.read(300).decode(errors="replace").strip()
+            print(f"jupyter_dlc: launcher refused a report ({error.code}): {detail}",
+                  file=sys.stderr, flush=True)
+
+
+_NOT_STARTED = object()
+_reporter = _NOT_STARTED
+_reporter_lock = threading.Lock()
+
+
+def get_reporter():
+    """This process's Reporter, started on first use; None when no launcher is set."""
+    global _reporter
+    if _reporter is _NOT_STARTED:
+        with _reporter_lock:
+            if _reporter is _NOT_STARTED:
+                info = rank_info()
+                _reporter = Reporter(info, control.request_commands) if info.reporting else None
+                if _reporter and info.local_rank == 0:
+                    system.start_sampler(_reporter, info.heartbeat_interval)
+    return _reporter

@@ -1,0 +1,237 @@
+"""Rank reports against a real HTTP server on loopback (stdlib http.server): batching,
+heartbeats, a launcher that goes down and comes back, commands, NaN and stop handling."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from jupyter_dlc import layout
+from jupyter_dlc.runtime.env import rank_info
+from jupyter_dlc.runtime.report import Reporter
+
+JOB_ID = "job-test"
+TOKEN = "job-token"
+
+
+class LauncherStub:
+    """Just the report route of the launcher: records every accepted report, answers with
+    the commands set on it, and refuses a wrong token with 401."""
+
+    def __init__(self, port=0):
+        self.reports = []
+        self.commands = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if (self.path != f"/api/jobs/{JOB_ID}/report"
+                        or self.headers.get("Authorization") != f"token {TOKEN}"):
+                    self._answer(401, {"error": "token: wrong or missing"})
+                    return
+                with stub.lock:
+                    stub.reports.append(json.loads(body))
+                    commands = list(stub.commands)
+                self._answer(200, {"ok": True, "commands": commands})
+
+            def _answer(self, status, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def entries(self, kind):
+        with self.lock:
+            return [dict(entry, rank=r["rank"]) for r in self.reports for entry in r.get(kind, [])]
+
+    def events(self, type_):
+        return [e for e in self.entries("events") if e["type"] == type_]
+
+    def wait_for(self, predicate, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.05)
+        return False
+
+
+@pytest.fixture
+def launcher():
+    stub = LauncherStub()
+    yield stub
+    stub.stop()
+
+
+def make_reporter(url, commands=None, token=TOKEN, heartbeat=5.0, capacity=20000):
+    info = dataclasses.replace(rank_info(), launcher_url=url, job_id=JOB_ID, token=token,
+                               heartbeat_interval=heartbeat, rank=3, node_rank=1, attempt=2)
+    return Reporter(info, (commands if commands is not None else []).extend, capacity)
+
+
+def test_metrics_arrive_batched_with_identity(launcher):
+    reporter = make_reporter(launcher.url)
+    for step in range(1000):
+        reporter.metric(step, {"loss": step / 10})
+    assert reporter.flush(10)
+    metrics = launcher.entries("metrics")
+    assert [m["step"] for m in metrics] == list(range(1000))
+    assert metrics[5]["values"] == {"loss": 0.5}
+    assert len(launcher.reports) <= 5, "1000 metrics logged at once must go out in a few POSTs"
+    first = launcher.reports[0]
+    assert (first["rank"], first["node"], first["attempt"], first["pid"]) == (3, 1, 2, os.getpid())
+
+
+def test_heartbeat_without_metrics(launcher):
+    make_reporter(launcher.url, heartbeat=0.2)
+    time.sleep(1.3)
+    heartbeats = [r for r in launcher.reports if not r["metrics"] and not r["events"]]
+    assert len(heartbeats) >= 4
+
+
+def test_nothing_lost_while_launcher_restarts(launcher):
+    reporter = make_reporter(launcher.url)
+    for step in range(100):
+        reporter.metric(step, {"loss": 1.0})
+    assert reporter.flush(10)
+    launcher.stop()
+    for step in range(100, 200):
+        reporter.metric(step, {"loss": 1.0})
+    reporter.event("checkpoint", step=150, path="/x", seconds=0.1, size=1)
+    time.sleep(1.5)  # several failed attempts while nobody listens
+    assert not reporter.flush(0.2)
+    restarted = LauncherStub(port=launcher.port)
+    try:
+        assert reporter.flush(15)
+        steps = [m["step"] for m in launcher.entries("metrics") + restarted.entries("metrics")]
+        assert sorted(steps) == list(range(200))
+        assert [e["step"] for e in restarted.events("checkpoint")] == [150]
+        assert reporter.dropped == 0
+    finally:
+        restarted.stop()
+
+
+def test_full_buffer_drops_oldest_and_counts(launcher):
+    launcher.stop()
+    reporter = make_reporter(launcher.url, capacity=10)
+    for step in range(25):
+        reporter.metric(step, {"loss": 1.0})
+    assert reporter.dropped == 15
+    restarted = LauncherStub(port=launcher.port)
+    try:
+        assert reporter.flush(15)
+        assert [m["step"] for m in restarted.entries("metrics")] == list(range(15, 25))
+    finally:
+        restarted.stop()
+
+
+def test_refused_report_is_not_retried_forever(launcher, capfd):
+    reporter = make_reporter(launcher.url, token="wrong")
+    reporter.metric(1, {"loss": 1.0})
+    assert reporter.flush(5)
+    assert launcher.reports == []
+    assert "launcher refused a report (401)" in capfd.readouterr().err
+
+
+def test_commands_in_the_answer_reach_the_runtime(launcher):
+    received = []
+    launcher.commands = ["checkpoint"]
+    reporter = make_reporter(launcher.url, commands=received)
+    reporter.metric(1, {"loss": 1.0})
+    assert reporter.flush(5)
+    assert received and set(received) == {"checkpoint"}
+
+
+def run_rank_script(body, launcher, tmp_path, timeout=60, **env):
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(body))
+    environment = dict(os.environ, DLC_LAUNCHER_URL=launcher.url, DLC_JOB_ID=JOB_ID,
+                       DLC_TOKEN=TOKEN, DLC_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+                       DLC_HEARTBEAT_INTERVAL="0.3", **env)
+    return subprocess.Popen([sys.executable, str(script)], env=environment, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+LOOP = """
+    import time, torch
+    from jupyter_dlc import runtime
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = runtime.Checkpointer(model=model, optimizer=optimizer)
+    for step in range(1, 100000):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        runtime.log(step, loss=LOSS, note="not a number, skipped")
+        if step % 2 == 0:
+            ckpt.save(step)
+            ckpt.wait()
+        time.sleep(0.02)
+"""
+
+
+def test_stop_command_checkpoints_then_exits_zero(launcher, tmp_path):
+    proc = run_rank_script(LOOP.replace("LOSS", "1.0"), launcher, tmp_path)
+    try:
+        assert launcher.wait_for(lambda: any(m["step"] >= 3 for m in launcher.entries("metrics"))
+                                 and launcher.entries("system"))
+        launcher.commands = ["stop"]
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    [preempted] = launcher.events("preempted")
+    latest = layout.latest_committed(str(tmp_path / "ckpt"))
+    assert latest["step"] == preempted["step"]
+    assert "stop command" in preempted["reason"]
+    assert [e["step"] for e in launcher.events("checkpoint")][-1] == preempted["step"]
+    system = launcher.entries("system")
+    assert system and all(s["device"] == "cpu" for s in system)
+    assert all(0 <= s["values"]["mem_used"] <= 1 for s in system)
+    assert any(0 <= s["values"].get("cpu_util", -1) <= 1 for s in system)
+    assert all(set(m["values"]) == {"loss"} for m in launcher.entries("metrics"))
+
+
+def test_nan_loss_reports_keeps_last_good_checkpoint_and_fails(launcher, tmp_path):
+    body = LOOP.replace("LOSS", "float('nan') if step == 5 else 1.0").replace(
+        "runtime.log(step,", "try_log(step,")
+    body = body.replace("for step in", """def try_log(step, **values):
+        try:
+            runtime.log(step, **values)
+        except runtime.NonFiniteLossError:
+            ckpt.save(step)  # must be refused: state after a NaN is not a good checkpoint
+            ckpt.wait()
+            raise
+    for step in""")
+    proc = run_rank_script(body, launcher, tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert err.strip().splitlines()[-1].endswith(
+        "NonFiniteLossError: loss is nan at step 5; stopped, last good checkpoint kept")
+    assert [(e["step"], e["name"]) for e in launcher.events("nan")] == [(5, "loss")]
+    assert layout.latest_committed(str(tmp_path / "ckpt"))["step"] == 4
+    assert not os.path.exists(layout.step_dir(str(tmp_path / "ckpt"), 5))
+    assert not any(math.isnan(m["values"].get("loss", 0)) for m in launcher.entries("metrics"))

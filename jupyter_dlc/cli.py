@@ -118,22 +118,31 @@ def _dispatch(options, script_args: list[str]) -> int:
         job = follow_logs(client, job["id"], None, None, out=sys.stderr)
         print(formatting.status_line(job), file=sys.stderr)
         return 0 if job["state"] == "SUCCEEDED" else 1
+    if command == "status" and options.json:
+        print(json.dumps(client.job(options.job), indent=1))
+    elif command == "clone":
+        print(client.clone(options.job)["id"])
+    elif command == "resume":
+        print(formatting.status_line(client.resume(options.job, options.step)))
+    else:
+        run_text_command(client, options)
+    return 0
+
+
+def run_text_command(client: LauncherClient, options) -> None:
+    """The job commands whose answer is text, the same for `jupyter-dlc X` and `%dlc X`."""
+    command = options.command
     if command == "list":
         print(formatting.jobs_table(client.jobs()))
     elif command == "status":
-        job = client.job(options.job)
-        print(json.dumps(job, indent=1) if options.json else formatting.status_text(job))
+        print(formatting.status_text(client.job(options.job)))
     elif command == "logs":
         if options.follow:
             follow_logs(client, options.job, options.rank, options.tail)
         else:
             print_logs(client, options.job, options.rank, options.tail)
     elif command == "stop":
-        print(formatting.status_line(client.stop(options.job, options.grace)))
-    elif command == "resume":
-        print(formatting.status_line(client.resume(options.job, options.step)))
-    elif command == "clone":
-        print(client.clone(options.job)["id"])
+        print(formatting.status_line(client.stop(options.job, getattr(options, "grace", None))))
     elif command == "delete":
         client.delete(options.job)
         print(f"deleted {options.job}")
@@ -146,7 +155,8 @@ def _dispatch(options, script_args: list[str]) -> int:
 
         for path in export_job(client, options.job, options.dir):
             print(path)
-    return 0
+    else:
+        raise ValueError(f"command: unknown {command!r}")
 
 
 def _launcher(action: str) -> int:

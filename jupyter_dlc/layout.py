@@ -23,14 +23,6 @@ _HASH_CHUNK = 1 << 20
 
 # -- job directory ------------------------------------------------------------------------
 
-def data_dir():
-    return os.environ.get("DLC_DATA_DIR") or os.path.expanduser("~/.local/share/jupyter-dlc")
-
-
-def job_dir(job_id, root=None):
-    return os.path.join(root or data_dir(), "jobs", job_id)
-
-
 def attempt_dir(job_dir_path, attempt):
     return os.path.join(job_dir_path, f"attempt-{attempt}")
 

@@ -140,22 +140,11 @@ class DLCMagics(Magics):
             raise UsageError(f"%dlc {options.command}: {error}") from None
 
     def _run_line(self, options):
+        from ..cli import run_text_command
+
         client = self.client
         command = options.command
-        if command == "list":
-            print(formatting.jobs_table(client.jobs()))
-        elif command == "status":
-            print(formatting.status_text(client.job(options.job)))
-        elif command == "logs":
-            from ..cli import follow_logs, print_logs
-
-            if options.follow:
-                follow_logs(client, options.job, options.rank, options.tail)
-            else:
-                print_logs(client, options.job, options.rank, options.tail)
-        elif command == "stop":
-            print(formatting.status_line(client.stop(options.job)))
-        elif command == "wait":
+        if command == "wait":
             job = client.wait(options.job)
             print(formatting.status_line(job))
             if job["state"] != "SUCCEEDED":
@@ -163,23 +152,11 @@ class DLCMagics(Magics):
         elif command == "attach":
             self._show(client.job(options.job)["id"])
         elif command == "resume":
-            job = client.resume(options.job, options.step)
-            self._show(job["id"])
-        elif command == "checkpoints":
-            print(formatting.checkpoints_table(client.checkpoints(options.job)))
-        elif command == "why":
-            print(formatting.diagnosis_text(client.diagnosis(options.job), client.job(options.job)))
+            self._show(client.resume(options.job, options.step)["id"])
         elif command == "clone":
-            job = client.clone(options.job)
-            self._show(job["id"])
-        elif command == "delete":
-            client.delete(options.job)
-            print(f"deleted {options.job}")
-        elif command == "export":
-            from ..export import export_job
-
-            for path in export_job(client, options.job, options.dir):
-                print(path)
+            self._show(client.clone(options.job)["id"])
+        else:
+            run_text_command(client, options)
 
 
 def _notebook_path(shell) -> str | None:

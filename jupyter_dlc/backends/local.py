@@ -17,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+from .. import layout
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
 
@@ -114,8 +115,8 @@ class LocalBackend(Backend):
         request = self.dry_run(ctx)
         nodes = []
         for node, argv in enumerate(request["commands"]):
-            log_path = os.path.join(ctx.attempt_dir, f"node-{node}.log")
-            exit_path = os.path.join(ctx.attempt_dir, f"node-{node}.exit")
+            log_path = layout.node_log(ctx.attempt_dir, node)
+            exit_path = layout.node_exit(ctx.attempt_dir, node)
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
@@ -136,13 +137,13 @@ class LocalBackend(Backend):
         alive = set(processes.get((ctx.job_id, ctx.attempt), []))
         status = AttemptStatus()
         for node in range(ctx.spec.nodes):
-            exit_code = _read_int(os.path.join(ctx.attempt_dir, f"node-{node}.exit"))
+            exit_code = _read_int(layout.node_exit(ctx.attempt_dir, node))
             pid = next((n["pid"] for n in handle.get("nodes", []) if n["node"] == node), None)
             running = exit_code is None and pid is not None and pid in alive
             status.nodes.append(NodeStatus(node, running, exit_code))
         summary_codes = self._agent_summary_codes(ctx)
         for rank in range(ctx.spec.world_size):
-            record = _read_json(os.path.join(ctx.attempt_dir, f"rank-{rank}.json")) or {}
+            record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
             pid = record.get("pid")
             exit_code = record.get("exit_code")
             if exit_code is None and rank in summary_codes:
@@ -161,7 +162,7 @@ class LocalBackend(Backend):
         codes: dict[int, int] = {}
         for node in range(ctx.spec.nodes):
             try:
-                with open(os.path.join(ctx.attempt_dir, f"node-{node}.log"), errors="replace") as f:
+                with open(layout.node_log(ctx.attempt_dir, node), errors="replace") as f:
                     text = f.read()
             except OSError:
                 continue

@@ -202,7 +202,7 @@ class ActionHandler(BaseHandler):
             step = body.get("step")
             if step is not None:
                 spec = json.loads(row["spec"])
-                ckpt_dir = spec.get("checkpoint_dir") or os.path.join(row["job_dir"], "checkpoints")
+                ckpt_dir = spec.get("checkpoint_dir") or layout.default_checkpoint_dir(row["job_dir"])
                 steps = [c["step"] for c in layout.committed_steps(ckpt_dir)]
                 if not isinstance(step, int) or step not in steps:
                     self.fail(400, f"step: {step!r} is not a committed checkpoint; committed steps: "
@@ -312,7 +312,7 @@ class CheckpointsHandler(BaseHandler):
     def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
         spec = json.loads(row["spec"])
-        ckpt_dir = spec.get("checkpoint_dir") or os.path.join(row["job_dir"], "checkpoints")
+        ckpt_dir = spec.get("checkpoint_dir") or layout.default_checkpoint_dir(row["job_dir"])
         reported = {c["step"]: c for c in self.store.checkpoints(row["id"])}
         out = []
         # The file system decides what is committed; the reports add timing.

@@ -91,8 +91,8 @@ class Supervisor(threading.Thread):
         attempt = attempt or row["attempt"]
         arow = self.store.attempt_row(row["id"], attempt)
         job_dir = row["job_dir"]
-        attempt_dir = os.path.join(job_dir, f"attempt-{attempt}")
-        checkpoint_dir = spec.checkpoint_dir or os.path.join(job_dir, "checkpoints")
+        attempt_dir = layout.attempt_dir(job_dir, attempt)
+        checkpoint_dir = spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
         resume = arow["resume_path"] if arow else None
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DLC_", "EASYCKPT_"))}
         env.update(network_env(spec.network))

@@ -184,7 +184,9 @@ class Supervisor(threading.Thread):
         if row["state"] == "STARTING" and started:
             self.store.transition(job_id, "RUNNING", "every rank is up")
         codes = [rs.exit_code for rs in status.ranks.values()]
-        failed = sorted(r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0))
+        # The first rank to fail, by time: the others usually die of its absence.
+        failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),
+                        key=lambda r: (status.ranks[r].end or now, r))
         node_failed = [n for n in status.nodes if n.exit_code not in (None, 0)]
         if failed or (node_failed and not all(c == 0 for c in codes)):
             first = failed[0] if failed else None
@@ -304,7 +306,10 @@ class Supervisor(threading.Thread):
             log.error("diagnosis of %s failed:\n%s", ctx.job_id, traceback.format_exc())
             return None
         if result is not None:
-            result["step"] = self.store.job_row(ctx.job_id)["last_step"]
+            # The step the failing rank had reached: what makes a repeat "the same failure".
+            rows = {r["rank"]: r for r in self.store.rank_rows(ctx.job_id, ctx.attempt)}
+            failing = rows.get(result.get("rank"))
+            result["step"] = failing["last_step"] if failing else None
         return result
 
     def repeats_last_failure(self, job_id: str, attempt: int, diagnosis: dict | None) -> bool:

@@ -7,6 +7,7 @@ import { Notification } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { DlcApi, LiveFeed } from './api';
+import { loadBokehJS } from './bokehjs';
 import { DlcPanel } from './panel';
 import { Action, Notice, State, initialState, reduce } from './store';
 
@@ -25,6 +26,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
   optional: [ILabShell],
   activate: (app: JupyterFrontEnd, labShell: ILabShell | null) => {
     const api = new DlcApi(app.serviceManager.serverSettings);
+    // The notebook job views draw with BokehJS, served by our server extension (no CDN).
+    loadBokehJS(app.serviceManager.serverSettings.baseUrl).catch(error =>
+      console.warn('jupyter-dlc: BokehJS could not be loaded; job charts stay empty', error)
+    );
     let state: State = initialState();
     let panel: DlcPanel | null = null;
 

@@ -1,11 +1,39 @@
-"""Live job views in the notebook. `show_job` displays one and returns it."""
+"""Live job views in the notebook: `show_job(client, job_id)` displays a `JobView` and returns it.
+
+`%%dlc` and `%dlc attach JOB` call `show_job`. The view is documented in `view.py`: what it
+shows, its one updater thread, and what happens in front ends that do not load BokehJS (the
+text parts still work; the charts need BokehJS, which our JupyterLab extension loads from
+the Jupyter server extension, never from a CDN or inlined).
+"""
 
 from __future__ import annotations
 
+import weakref
 
-def show_job(client, job_id: str):
-    from .status import StatusLine
+from .view import JobView
 
-    view = StatusLine(client, job_id)
+_views: "weakref.WeakValueDictionary[int, JobView]" = weakref.WeakValueDictionary()
+_order: list[int] = []
+
+
+def show_job(client, job_id: str, **options) -> JobView:
+    """Display a live view of `job_id` under the running cell and start its updater thread.
+
+    Re-attaching (after a kernel restart, or in another notebook) shows the whole history:
+    the view reads metrics from seq 0 (lines halve their resolution past `capacity` points)
+    and the last `log_lines` lines of each rank's log."""
+    view = JobView(client, job_id, **options)
     view.show()
+    _views[id(view)] = view
+    _order.append(id(view))
     return view
+
+
+def views() -> list[JobView]:
+    """The views shown in this kernel that still exist, oldest first."""
+    alive = [_views[i] for i in _order if i in _views]
+    _order[:] = [id(v) for v in alive]
+    return alive
+
+
+__all__ = ["JobView", "show_job", "views"]

@@ -1,0 +1,130 @@
+"""The two bokeh charts of a job view: a train metric against step, utilisation against time.
+
+One `Charts` per followed job. The layout goes into a `jupyter_bokeh.BokehModel`; every
+change below (stream, data reset, a new line) becomes a bokeh PATCH-DOC that the widget
+sends over its comm. Data comes from `series.TrainData` / `series.SystemData`, which keep
+it bounded; `stream(..., rollover=capacity)` bounds the browser's copy the same way.
+"""
+
+from __future__ import annotations
+
+from bokeh.layouts import row
+from bokeh.models import ColumnDataSource, HoverTool, Legend, NumeralTickFormatter, Range1d
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+from jupyter_bokeh import BokehModel
+
+from .series import SystemData, TrainData, label_for
+
+WIDTH, HEIGHT = 470, 270
+
+class JobChartsModel(BokehModel):
+    """A `jupyter_bokeh.BokehModel` whose kernel-side document the page never changes.
+
+    jupyter_bokeh 4.1's page sends back every change it makes or applies: each patch it
+    applied (its pending events are flushed after the patch), so every `stream()` came back
+    and was applied twice in the kernel; and the ranges BokehJS computes, which then sat
+    in the kernel as fixed start/end, so after a full re-send the axes stopped following the
+    data. Data, and everything else, only flows kernel -> page here: page events are dropped.
+    """
+
+    def _sync_model(self, model, content, buffers):
+        return None
+
+
+def _colour(i: int) -> str:
+    return Category10_10[i % len(Category10_10)]
+
+
+class Charts:
+    def __init__(self, job_id: str, train: TrainData, system: SystemData, capacity: int):
+        self.job_id = job_id
+        self.train = train
+        self.system = system
+        self.capacity = capacity
+        self.metric = "loss"
+
+        self.train_fig = figure(name="dlc-train", width=WIDTH, height=HEIGHT, title="loss",
+                                x_axis_label="step", y_axis_label="loss",
+                                tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="above")
+        self.train_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
+                                         spacing=0, padding=4), "right")
+        self.train_sources: dict = {}
+        for i, key in enumerate(train.keys):
+            # name: the benchmark and the browser test find the sources by it
+            source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-train-{key}")
+            label = f"rank {key}" if key != "mean" else f"mean of {train.world_size} ranks"
+            self.train_fig.line("x", "y", source=source, line_width=1.5 if key != "mean" else 2.5,
+                                color=_colour(i) if key != "mean" else "black",
+                                legend_label=label)
+            self.train_sources[key] = source
+        self.train_fig.add_tools(HoverTool(tooltips=[("step", "@x{0}"), ("value", "@y{0.0000}")]))
+
+        self.sys_fig = figure(name="dlc-system", width=WIDTH, height=HEIGHT,
+                              title="utilisation (waiting for samples)", x_axis_type="datetime",
+                              y_axis_label="fraction", y_range=Range1d(0, 1.05),
+                              tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="above")
+        self.sys_fig.yaxis.formatter = NumeralTickFormatter(format="0%")
+        self.sys_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
+                                       spacing=0, padding=4), "right")
+        self.sys_sources: dict[tuple, ColumnDataSource] = {}
+        self._sys_title = ""
+        self.layout = row(self.train_fig, self.sys_fig, name="dlc-charts")
+
+    # -- the train chart ----------------------------------------------------------------
+    def select_metric(self, name: str) -> None:
+        """Show train metric `name` (the full kept history of every line)."""
+        self.metric = name
+        self.train_fig.title.text = name
+        self.train_fig.yaxis.axis_label = name
+        lines = self.train.lines.get(name, {})
+        for key, source in self.train_sources.items():
+            line = lines.get(key)
+            source.data = {"x": list(line.x), "y": list(line.y)} if line else {"x": [], "y": []}
+
+    def push(self) -> int:
+        """Send what changed since the last push; returns the number of points sent."""
+        sent = 0
+        for name, lines in self.train.lines.items():
+            for key, line in lines.items():
+                change = line.take_new()
+                if change is None or name != self.metric or key not in self.train_sources:
+                    continue
+                sent += self._apply(self.train_sources[key], change)
+        for key, line in sorted(self.system.lines.items()):
+            change = line.take_new()
+            if change is None:
+                continue
+            source = self.sys_sources.get(key) or self._add_system_line(key)
+            sent += self._apply(source, change)
+        title = self._system_title()
+        if title != self._sys_title:
+            self.sys_fig.title.text = self._sys_title = title
+        return sent
+
+    def _apply(self, source: ColumnDataSource, change: tuple[str, dict]) -> int:
+        kind, columns = change
+        if kind == "reset":
+            source.data = columns
+        else:
+            source.stream(columns, rollover=self.capacity)
+        return len(columns["x"])
+
+    # -- the utilisation chart ----------------------------------------------------------
+    def _add_system_line(self, key: tuple) -> ColumnDataSource:
+        node, device, name = key
+        source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-sys-{node}-{device}-{name}")
+        devices = sorted({(n, d) for n, d, _ in self.system.lines} | {(node, device)})
+        colour = _colour(devices.index((node, device)))
+        dashed = name in ("gpu_mem", "mem_used")
+        self.sys_fig.line("x", "y", source=source, color=colour, line_width=1.5,
+                          line_dash="dashed" if dashed else "solid", legend_label=label_for(key))
+        self.sys_sources[key] = source
+        return source
+
+    def _system_title(self) -> str:
+        if not self.system.lines:
+            return "utilisation (waiting for samples)"
+        if self.system.has_gpu():
+            return "GPU util (solid), GPU memory (dashed)"
+        return "no GPU: CPU util (solid), host memory (dashed)"

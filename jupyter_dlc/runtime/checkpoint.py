@@ -27,6 +27,25 @@ PERSIST_NICENESS = 10
 _round_token = None
 
 
+EXIT_WAIT_CLEAN = 300.0
+EXIT_WAIT_FAILED = 2.0
+_dying = False
+
+
+def _note_uncaught_exceptions():
+    previous = sys.excepthook
+    if getattr(previous, "_dlc", False):
+        return
+
+    def hook(kind, value, tb):
+        global _dying
+        _dying = True
+        previous(kind, value, tb)
+
+    hook._dlc = True
+    sys.excepthook = hook
+
+
 class Checkpointer:
     """Checkpointer(model=..., optimizer=..., **more_state): every object with
     state_dict()/load_state_dict() (lr scheduler, ResumableDistributedSampler, ...).
@@ -53,7 +72,14 @@ class Checkpointer:
         self._thread = None
         self._last_saved_step = None
         control.register_checkpointer(self)
-        atexit.register(self.wait)
+        atexit.register(self._wait_at_exit)
+        _note_uncaught_exceptions()
+
+    def _wait_at_exit(self):
+        """Let the last save commit on a clean exit; dying of an exception, peers may be gone
+        and a commit waiting for their files would hang this rank and so the whole job."""
+        if self._thread is not None:
+            self._thread.join(EXIT_WAIT_FAILED if _dying else EXIT_WAIT_CLEAN)
 
     def save(self, step):
         """Stage state now (the only stall) and persist it in the background.

@@ -1,0 +1,68 @@
+"""A standby torchrun agent: pays torchrun's start-up (importing torch) ahead of need.
+
+While attempt N runs, the launcher starts one of these per node for attempt N + 1, with that
+attempt's environment (so it is found, and cleaned up, like every process of the job). If
+attempt N fails, the launcher writes the go file with the agent's argv and the last
+variables (resume path); the standby becomes the agent at once instead of spending seconds
+on imports. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
+come back, it leaves by itself once attempt N has no process left.
+
+    python -m jupyter_dlc.backends.standby GO_FILE EXIT_FILE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+_POLL = 0.01
+_ORPHAN_CHECK = 2.0
+# Longer than the launcher's longest restart backoff (60 s), with room for a launcher restart.
+_ORPHAN_AFTER = 120.0
+
+
+def _attempt_alive(job_id: str, attempt: int) -> bool:
+    from .local import job_processes
+
+    return bool(job_processes().get((job_id, attempt)))
+
+
+def main(go_file: str, exit_file: str) -> int:
+    import torch.distributed.run as torchrun  # the cost this process exists to pay early
+
+    job_id = os.environ["DLC_JOB_ID"]
+    previous = int(os.environ["DLC_ATTEMPT"]) - 1
+    next_check = time.monotonic() + _ORPHAN_CHECK
+    last_seen = time.monotonic()
+    while not os.path.exists(go_file):
+        time.sleep(_POLL)
+        if time.monotonic() > next_check:
+            if _attempt_alive(job_id, previous):
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen > _ORPHAN_AFTER:
+                return 0  # attempt N is long gone and nobody sent us: no launcher is coming
+            next_check = time.monotonic() + _ORPHAN_CHECK
+    with open(go_file) as f:
+        order = json.load(f)
+    os.environ.update(order["env"])
+    code = 1
+    try:
+        torchrun.main(order["args"])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - torchrun's ChildFailedError and the like
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with open(exit_file, "w") as f:
+            f.write(str(code))
+    return code
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv[1], sys.argv[2]))

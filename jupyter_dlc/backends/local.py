@@ -15,6 +15,7 @@ import shlex
 import signal as signals
 import subprocess
 import sys
+import time
 from typing import Any
 
 from .. import layout
@@ -23,6 +24,8 @@ from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
 
 # Exit code recorded for a rank that vanished without one: 128 + SIGKILL, the usual cause.
 KILLED = 137
+VANISHED_GRACE = 1.0  # seconds; torchrun's own verdict usually comes within 0.2 s
+_vanished: dict[tuple[str, int, int], float] = {}
 # Resident memory one CPU rank needs at least (torch imported, a small model): ~400 MB.
 _RANK_MEMORY = 400 * 2**20
 _SUMMARY_BLOCK = re.compile(
@@ -192,9 +195,13 @@ class LocalBackend(Backend):
                 exit_code = 0
             running = exit_code is None and pid is not None and pid in alive
             if exit_code is None and pid is not None and not running and not _alive(pid):
-                # Gone without a record: killed by a signal (torchrun's summary, which names
-                # the signal, may follow later or never, if the agent itself hangs).
-                exit_code = KILLED
+                # Gone without a record: a script that left with os._exit (its agent's exit
+                # code will say 0), or a kill (torchrun's summary names the signal, or never
+                # comes if the agent hangs). Past a short wait for either, it was a kill.
+                key = (ctx.job_id, ctx.attempt, rank)
+                first_seen = _vanished.setdefault(key, time.monotonic())
+                if time.monotonic() - first_seen > VANISHED_GRACE:
+                    exit_code = KILLED
             status.ranks[rank] = RankStatus(rank, pid, running, exit_code, record.get("start"),
                                             record.get("end"))
         return status

@@ -16,8 +16,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from common import free_port, private_launcher, stop_launcher
 
 SCRIPT = """
 import os, sys, time
@@ -36,13 +37,6 @@ sys.stdout.flush()
 os._exit(0)
 """
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_time(path: str, timeout: float = 120) -> float:
@@ -86,15 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="dlc-bench-launch-")
-    os.environ["DLC_DATA_DIR"] = os.path.join(root, "data")
-    os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(root, "runtime")
-    from jupyter_dlc.client import LauncherClient
-
-    client = LauncherClient.connect()
-    script = os.path.join(root, "first_step.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
+    client, root, script = private_launcher("dlc-bench-launch-", "first_step.py", SCRIPT)
     plain, ours = [], []
     through_launcher(client, script, os.path.join(root, "warmup"))  # page cache, launcher warm
     for rep in range(args.reps):
@@ -105,9 +91,7 @@ def main() -> None:
             print(f"rep {rep} {label:8s} first step after {out[-1]:.3f}s", flush=True)
     ratios = [o / p for o, p in zip(ours, plain)]
     print(f"median torchrun {statistics.median(plain):.3f}s, launcher {statistics.median(ours):.3f}s")
-    client.request("GET", "/healthz")
-    pid = client.request("GET", "/healthz")[1]["pid"]
-    os.kill(pid, 15)
+    stop_launcher(client)
     print(f"ratio launcher/torchrun (median of {args.reps}, target <= 1.10): "
           f"{statistics.median(ratios):.3f}")
 

@@ -17,8 +17,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from common import free_port, private_launcher, stop_launcher
 
 SCRIPT = """
 import os, sys, time
@@ -83,7 +84,7 @@ def with_torchrun(script: str, root: str, rep: int) -> float:
     os.makedirs(marks)
     env = dict(os.environ, DLC_CHECKPOINT_DIR=os.path.join(marks, "ckpt"))
     env = {k: v for k, v in env.items() if k not in ("DLC_LAUNCHER_URL", "DLC_DATA_DIR")}
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                                f"--node-rank={node}", "--nproc-per-node=2", "--master-addr=127.0.0.1",
                                f"--master-port={port}", "--max-restarts=1", "--monitor-interval=0.1",
@@ -110,27 +111,12 @@ def with_launcher(client, script: str, root: str, rep: int) -> float:
         client.wait(job["id"], timeout=60)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="dlc-bench-recovery-")
-    os.environ["DLC_DATA_DIR"] = os.path.join(root, "data")
-    os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(root, "runtime")
-    from jupyter_dlc.client import LauncherClient
-
-    client = LauncherClient.connect()
-    script = os.path.join(root, "train.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
+    client, root, script = private_launcher("dlc-bench-recovery-", "train.py", SCRIPT)
     plain, ours = [], []
     for rep in range(args.reps):
         try:
@@ -144,7 +130,7 @@ def main() -> None:
         print(f"rep {rep} torchrun --max-restarts 1: {plain[-1]:.2f}s to the resumed first step", flush=True)
         ours.append(with_launcher(client, script, root, rep))
         print(f"rep {rep} launcher restart:          {ours[-1]:.2f}s to the resumed first step", flush=True)
-    os.kill(client.request("GET", "/healthz")[1]["pid"], signal.SIGTERM)
+    stop_launcher(client)
     ratios = [o / p for o, p in zip(ours, plain)]
     print(f"median torchrun {statistics.median(plain):.2f}s, launcher {statistics.median(ours):.2f}s")
     print(f"ratio launcher/torchrun (median of {len(ratios)}, target <= 1.0): {statistics.median(ratios):.3f}")

@@ -27,6 +27,6 @@ bash scripts/build-labextension.sh
 # Everything else from PyPI (already-satisfied requirements cost a few seconds).
 $python -m pip install -q -e ".[test]" 2>&1 | { grep -v "as the 'root' user" || true; }
 # An editable install does not copy the panel into Jupyter's paths: link it there.
-jupyter labextension develop --overwrite . >/dev/null 2>&1 || true
-jupyter server extension enable jupyter_dlc >/dev/null 2>&1 || true
+$python -m jupyter labextension develop --overwrite . >/dev/null
+$python -m jupyter server extension enable jupyter_dlc >/dev/null
 echo "setup: ready ($($python -c 'import torch; print("torch", torch.__version__)'))"

@@ -26,7 +26,9 @@ bash scripts/build-labextension.sh
 
 # Everything else from PyPI (already-satisfied requirements cost a few seconds).
 $python -m pip install -q -e ".[test]" 2>&1 | { grep -v "as the 'root' user" || true; }
-# An editable install does not copy the panel into Jupyter's paths: link it there.
+# An editable install does not put the wheel's data files into Jupyter's paths (a wheel
+# does): link the built panel there, and enable the server extension the way the wheel does.
 $python -m jupyter labextension develop --overwrite . >/dev/null
-$python -m jupyter server extension enable jupyter_dlc >/dev/null
+config_d="$($python -c 'import sys; print(sys.prefix)')/etc/jupyter/jupyter_server_config.d"
+mkdir -p "$config_d" && cp jupyter-config/server-config/jupyter_dlc.json "$config_d/"
 echo "setup: ready ($($python -c 'import torch; print("torch", torch.__version__)'))"

@@ -16,8 +16,9 @@ result and the command to benchmarks/RESULTS.md.
 
     python benchmarks/live_view.py [--steps 400] [--rate 20] [--no-append]
 
-If the labextension does not load BokehJS (its activate() does not call loadBokehJS yet),
-the script adds the same script tags from /dlc/static/bokeh/ itself and says so.
+BokehJS comes from the labextension (its activate() calls loadBokehJS, which loads it from
+/dlc/static/bokeh/); the script stops with an error when the page never gets the body class
+dlc-bokehjs-loaded. Lab runs through tests/labserver.py's running_lab, as in the browser tests.
 """
 
 from __future__ import annotations
@@ -25,21 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+sys.path.insert(0, str(REPO / "tests"))
+from labserver import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_until  # noqa: E402
+
 TOKEN = "bench-" + os.urandom(4).hex()
-BUNDLES = ("bokeh", "bokeh-gl", "bokeh-widgets", "bokeh-tables")
 
 CELL = """%%dlc --nodes 2 --nproc-per-node 1 --name liveview
 import time
@@ -72,35 +69,6 @@ OBSERVE_JS = """() => {
   requestAnimationFrame(tick);
 }"""
 
-INJECT_JS = """async ([base, bundles]) => {
-  for (const b of bundles) {
-    await new Promise((resolve, reject) => {
-      const s = document.createElement('script');
-      s.src = base + 'dlc/static/bokeh/' + b + '.min.js';
-      s.async = false; s.onload = resolve; s.onerror = reject;
-      document.head.appendChild(s);
-    });
-  }
-  return typeof window.Bokeh;
-}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(pred, timeout, what, interval=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise SystemExit(f"live_view: timed out after {timeout}s waiting for {what}")
-
-
 def percentile(values, q):
     values = sorted(values)
     k = (len(values) - 1) * q
@@ -118,15 +86,6 @@ def main() -> int:
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
     from playwright.sync_api import sync_playwright
 
-    subprocess.run([str(REPO / "scripts" / "build-labextension.sh")], check=True,
-                   stdout=subprocess.DEVNULL)
-    tmp = Path(tempfile.mkdtemp(prefix="dlc-bench-view-"))
-    for d in ("runtime", "config", "workspaces", "root", "data", "labext"):
-        (tmp / d).mkdir()
-    (tmp / "labext" / "jupyter-dlc").symlink_to(REPO / "jupyter_dlc" / "labextension")
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-               JUPYTER_CONFIG_DIR=str(tmp / "config"), DLC_DATA_DIR=str(tmp / "data"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                      "source": "%load_ext jupyter_dlc"},
                     {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
@@ -134,31 +93,12 @@ def main() -> int:
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
-    (tmp / "root" / "live.ipynb").write_text(json.dumps(nb))
-    port = free_port()
-    base = "/"
-    url = f"http://127.0.0.1:{port}{base}"
-    log = open(tmp / "lab.log", "wb")
-    lab = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={tmp / 'root'}",
-         "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
-         f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    injected = False
     stored: dict[int, float] = {}
-    try:
-        def up():
-            try:
-                req = urllib.request.Request(url + "api/status",
-                                             headers={"Authorization": f"token {TOKEN}"})
-                return urllib.request.urlopen(req, timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_until(up, 120, "jupyter lab")
+    with running_lab("dlc-bench-view-", "/", TOKEN, timeout=120, quiet_build=True) as lab:
+        url, env, tmp = lab["url"], lab["env"], lab["tmp"]
+        (lab["root"] / "live.ipynb").write_text(json.dumps(nb))
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(f"{url}lab/tree/live.ipynb?reset&token={TOKEN}")
             page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120000)
@@ -166,8 +106,8 @@ def main() -> int:
                 page.wait_for_function("document.body.classList.contains('dlc-bokehjs-loaded')",
                                        timeout=20000)
             except Exception:
-                injected = True
-                assert page.evaluate(INJECT_JS, [base, list(BUNDLES)]) == "object"
+                raise SystemExit("live_view: the labextension did not load BokehJS (body has no "
+                                 "dlc-bokehjs-loaded class)") from None
             page.evaluate(OBSERVE_JS)
             cells = page.locator(".jp-Notebook .jp-CodeCell")
             cells.nth(0).locator(".jp-InputArea-editor").click()
@@ -208,14 +148,6 @@ def main() -> int:
             browser.close()
         points = [p for p in client.metrics(job_id)["points"] if p["rank"] == 0 and p["name"] == "loss"]
         logged = {int(p["step"]): p["t"] for p in points}
-    finally:
-        lab.terminate()
-        try:
-            lab.wait(15)
-        except subprocess.TimeoutExpired:
-            lab.kill()
-        subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "launcher", "stop"], env=env,
-                       capture_output=True, timeout=30)
 
     steps = sorted(s for s in logged if s in drawn)
     if len(steps) < len(logged) * 0.9:
@@ -225,8 +157,7 @@ def main() -> int:
     view = [drawn[s] - stored[s] for s in steps if s in stored]
     ms = lambda v: f"{v * 1000:.0f} ms"  # noqa: E731
     lines = [
-        f"steps drawn: {len(steps)} of {len(logged)} logged (rank 0, ~{args.rate:g} steps/s, 2x1 ranks)"
-        + ("; BokehJS injected by the benchmark (labextension did not load it)" if injected else ""),
+        f"steps drawn: {len(steps)} of {len(logged)} logged (rank 0, ~{args.rate:g} steps/s, 2x1 ranks)",
         f"rank -> launcher (report batching): median {ms(statistics.median(batching))}, "
         f"p95 {ms(percentile(batching, 0.95))}",
         f"launcher -> drawn (view poll + comm + BokehJS): median {ms(statistics.median(view))}, "
@@ -244,4 +175,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AssertionError as error:  # wait_until's timeouts: one line, as before
+        raise SystemExit(f"live_view: {error}") from None

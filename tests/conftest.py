@@ -12,6 +12,7 @@ import pytest
 
 from jupyter_dlc.backends.local import job_processes
 from jupyter_dlc.client import LauncherClient
+from labserver import wait_until
 
 
 def pytest_configure(config):
@@ -93,13 +94,7 @@ def shared_launcher(tmp_path_factory):
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_until(predicate, timeout, what, interval)
 
 
 PYTHON = sys.executable

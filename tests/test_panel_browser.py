@@ -8,27 +8,21 @@ panel recovers by itself. Screenshots go to artifacts/panel/.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from labserver import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_until
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 ART = REPO / "artifacts" / "panel"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 BASE = "/lab-user/"
 TOKEN = "panel-" + os.urandom(4).hex()
 
@@ -56,72 +50,17 @@ while step < 100000:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(pred, timeout, what, interval=0.25):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture(scope="module")
 def lab():
     pytest.importorskip("playwright")
     if not os.path.exists(CHROMIUM):
         pytest.skip("no /usr/bin/chromium")
-    # the panel must be built (CI runs scripts/build-labextension.sh; so does this, idempotently)
-    subprocess.run([str(REPO / "scripts" / "build-labextension.sh")], check=True)
-    built = REPO / "jupyter_dlc" / "labextension"
-    assert (built / "package.json").exists()
-
-    tmp = Path(tempfile.mkdtemp(prefix="dlc-lab-"))
-    for d in ("runtime", "config", "workspaces", "root", "data", "labext"):
-        (tmp / d).mkdir()
-    # the built panel, found the way an installed one is (a labextensions dir)
-    (tmp / "labext" / "jupyter-dlc").symlink_to(built)
-    env = dict(os.environ)
-    env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), DLC_DATA_DIR=str(tmp / "data"),
-               PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1")
-    port = free_port()
-    log = open(tmp / "lab.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.base_url={BASE}",
-         f"--ServerApp.root_dir={tmp / 'root'}",
-         "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
-         f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}{BASE}"
-
-    def up():
-        try:
-            req = urllib.request.Request(url + "api/status", headers={"Authorization": f"token {TOKEN}"})
-            return urllib.request.urlopen(req, timeout=2).status == 200
-        except OSError:
-            assert proc.poll() is None, (tmp / "lab.log").read_text()
-            return False
-
-    wait_until(up, 90, "jupyter lab")
-    (tmp / "root" / "train.py").write_text(TRAIN)
-    ART.mkdir(parents=True, exist_ok=True)
-    yield {"url": url, "env": env, "tmp": tmp}
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    stop_launcher(env)
-    log.close()
+    # the panel must be built (CI runs scripts/build-labextension.sh; so does running_lab)
+    with running_lab("dlc-lab-", BASE, TOKEN) as lab:
+        (lab["root"] / "train.py").write_text(TRAIN)
+        ART.mkdir(parents=True, exist_ok=True)
+        yield lab
+        stop_launcher(lab["env"])  # its jobs too (`launcher stop` leaves them running)
 
 
 def launcher_client(env):

@@ -9,9 +9,8 @@ per step, no going back). BokehJS must come from our server extension's
 (`loadBokehJS` in labextension/src/bokehjs.ts, called from the plugin's activate()).
 
 Screenshots: artifacts/view/. Needs the built labextension (scripts/build-labextension.sh)
-and the jupyter_dlc server extension. DLC_VIEW_TEST_INJECT_BOKEHJS=1 makes the test add the
-same script tags itself when the labextension does not load BokehJS yet (a stopgap to test
-the view before activate() calls loadBokehJS; the test says so when it happens).
+and the jupyter_dlc server extension. The test fails unless the labextension itself loaded
+BokehJS (the body gets the class dlc-bokehjs-loaded).
 """
 
 from __future__ import annotations
@@ -19,26 +18,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from labserver import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_until
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 ART = REPO / "artifacts" / "view"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 BASE = "/lab-view/"
 TOKEN = "view-" + os.urandom(4).hex()
-BUNDLES = ("bokeh", "bokeh-gl", "bokeh-widgets", "bokeh-tables")
 
 # The loss chart's x column as BokehJS has it: every root view on the page, its document, the
 # data source the view names "dlc-train-0" (rank 0's line). The last one wins (a re-rendered
@@ -54,37 +44,6 @@ CHART_STEPS_JS = """() => {
   }
   return found;
 }"""
-
-INJECT_JS = """async ([base, bundles]) => {
-  for (const b of bundles) {
-    await new Promise((resolve, reject) => {
-      const s = document.createElement('script');
-      s.src = base + 'dlc/static/bokeh/' + b + '.min.js';
-      s.async = false; s.onload = resolve; s.onerror = reject;
-      document.head.appendChild(s);
-    });
-  }
-  document.body.classList.add('dlc-bokehjs-loaded');
-  return typeof window.Bokeh;
-}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(pred, timeout, what, interval=0.25):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
 
 def long_quickstart(dest: Path) -> None:
     """examples/quickstart.ipynb with 3000 steps and 20 ms of sleep per step."""
@@ -112,48 +71,10 @@ def lab():
     pytest.importorskip("playwright")
     if not os.path.exists(CHROMIUM):
         pytest.skip("no /usr/bin/chromium")
-    subprocess.run([str(REPO / "scripts" / "build-labextension.sh")], check=True)
-    built = REPO / "jupyter_dlc" / "labextension"
-    assert (built / "package.json").exists()
-
-    tmp = Path(tempfile.mkdtemp(prefix="dlc-view-"))
-    for d in ("runtime", "config", "workspaces", "root", "data", "labext"):
-        (tmp / d).mkdir()
-    (tmp / "labext" / "jupyter-dlc").symlink_to(built)
-    env = dict(os.environ)
-    env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), DLC_DATA_DIR=str(tmp / "data"),
-               PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1")
-    port = free_port()
-    log = open(tmp / "lab.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.base_url={BASE}",
-         f"--ServerApp.root_dir={tmp / 'root'}",
-         "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
-         f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}{BASE}"
-
-    def up():
-        try:
-            req = urllib.request.Request(url + "api/status", headers={"Authorization": f"token {TOKEN}"})
-            return urllib.request.urlopen(req, timeout=2).status == 200
-        except OSError:
-            assert proc.poll() is None, (tmp / "lab.log").read_text()
-            return False
-
-    wait_until(up, 90, "jupyter lab")
-    long_quickstart(tmp / "root" / "quickstart.ipynb")
-    ART.mkdir(parents=True, exist_ok=True)
-    yield {"url": url, "env": env, "tmp": tmp}
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "launcher", "stop"], env=env,
-                   capture_output=True, timeout=30)
+    with running_lab("dlc-view-", BASE, TOKEN) as lab:
+        long_quickstart(lab["root"] / "quickstart.ipynb")
+        ART.mkdir(parents=True, exist_ok=True)
+        yield lab
 
 
 def test_view_live_stop_resume_in_jupyterlab(lab):
@@ -209,13 +130,9 @@ def _walk(page, lab) -> None:
         page.wait_for_function("document.body.classList.contains('dlc-bokehjs-loaded')",
                                timeout=30000)
     except Exception:
-        if os.environ.get("DLC_VIEW_TEST_INJECT_BOKEHJS") != "1":
-            raise AssertionError(
-                "the labextension did not load BokehJS (body has no dlc-bokehjs-loaded class): "
-                "its activate() must call loadBokehJS(PageConfig.getBaseUrl()) from "
-                "labextension/src/bokehjs.ts; DLC_VIEW_TEST_INJECT_BOKEHJS=1 injects it instead")
-        print("NOTE: BokehJS injected by the test (DLC_VIEW_TEST_INJECT_BOKEHJS=1)")
-        assert page.evaluate(INJECT_JS, [BASE, list(BUNDLES)]) == "object"
+        raise AssertionError(
+            "the labextension did not load BokehJS (body has no dlc-bokehjs-loaded class): "
+            "its activate() must call loadBokehJS() from labextension/src/bokehjs.ts") from None
     assert page.evaluate("typeof window.Bokeh") == "object"
 
     # run the %load_ext cell, then the %%dlc cell (not `%dlc wait`: a blocked kernel would

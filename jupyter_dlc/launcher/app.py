@@ -8,6 +8,7 @@ import hmac
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any
 
@@ -175,11 +176,9 @@ class JobHandler(BaseHandler):
         if row["state"] in ACTIVE_STATES:
             self.fail(409, f"job: {row['id']} is {row['state']}; stop it first")
         self.store.delete_job(row["id"])
-        layout_dir = row["job_dir"]
-        if layout_dir.startswith(os.path.join(self.launcher.data_dir, "jobs")):
-            import shutil
-
-            shutil.rmtree(layout_dir, ignore_errors=True)
+        # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
+        if row["job_dir"].startswith(os.path.join(self.launcher.data_dir, "jobs") + os.sep):
+            shutil.rmtree(row["job_dir"], ignore_errors=True)
         self.set_status(204)
         self.finish()
 

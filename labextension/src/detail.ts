@@ -359,15 +359,15 @@ export class DetailView {
     if (!alerts.length) {
       return;
     }
-    box.appendChild(el('div', 'dlc-section-title', 'Alerts'));
+    // The launcher lists every rule of the job with whether an episode is open now.
+    box.appendChild(el('div', 'dlc-section-title', 'Alert rules'));
     for (const a of alerts) {
-      const state = String(a.state ?? a.status ?? (a.firing ? 'firing' : ''));
-      const row = el('div', `dlc-alert dlc-alert-${state.toLowerCase().replace(/[^a-z]/g, '')}`);
-      const rule = a.rule ?? a.text ?? a.name ?? 'alert';
-      const msg = a.message ?? a.reason;
-      row.textContent = `${rule}${state ? ' · ' + state : ''}${msg ? ' · ' + msg : ''}${
-        a.action ? ' · action ' + a.action : ''
-      }`;
+      const firing = a.active === true;
+      const row = el('div', `dlc-alert ${firing ? 'dlc-alert-firing' : 'dlc-alert-quiet'}`);
+      const rule = a.condition ?? a.text ?? 'alert';
+      const since =
+        firing && a.since ? ` · firing since ${new Date(a.since * 1000).toLocaleTimeString()}` : '';
+      row.textContent = `${rule} → ${a.action ?? 'notify'}${since}`;
       box.appendChild(row);
     }
   }

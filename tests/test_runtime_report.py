@@ -1,5 +1,13 @@
 """Rank reports against a real HTTP server on loopback (stdlib http.server): batching,
-heartbeats, a launcher that goes down and comes back, commands, NaN and stop handling."""
+heartbeats, a launcher that goes down and comes back, commands, NaN and stop handling.
+
+The server is a recording stand-in for the launcher's report route, not the launcher: these
+tests count and inspect every POST (how many, in which batches, duplicated or not, exactly
+when the server went away), which the real launcher stores but does not expose. The same
+behaviours run end to end against the real launcher in tests/test_jobs.py (reports reach a
+launcher restarted after kill -9), tests/test_recovery.py (SIGTERM checkpoint, kill -9
+resume) and tests/test_alert_jobs.py (NaN).
+"""
 
 import dataclasses
 import json

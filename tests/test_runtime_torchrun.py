@@ -1,6 +1,11 @@
 """Real torchrun, 2 nodes x 2 processes on 127.0.0.1 (static rendezvous, gloo): a run killed
 after a checkpoint and resumed ends bitwise identical to an uninterrupted run; SIGTERM to
-the agents checkpoints the same step on every rank and every rank exits 0."""
+the agents checkpoints the same step on every rank and every rank exits 0.
+
+The runtime alone, under plain torchrun as a user's script may run: reports go to the
+recording stand-in of tests/test_runtime_report.py (see its docstring for why, and for the
+end-to-end counterparts under the real launcher).
+"""
 
 import os
 import signal

@@ -176,3 +176,58 @@ def test_same_failure_at_the_same_step_stops_retrying(launcher):
     assert "deterministic" in job["reason"]
     diagnosis = launcher.client.diagnosis(job["id"])
     assert diagnosis[-1]["class"] == "user_exception" and diagnosis[-1]["rank"] == 1
+
+
+def test_kill_during_persist_never_resumes_from_the_partial_step(launcher):
+    """kill -9 of rank 0 (the rank that commits) while a step is being persisted: the partial
+    step must not become DLC_RESUME_PATH, and the job still succeeds from the step before."""
+    script = launcher.script("big.py", """
+        import sys, time
+        import torch, torch.nn as nn
+        from jupyter_dlc import runtime
+        runtime.init()
+        torch.manual_seed(0)
+        model = nn.Linear(2048, 2048)            # 16 MB of weights per rank: persisting takes a while
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        ckpt = runtime.Checkpointer(model=model, optimizer=opt)
+        step = ckpt.restore()
+        while step < 40:
+            loss = model(torch.randn(4, 2048)).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            step += 1
+            runtime.log(step, loss=loss.item())
+            if step % 5 == 0:
+                ckpt.save(step)
+            time.sleep(0.05)
+        """)
+    client = launcher.client
+    job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 2, "max_restarts": 2,
+                         "keep_last": 10})
+    ckpt_dir = os.path.join(job["job_dir"], "checkpoints")
+
+    def persisting():
+        """A step directory with rank files but no manifest yet, after a committed one."""
+        if not client.checkpoints(job["id"]):
+            return None
+        for name in sorted(os.listdir(ckpt_dir)):
+            path = os.path.join(ckpt_dir, name)
+            if not os.path.exists(os.path.join(path, "manifest.json")) and os.listdir(path):
+                return name
+        return None
+
+    partial = wait_for(persisting, 120, interval=0.005, what="a persist in flight")
+    rank0 = next(r for r in client.job(job["id"])["ranks"] if r["rank"] == 0)
+    os.kill(rank0["pid"], signal.SIGKILL)
+    from jupyter_dlc import layout
+
+    # The commit may have won the race against the kill by a few milliseconds; then the step
+    # is whole and resuming from it is right. Otherwise it must never be used.
+    committed_in_time = layout.verify_step(os.path.join(ckpt_dir, partial))
+    final = client.wait(job["id"], timeout=180)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    second = final["attempts"][1]
+    assert second["resume_path"], second
+    if not committed_in_time:
+        assert not second["resume_path"].endswith(partial), (partial, second)
+    assert layout.verify_step(second["resume_path"], deep=True)
+    assert launcher.own_processes() == []

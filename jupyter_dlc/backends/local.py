@@ -28,6 +28,7 @@ VANISHED_GRACE = 1.0  # seconds; torchrun's own verdict usually comes within 0.2
 _vanished: dict[tuple[str, int, int], float] = {}
 # Resident memory one CPU rank needs at least (torch imported, a small model): ~400 MB.
 _RANK_MEMORY = 400 * 2**20
+_SUMMARY_TAIL = 64 * 1024
 _SUMMARY_BLOCK = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
 
@@ -211,8 +212,10 @@ class LocalBackend(Backend):
         codes: dict[int, int] = {}
         for node in range(ctx.spec.nodes):
             try:
-                with open(layout.node_log(ctx.attempt_dir, node), errors="replace") as f:
-                    text = f.read()
+                with open(layout.node_log(ctx.attempt_dir, node), "rb") as f:
+                    # The summary is what an agent prints last; this runs every tick.
+                    f.seek(max(0, os.fstat(f.fileno()).st_size - _SUMMARY_TAIL))
+                    text = f.read().decode(errors="replace")
             except OSError:
                 continue
             for rank, code in _SUMMARY_BLOCK.findall(text):

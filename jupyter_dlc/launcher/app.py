@@ -357,8 +357,17 @@ class StreamHandler(BaseHandler):
         sent: dict[str, dict] = {}
         alert_seq = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
         last_ping = 0.0
+        seen_version = -1
         try:
             while True:
+                if self.store.version == seen_version:
+                    if time.time() - last_ping > 15:
+                        self.write(": ping\n\n")
+                        last_ping = time.time()
+                        await self.flush()
+                    await asyncio.sleep(0.25)
+                    continue
+                seen_version = self.store.version
                 for row in self.store.job_rows():
                     summary = _clean(self.store.summary(row))
                     if sent.get(row["id"]) != summary:

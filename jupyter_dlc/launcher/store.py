@@ -71,7 +71,8 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self._local = threading.local()
-        self.changed = threading.Condition()
+        # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
+        self.version = 0
         self.db.executescript(SCHEMA)
 
     @property
@@ -96,6 +97,8 @@ class Store:
 
             def __exit__(self, kind, *_):
                 store.db.execute("ROLLBACK" if kind else "COMMIT")
+                if not kind:
+                    store.version += 1
                 return False
 
         return _Tx()
@@ -167,7 +170,6 @@ class Store:
             db.execute("UPDATE attempts SET state = ? WHERE job_id = ? AND attempt = ?",
                        (state, job_id, attempt))
             self._event(db, job_id, attempt, "state", state, reason, data)
-        self.notify()
 
     def new_attempt(self, job_id: str, reason: str, resume_step: int | None = None) -> int:
         with self.tx() as db:
@@ -179,7 +181,6 @@ class Store:
                        " stop_requested = NULL, resume_step = ? WHERE id = ?",
                        (attempt, reason, resume_step, job_id))
             self._event(db, job_id, attempt, "state", "QUEUED", reason, None)
-        self.notify()
         return attempt
 
     def delete_job(self, job_id: str) -> None:
@@ -187,7 +188,6 @@ class Store:
             for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints"):
                 key = "id" if table == "jobs" else "job_id"
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
-        self.notify()
 
     # -- attempts and ranks -------------------------------------------------------------
     def attempt_row(self, job_id: str, attempt: int) -> sqlite3.Row | None:
@@ -232,7 +232,6 @@ class Store:
                   data: dict | None = None, state: str | None = None) -> None:
         with self.tx() as db:
             self._event(db, job_id, attempt, type_, state, reason, data)
-        self.notify()
 
     def events(self, job_id: str, since: int = 0, types: Iterable[str] | None = None) -> list[dict]:
         rows = self.db.execute("SELECT * FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
@@ -315,8 +314,3 @@ class Store:
         rows = self.db.execute("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step",
                                (job_id,)).fetchall()
         return [dict(row) for row in rows]
-
-    # -- change notification (for the event stream) --------------------------------------
-    def notify(self) -> None:
-        with self.changed:
-            self.changed.notify_all()

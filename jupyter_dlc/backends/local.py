@@ -122,16 +122,10 @@ class LocalBackend(Backend):
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         python = ctx.spec.python or sys.executable
         for node in range(ctx.spec.nodes):
-            argv = [python, "-m", "jupyter_dlc.backends.standby", _go_file(ctx, node),
-                    layout.node_exit(ctx.attempt_dir, node)]
-            with open(layout.node_log(ctx.attempt_dir, node), "ab") as log:
-                proc = subprocess.Popen(argv, cwd=ctx.spec.workdir or ctx.job_dir,
-                                        env=dict(ctx.env, DLC_NODE_RANK=str(node)),
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        start_new_session=True)
+            pid = _spawn(ctx, node, [python, "-m", "jupyter_dlc.backends.standby",
+                                     _go_file(ctx, node), layout.node_exit(ctx.attempt_dir, node)])
             with open(_go_file(ctx, node) + ".pid", "w") as f:
-                f.write(str(proc.pid))
-            _detach(proc)
+                f.write(str(pid))
 
     def _standbys(self, ctx: AttemptContext) -> list[int] | None:
         """Pids of a standby agent for every node of this attempt, if all are alive."""
@@ -157,19 +151,11 @@ class LocalBackend(Backend):
                     "standby": True}
         nodes = []
         for node, argv in enumerate(request["commands"]):
-            log_path = layout.node_log(ctx.attempt_dir, node)
             exit_path = layout.node_exit(ctx.attempt_dir, node)
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
-            env = dict(ctx.env, DLC_NODE_RANK=str(node))
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(["/bin/sh", "-c", wrapper], cwd=request["cwd"], env=env,
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        start_new_session=True)
-            nodes.append({"node": node, "pid": proc.pid})
-            # Reap it from a thread-free call later; Popen objects are not kept.
-            _detach(proc)
+            nodes.append({"node": node, "pid": _spawn(ctx, node, ["/bin/sh", "-c", wrapper])})
         return {"nodes": nodes}
 
     def poll(self, ctx: AttemptContext, handle: dict[str, Any],
@@ -238,10 +224,18 @@ class LocalBackend(Backend):
         return count
 
 
-def _detach(proc: subprocess.Popen) -> None:
-    # Popen's __del__ would warn about a running child; the launcher reaps children with
-    # a SIGCHLD-free waitpid sweep instead (see Supervisor.reap).
+def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:
+    """Start one node's process in a session of its own (it must outlive the launcher),
+    its output appended to the node's log; returns its pid."""
+    with open(layout.node_log(ctx.attempt_dir, node), "ab") as log:
+        proc = subprocess.Popen(argv, cwd=ctx.spec.workdir or ctx.job_dir,
+                                env=dict(ctx.env, DLC_NODE_RANK=str(node)),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    # The supervisor reaps its children with a waitpid sweep each tick; the Popen object is
+    # dropped, and marking it done keeps its destructor from warning about a live child.
     proc.returncode = 0
+    return proc.pid
 
 
 def _go_file(ctx: AttemptContext, node: int) -> str:

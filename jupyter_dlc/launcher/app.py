@@ -235,8 +235,9 @@ class ReportHandler(BaseHandler):
         report = self.body()
         attempt = int(report.get("attempt") or row["attempt"])
         if attempt != row["attempt"]:
-            # A straggler of an attempt that already ended: accepted, not stored.
-            self.reply({"ok": True, "commands": ["stop"], "stale": True})
+            # A straggler of an attempt that already ended: accepted, not stored, and given no
+            # command (a "stop" would make it save into the checkpoints the new attempt writes).
+            self.reply({"ok": True, "commands": [], "stale": True})
             return
         self.store.record_report(row["id"], attempt, report)
         self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],

@@ -86,13 +86,13 @@ class Supervisor(threading.Thread):
                 for hook in self.hooks:
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
-                    self.kill_leftovers(row["id"])
+                    self.kill_leftovers(row["id"], processes)
             except Exception:
                 log.error("job %s: %s", row["id"], traceback.format_exc())
 
-    def kill_leftovers(self, job_id: str) -> None:
+    def kill_leftovers(self, job_id: str, processes) -> None:
         """An ended job keeps no process: stragglers of any attempt, and standby agents."""
-        for (job, _), pids in job_processes().items():
+        for (job, _), pids in processes.items():
             if job == job_id:
                 for pid in pids:
                     try:
@@ -213,8 +213,7 @@ class Supervisor(threading.Thread):
             last_end = max((rs.end or 0) for rs in status.ranks.values())
             if alive and now - last_end < EXIT_BARRIER_GRACE:
                 return
-            preempted = self.store.events(job_id, types=("preempted",))
-            preempted = [e for e in preempted if e["attempt"] == ctx.attempt]
+            preempted = self.preempted(job_id, ctx.attempt)
             self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
                              "preempted: checkpoint committed, attempt ended cleanly" if preempted
                              else "every rank exited 0", processes)
@@ -240,6 +239,11 @@ class Supervisor(threading.Thread):
         if os.path.exists(os.path.join(nxt.attempt_dir, "node-0.go.pid")):
             return  # started once already (and then died or was used)
         get_backend(ctx.spec.backend).start_standby(nxt)
+
+    def preempted(self, job_id: str, attempt: int) -> bool:
+        """Whether a rank of the attempt reported a preemption, which the runtime does only
+        after the checkpoint its SIGTERM asked for committed."""
+        return any(e["attempt"] == attempt for e in self.store.events(job_id, types=("preempted",)))
 
     def sync_ranks(self, ctx, status, alive: bool) -> dict:
         """Copy what the engine knows of each rank into the store; returns the rank rows."""
@@ -353,13 +357,16 @@ class Supervisor(threading.Thread):
         if not previous or previous["outcome"] != "failed" or not previous["failure"]:
             return False
         before = json.loads(previous["failure"])
-        same = lambda d: (d.get("class"), d.get("line"), d.get("step"))  # noqa: E731
-        return same(before) == same(diagnosis) and diagnosis.get("class") != "host_oom"
+        keys = ("class", "line", "step")
+        # An OOM kill depends on what else the host runs: worth another try.
+        return all(before.get(k) == diagnosis.get(k) for k in keys) and \
+            diagnosis.get("class") != "host_oom"
 
     def maybe_restart(self, row, processes, now: float) -> None:
         job_id = row["id"]
         if processes.get((job_id, row["attempt"])):
-            get_backend("local").signal(self.context(row), {}, signal.SIGKILL, processes)
+            ctx = self.context(row)
+            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
             return
         arow = self.store.attempt_row(job_id, row["attempt"])
         restarts = arow["restarts"] or 0
@@ -414,8 +421,7 @@ class Supervisor(threading.Thread):
             self.store.add_event(job_id, ctx.attempt, "state", f"grace over: SIGKILL to {len(pids)} "
                                  "process(es)")
             return
-        preempted = [e for e in self.store.events(job_id, types=("preempted", "checkpoint"))
-                     if e["attempt"] == ctx.attempt]
+        preempted = self.preempted(job_id, ctx.attempt)
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)
         note = "" if not preempted else "; a checkpoint committed before exit"

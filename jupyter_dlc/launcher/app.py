@@ -21,6 +21,9 @@ from .alerts import rules_for
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
+# The longest a delete waits for a stop in flight to end.
+STOP_WAIT = 10.0
+
 
 def _json_default(value: Any) -> Any:
     return str(value)
@@ -171,8 +174,14 @@ class JobHandler(BaseHandler):
     def get(self, ref: str) -> None:
         self.reply(job_detail(self.store, self.job_or_404(ref)))
 
-    def delete(self, ref: str) -> None:
+    async def delete(self, ref: str) -> None:
         row = self.job_or_404(ref)
+        # A stop in flight ends within its grace, at once for a job that had not started:
+        # a delete right after it waits for that end rather than answering 409.
+        deadline = time.time() + STOP_WAIT
+        while row["state"] == "STOPPING" and time.time() < min(deadline, (row["stop_requested"] or 0) + 2):
+            await asyncio.sleep(0.05)
+            row = self.job_or_404(ref)
         if row["state"] in ACTIVE_STATES:
             self.fail(409, f"job: {row['id']} is {row['state']}; stop it first")
         self.store.delete_job(row["id"])

@@ -12,7 +12,8 @@ import math
 import sqlite3
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -143,7 +144,7 @@ class Store:
         out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
                    backend=spec.get("backend", "local"), source=spec.get("source") or {},
                    job_dir=row["job_dir"], stop_requested=row["stop_requested"])
-        if out["last_loss"] is not None and not math.isfinite(out["last_loss"]):
+        if isinstance(out["last_loss"], float) and not math.isfinite(out["last_loss"]):
             out["last_loss"] = str(out["last_loss"])
         return out
 
@@ -155,11 +156,23 @@ class Store:
             db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
     def transition(self, job_id: str, state: str, reason: str, data: dict | None = None,
-                   **fields: Any) -> None:
-        """Move a job (and its current attempt) to `state`, recording why."""
+                   expect: str | Iterable[str] | None = None, **fields: Any) -> bool:
+        """Move a job (and its current attempt) to `state`, recording why, if it is still in
+        one of the `expect`ed states; returns whether it moved.
+
+        Compare-and-set: the HTTP thread (stop) and the supervisor thread (start, end of an
+        attempt) decide on what they read a moment ago, and the loser of a race must not
+        overwrite the winner. Without `expect`, any active state may move. A terminal state
+        is never left here: only `new_attempt` (resume, restart) does that.
+        """
+        allowed = ACTIVE_STATES if expect is None else (
+            (expect,) if isinstance(expect, str) else tuple(expect))
         now = time.time()
         with self.tx() as db:
-            attempt = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+            row = db.execute("SELECT attempt, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or row["state"] not in allowed or row["state"] in TERMINAL_STATES:
+                return False
+            attempt = row["attempt"]
             fields = dict(fields, state=state, reason=reason)
             if state == "RUNNING":
                 fields.setdefault("started", now)
@@ -170,11 +183,21 @@ class Store:
             db.execute("UPDATE attempts SET state = ? WHERE job_id = ? AND attempt = ?",
                        (state, job_id, attempt))
             self._event(db, job_id, attempt, "state", state, reason, data)
+        return True
 
-    def new_attempt(self, job_id: str, reason: str, resume_step: int | None = None) -> int:
+    def state(self, job_id: str) -> str | None:
+        row = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row["state"] if row else None
+
+    def new_attempt(self, job_id: str, reason: str, resume_step: int | None = None,
+                    expect: Iterable[str] = TERMINAL_STATES) -> int | None:
+        """Start attempt + 1 (QUEUED) if the job is in an `expect`ed state: an ended job
+        (resume) or RESTARTING (the supervisor's restart). None if it was not."""
         with self.tx() as db:
-            row = db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            attempt = row[0] + 1
+            row = db.execute("SELECT attempt, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or row["state"] not in tuple(expect):
+                return None
+            attempt = row["attempt"] + 1
             db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, ?, 'QUEUED')",
                        (job_id, attempt))
             db.execute("UPDATE jobs SET attempt = ?, state = 'QUEUED', reason = ?, ended = NULL,"

@@ -28,7 +28,7 @@ from ..backends import AttemptContext, get_backend
 from ..backends.local import job_processes
 from ..spec import JobSpec, network_env
 from .preflight import run_preflight
-from .store import ACTIVE_STATES, Store
+from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -61,6 +61,10 @@ class Supervisor(threading.Thread):
         self.hooks: list[Any] = []
         # Commands for ranks (from checkpoint-and-stop alerts), handed out with report answers.
         self.pending: dict[str, set[str]] = {}
+        # Held while an attempt starts (preflight, spawning agents) and while a stop decides:
+        # a stop never sees a start half done, so it can end a job that has not started at
+        # once, and a start never spawns processes for a job that was stopped meanwhile.
+        self.lifecycle = threading.RLock()
 
     def commands_for(self, job_id: str, rank: int) -> list[str]:
         del rank  # every rank gets the same command; they act on it at the same step boundary
@@ -71,7 +75,7 @@ class Supervisor(threading.Thread):
         while not self.stopped.is_set():
             try:
                 self.tick()
-            except Exception:  # one bad tick must not end supervision of every job
+            except Exception:  # noqa: BLE001 - one bad tick must not end supervision of every job
                 log.error("supervisor tick failed:\n%s", traceback.format_exc())
             self.wake.wait(self.tick_seconds)
             self.wake.clear()
@@ -87,8 +91,17 @@ class Supervisor(threading.Thread):
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
                     self.kill_leftovers(row["id"], processes)
-            except Exception:
+            except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
+        self.sweep_ended(processes)
+
+    def sweep_ended(self, processes) -> None:
+        """No process outlives its job: kill what still runs for a job recorded as ended
+        (a stop that ended it from another thread, a straggler that escaped one tick)."""
+        for job_id in {job for job, _ in processes}:
+            state = self.store.state(job_id)  # None: another launcher's job, not ours to touch
+            if state in TERMINAL_STATES:
+                self.kill_leftovers(job_id, processes)
 
     def kill_leftovers(self, job_id: str, processes) -> None:
         """An ended job keeps no process: stragglers of any attempt, and standby agents."""
@@ -144,10 +157,20 @@ class Supervisor(threading.Thread):
     # -- starting -----------------------------------------------------------------------
     def start_attempt(self, row) -> None:
         job_id = row["id"]
-        if row["stop_requested"]:
-            self.store.transition(job_id, "STOPPED", "stopped before it started")
-            return
-        self.store.transition(job_id, "PREFLIGHT", "checking the environment")
+        with self.lifecycle:
+            row = self.store.job_row(job_id)
+            if row is None or row["state"] not in ("QUEUED", "PREFLIGHT"):
+                return  # a stop (or delete) won the race
+            if row["stop_requested"]:
+                self.store.transition(job_id, "STOPPED", "stopped before it started",
+                                      expect=("QUEUED", "PREFLIGHT"))
+                return
+            if self.store.transition(job_id, "PREFLIGHT", "checking the environment",
+                                     expect=("QUEUED", "PREFLIGHT")):
+                self._start_attempt(row)
+
+    def _start_attempt(self, row) -> None:
+        job_id = row["id"]
         ctx = self.context(row)
         port = free_port()
         self.store.update_attempt(job_id, ctx.attempt, port=port, started=time.time())
@@ -158,7 +181,7 @@ class Supervisor(threading.Thread):
                   if not c.ok]
         if failed:
             self.store.transition(job_id, "FAILED", str(failed[0]),
-                                  {"preflight": [c.__dict__ for c in failed]})
+                                  {"preflight": [c.__dict__ for c in failed]}, expect="PREFLIGHT")
             return
         resume_path = self.resume_path(row, committed)
         self.store.update_attempt(job_id, ctx.attempt, resume_path=resume_path)
@@ -172,7 +195,7 @@ class Supervisor(threading.Thread):
         if resume_path:
             reason += f", resuming from {os.path.basename(resume_path)}"
         self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
-                                                           "port": port})
+                                                           "port": port}, expect="PREFLIGHT")
 
     def resume_path(self, row, committed) -> str | None:
         if not committed:
@@ -197,7 +220,7 @@ class Supervisor(threading.Thread):
         ranks = self.sync_ranks(ctx, status, alive)
         started = all(rs.pid for rs in status.ranks.values())
         if row["state"] == "STARTING" and started:
-            self.store.transition(job_id, "RUNNING", "every rank is up")
+            self.store.transition(job_id, "RUNNING", "every rank is up", expect="STARTING")
         codes = [rs.exit_code for rs in status.ranks.values()]
         # The first rank to fail, by time: the others usually die of its absence.
         failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),
@@ -309,28 +332,34 @@ class Supervisor(threading.Thread):
             self.store.add_event(job_id, ctx.attempt, "diagnosis",
                                  f"{diagnosis.get('class')}: {diagnosis.get('suggestion', '')}",
                                  diagnosis)
-        if row["stop_requested"] or row["state"] == "STOPPING":
+        def move(state: str, why: str, data: dict | None = None) -> None:
+            # The row was read at the start of the tick: a stop may have come since. Then the
+            # stop wins, and what was killed above was its end.
+            if not self.store.transition(job_id, state, why, data, expect=("STARTING", "RUNNING")):
+                self.store.transition(job_id, "STOPPED", "stopped by the user", expect="STOPPING")
+
+        fresh = self.store.job_row(job_id)
+        if fresh["stop_requested"] or fresh["state"] == "STOPPING":
             self.store.transition(job_id, "STOPPED", "stopped by the user")
             return
         if outcome == "succeeded":
-            self.store.transition(job_id, "SUCCEEDED", reason)
+            move("SUCCEEDED", reason)
             return
         if outcome == "timeout":
-            self.store.transition(job_id, "FAILED", reason)
+            move("FAILED", reason)
             return
         arow = self.store.attempt_row(job_id, ctx.attempt)
         restarts = arow["restarts"] or 0
         if outcome == "failed":
             deterministic = self.repeats_last_failure(job_id, ctx.attempt, diagnosis)
             if deterministic:
-                self.store.transition(job_id, "FAILED", f"{reason}; the same failure at the same step "
-                                      "as the previous attempt: a deterministic bug, not retrying")
+                move("FAILED", f"{reason}; the same failure at the same step "
+                     "as the previous attempt: a deterministic bug, not retrying")
                 return
             if restarts >= ctx.spec.max_restarts:
-                self.store.transition(job_id, "FAILED", f"{reason}; no restarts left "
-                                      f"(--max-restarts {ctx.spec.max_restarts})")
+                move("FAILED", f"{reason}; no restarts left (--max-restarts {ctx.spec.max_restarts})")
                 return
-        self.store.transition(job_id, "RESTARTING", f"{reason}; restarting", {"outcome": outcome})
+        move("RESTARTING", f"{reason}; restarting", {"outcome": outcome})
 
     def diagnose(self, ctx) -> dict | None:
         try:
@@ -340,7 +369,7 @@ class Supervisor(threading.Thread):
         exits = {r["rank"]: r["exit_code"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)}
         try:
             result = diagnose(ctx.attempt_dir, exits)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a failed diagnosis must not keep a job running
             log.error("diagnosis of %s failed:\n%s", ctx.job_id, traceback.format_exc())
             return None
         if result is not None:
@@ -379,33 +408,57 @@ class Supervisor(threading.Thread):
         if now - (arow["ended"] or now) < backoff:
             return
         attempt = self.store.new_attempt(job_id, f"restart after attempt {row['attempt']}: "
-                                         f"{arow['reason']}")
+                                         f"{arow['reason']}", expect=("RESTARTING",))
+        if attempt is None:
+            return  # stopped meanwhile
         self.store.update_attempt(job_id, attempt, restarts=restarts + (0 if preempted else 1))
         self.wake.set()
 
     # -- stop, resume, clone ------------------------------------------------------------
-    def request_stop(self, job_id: str, grace: float | None, reason: str = "stopped by the user") -> None:
-        row = self.store.job_row(job_id)
-        spec = JobSpec.from_dict(json.loads(row["spec"]))
-        grace = spec.stop_grace if grace is None else grace
-        now = time.time()
-        self.store.update_job(job_id, stop_requested=now + grace)
-        if row["state"] in ("QUEUED", "PREFLIGHT", "RESTARTING"):
-            self.store.transition(job_id, "STOPPED", reason)
-            return
-        ctx = self.context(row)
-        arow = self.store.attempt_row(job_id, ctx.attempt)
-        get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), signal.SIGTERM)
-        self.store.transition(job_id, "STOPPING", f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s")
-        self.wake.set()
+    def request_stop(self, job_id: str, grace: float | None, reason: str = "stopped by the user") -> bool:
+        """Stop a job in whatever state it is; returns False if it had ended already.
+
+        A job with nothing of its attempt running (QUEUED, PREFLIGHT, RESTARTING) is STOPPED
+        at once, and one still STARTING gets no grace: its script has not begun to train.
+        """
+        with self.lifecycle:
+            for _ in range(10):  # lost a race with the supervisor's own move: look again
+                row = self.store.job_row(job_id)
+                if row is None or row["state"] in TERMINAL_STATES:
+                    return False
+                state = row["state"]
+                spec = JobSpec.from_dict(json.loads(row["spec"]))
+                grace = spec.stop_grace if grace is None else grace
+                if state in ("QUEUED", "PREFLIGHT", "RESTARTING"):
+                    if self.store.transition(job_id, "STOPPED", reason, expect=state,
+                                             stop_requested=time.time()):
+                        # Standby agents, and what a failed attempt may still have running.
+                        self.kill_leftovers(job_id, job_processes())
+                        return True
+                    continue
+                if state == "STARTING":
+                    grace = 0.0
+                now = time.time()
+                ctx = self.context(row)
+                arow = self.store.attempt_row(job_id, ctx.attempt)
+                sig = signal.SIGKILL if grace == 0 else signal.SIGTERM
+                get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), sig)
+                why = (f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s" if grace
+                       else f"{reason}: SIGKILL sent")
+                if self.store.transition(job_id, "STOPPING", why, expect=state,
+                                         stop_requested=now + grace):
+                    self.wake.set()
+                    return True
+            return False
 
     def checkpoint_and_stop(self, job_id: str, reason: str) -> None:
         """Ask the ranks (through their next report's answer) to save and leave, then stop."""
         row = self.store.job_row(job_id)
         spec = JobSpec.from_dict(json.loads(row["spec"]))
-        self.pending.setdefault(job_id, set()).add("stop")
-        self.store.update_job(job_id, stop_requested=time.time() + spec.stop_grace)
-        self.store.transition(job_id, "STOPPING", f"{reason}: checkpoint requested, then stop")
+        if self.store.transition(job_id, "STOPPING", f"{reason}: checkpoint requested, then stop",
+                                 expect=("STARTING", "RUNNING"),
+                                 stop_requested=time.time() + spec.stop_grace):
+            self.pending.setdefault(job_id, set()).add("stop")
 
     def finish_stop(self, row, processes, now: float) -> None:
         job_id = row["id"]
@@ -425,13 +478,14 @@ class Supervisor(threading.Thread):
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)
         note = "" if not preempted else "; a checkpoint committed before exit"
-        self.store.transition(job_id, "STOPPED", f"stopped{note}")
+        self.store.transition(job_id, "STOPPED", f"stopped{note}", expect="STOPPING")
 
-    def resume(self, job_id: str, step: int | None) -> None:
-        self.store.new_attempt(job_id, f"resumed by the user from "
+    def resume(self, job_id: str, step: int | None) -> bool:
+        attempt = self.store.new_attempt(job_id, f"resumed by the user from "
                                f"{'step ' + str(step) if step is not None else 'the newest checkpoint'}",
                                resume_step=step)
         self.wake.set()
+        return attempt is not None
 
 
 def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:

@@ -427,20 +427,22 @@ class JobView:
         f = self._f
         if job is None:
             return f"<b>{html.escape(f.job_id)}</b>: waiting for the launcher"
-        state = job["state"]
-        colour = STATE_COLOURS.get(state, "#555")
+        # Everything the launcher stored came from a job (names, steps, reasons): text, never
+        # markup, or a report could run script in the notebook.
+        state = _text(job["state"])
+        colour = STATE_COLOURS.get(job["state"], "#555")
         parts = [
-            f'<b>{html.escape(job["id"])}</b>',
-            f'<span class="dlc-state" data-state="{state}" style="background:{colour};color:white;'
-            f'padding:1px 6px;border-radius:3px;font-weight:bold">{state}</span>',
-            f'attempt <b class="dlc-attempt">{job.get("attempt")}</b>',
-            f"elapsed {formatting.elapsed(job)}",
+            f'<b>{_text(job["id"])}</b>',
+            (f'<span class="dlc-state" data-state="{state}" style="background:{colour};color:white;'
+             f'padding:1px 6px;border-radius:3px;font-weight:bold">{state}</span>'),
+            f'attempt <b class="dlc-attempt">{_text(job.get("attempt"))}</b>',
+            f"elapsed {_text(formatting.elapsed(job))}",
         ]
         if job.get("last_step") is not None:
             loss = job.get("last_loss")
-            parts.append(f'step <b class="dlc-step">{job["last_step"]}</b>')
+            parts.append(f'step <b class="dlc-step">{_text(job["last_step"])}</b>')
             if loss is not None:
-                parts.append(f'loss <b class="dlc-loss">{float(loss):.4g}</b>')
+                parts.append(f'loss <b class="dlc-loss">{_number(loss)}</b>')
         rate = f.train.steps_per_s()
         if rate is not None and not (state in TERMINAL):
             parts.append(f"{rate:.1f} steps/s")
@@ -451,17 +453,19 @@ class JobView:
             parts.append(f"{samples:,.0f} samples/s (sum over ranks)")
         last = job.get("last_checkpoint")
         if last:
-            when = time.strftime("%H:%M:%S", time.localtime(last.get("time") or 0))
-            parts.append(f"last checkpoint: step {last['step']} at {when} "
-                         f"({formatting.age(last.get('time'))} ago)")
+            when = time.strftime("%H:%M:%S", time.localtime(_seconds(last.get("time"))))
+            parts.append(f"last checkpoint: step {_text(last.get('step'))} at {when} "
+                         f"({_text(formatting.age(_seconds(last.get('time'))))} ago)")
         else:
             parts.append("no checkpoint yet")
         text = " · ".join(parts)
         extra = []
         if f.note:
             extra.append(html.escape(f.note))
-        if state in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
-            extra.append("reason: " + html.escape(str(job["reason"])))
+        if job.get("storage"):
+            extra.append(f'<span class="dlc-storage" style="color:#c62828">{_text(job["storage"])}</span>')
+        if job["state"] in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
+            extra.append("reason: " + _text(job["reason"]))
         if extra:
             text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
         return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'
@@ -480,7 +484,7 @@ class JobView:
                       "-" if r.get("last_step") is None else r["last_step"], heartbeat,
                       "-" if r.get("exit_code") is None else r["exit_code"])
             colour = "#c62828" if r.get("exit_code") not in (None, 0) else "inherit"
-            rows.append(f'<tr class="dlc-rank" data-rank="{r.get("rank")}" style="color:{colour}">'
+            rows.append(f'<tr class="dlc-rank" data-rank="{_text(r.get("rank"))}" style="color:{colour}">'
                         + "".join(f"<td {cell}>{html.escape(str(v))}</td>" for v in values) + "</tr>")
         return (f'<table class="dlc-ranks" style="border-collapse:collapse;font-size:12px">'
                 f"<tr>{head}</tr>{''.join(rows)}</table>")
@@ -509,7 +513,7 @@ class JobView:
             items.append(("#6a1b9a", "diagnosis", text))
         self.banner.value = "".join(
             f'<div class="dlc-banner dlc-banner-{kind.split()[0]}" style="border-left:4px solid {colour};'
-            f'background:#fafafa;padding:2px 8px;margin:2px 0"><b>{kind}</b>: {html.escape(text)}</div>'
+            f'background:#fafafa;padding:2px 8px;margin:2px 0"><b>{kind}</b>: {_text(text)}</div>'
             for colour, kind, text in items)
 
     def _render_logs(self) -> None:
@@ -562,3 +566,22 @@ class JobView:
         except LauncherError as error:
             self.action_note.value = f'<span style="color:#c62828">{html.escape(str(error))}</span>'
         self.refresh_now()
+
+
+def _text(value) -> str:
+    """Any stored value as HTML text: escaped, quotes included (it may sit in an attribute)."""
+    return html.escape(str(value), quote=True)
+
+
+def _number(value) -> str:
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return _text(value)
+
+
+def _seconds(value) -> float:
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0

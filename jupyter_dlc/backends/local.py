@@ -4,6 +4,11 @@ Processes are found by the job id in their environment (`/proc/<pid>/environ`), 
 parentage: torchrun starts each worker in a session of its own, and a restarted launcher is
 nobody's parent. So `signal` reaches every process of an attempt whoever started it, and
 nothing is left behind.
+
+Where cgroup v2 is writable, every attempt also gets a cgroup of its own (as Slurm's
+proctrack/cgroup does): a process cannot leave it by forking twice, starting a session or
+clearing its environment, and `cgroup.kill` ends all of it at once, processes caught
+mid-fork or mid-exec included. The environment scan stays as the fallback.
 """
 
 from __future__ import annotations
@@ -64,9 +69,126 @@ def visible_gpus() -> int:
         if os.path.isdir("/dev") else 0
 
 
+_CGROUP_DIR = "jupyter-dlc"
+_cgroup_base: str | None | bool = False  # False: not looked for yet; None: not usable here
+
+
+def cgroup_base() -> str | None:
+    """The directory under which attempts get their cgroups, or None where cgroup v2 is not
+    mounted or not writable by us (then only the environment scan finds processes)."""
+    global _cgroup_base
+    if _cgroup_base is not False:
+        return _cgroup_base
+    _cgroup_base = None
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1] for line in f if line.split()[2:3] == ["cgroup2"]]
+        with open("/proc/self/cgroup") as f:
+            own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if not mounts or own is None:
+        return None
+    base = os.path.join(mounts[0] + own.rstrip("/"), _CGROUP_DIR)
+    try:
+        os.makedirs(base, exist_ok=True)
+        probe = os.path.join(base, f"probe-{os.getpid()}")
+        os.makedirs(probe, exist_ok=True)
+        usable = os.path.exists(os.path.join(probe, "cgroup.procs"))
+        os.rmdir(probe)
+    except OSError:
+        return None
+    _cgroup_base = base if usable else None
+    return _cgroup_base
+
+
+def attempt_cgroup(job_id: str, attempt: int, create: bool = False) -> str | None:
+    base = cgroup_base()
+    if base is None:
+        return None
+    path = os.path.join(base, f"{job_id}.{attempt}")
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError:
+            return None
+    return path if os.path.isdir(path) else None
+
+
+def _cgroup_members() -> dict[tuple[str, int], set[int]]:
+    base = cgroup_base()
+    found: dict[tuple[str, int], set[int]] = {}
+    if base is None:
+        return found
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return found
+    for name in names:
+        job, _, attempt = name.rpartition(".")
+        if not job or not attempt.isdigit():
+            continue
+        try:
+            with open(os.path.join(base, name, "cgroup.procs")) as f:
+                pids = {int(line) for line in f if line.strip()}
+        except (OSError, ValueError):
+            continue
+        if pids:
+            found[(job, int(attempt))] = pids
+    return found
+
+
+def cgroup_jobs() -> set[str]:
+    """Jobs that have a cgroup here, empty or not."""
+    base = cgroup_base()
+    try:
+        return {name.rpartition(".")[0] for name in os.listdir(base)} - {""} if base else set()
+    except OSError:
+        return set()
+
+
+def kill_job(job_id: str, processes: dict[tuple[str, int], list[int]]) -> None:
+    """SIGKILL every process of every attempt of the job (cgroups first, then the scan)."""
+    base = cgroup_base()
+    for name in (os.listdir(base) if base and os.path.isdir(base) else []):
+        if name.rpartition(".")[0] == job_id:
+            try:
+                with open(os.path.join(base, name, "cgroup.kill"), "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
+    for (job, _), pids in processes.items():
+        if job == job_id:
+            for pid in pids:
+                try:
+                    os.kill(pid, signals.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def release_cgroups(job_id: str) -> None:
+    """Remove the job's (empty) cgroups; one that still holds a process stays."""
+    base = cgroup_base()
+    if base is None:
+        return
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name.rpartition(".")[0] == job_id:
+            try:
+                os.rmdir(os.path.join(base, name))
+            except OSError:
+                pass
+
+
 def job_processes() -> dict[tuple[str, int], list[int]]:
-    """(job id, attempt) → pids, for every process on this machine that belongs to a job."""
+    """(job id, attempt) → pids, for every process on this machine that belongs to a job:
+    by cgroup where there is one, and by the job id in the environment."""
     found: dict[tuple[str, int], list[int]] = {}
+    for key, pids in _cgroup_members().items():
+        found[key] = sorted(pids)
     own = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == own:
@@ -87,7 +209,9 @@ def job_processes() -> dict[tuple[str, int], list[int]]:
             elif item.startswith(b"DLC_ATTEMPT="):
                 attempt = int(item[12:] or 0)
         if job is not None and attempt is not None:
-            found.setdefault((job, attempt), []).append(int(entry))
+            pids = found.setdefault((job, attempt), [])
+            if int(entry) not in pids:
+                pids.append(int(entry))
     return found
 
 
@@ -215,6 +339,14 @@ class LocalBackend(Backend):
         if processes is None:
             processes = job_processes()
         count = 0
+        cgroup = attempt_cgroup(ctx.job_id, ctx.attempt)
+        if cgroup and sig == signals.SIGKILL:
+            # All at once: nothing of the attempt can fork away between two kills.
+            try:
+                with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
         for pid in processes.get((ctx.job_id, ctx.attempt), []):
             try:
                 os.kill(pid, sig)
@@ -227,6 +359,12 @@ class LocalBackend(Backend):
 def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:
     """Start one node's process in a session of its own (it must outlive the launcher),
     its output appended to the node's log; returns its pid."""
+    cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True)
+    if cgroup:
+        # The process joins the attempt's cgroup before it runs anything; what it starts is
+        # born inside. (A shell, not preexec_fn: the launcher has threads.)
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"',
+                os.path.join(cgroup, "cgroup.procs"), *argv]
     with open(layout.node_log(ctx.attempt_dir, node), "ab") as log:
         proc = subprocess.Popen(argv, cwd=ctx.spec.workdir or ctx.job_dir,
                                 env=dict(ctx.env, DLC_NODE_RANK=str(node)),

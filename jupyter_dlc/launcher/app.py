@@ -185,6 +185,7 @@ class JobHandler(BaseHandler):
         if row["state"] in ACTIVE_STATES:
             self.fail(409, f"job: {row['id']} is {row['state']}; stop it first")
         self.store.delete_job(row["id"])
+        self.launcher.supervisor.forget(row["id"])
         # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
         if row["job_dir"].startswith(os.path.join(self.launcher.data_dir, "jobs") + os.sep):
             shutil.rmtree(row["job_dir"], ignore_errors=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import layout
 from ..backends import AttemptContext, get_backend
-from ..backends.local import job_processes
+from ..backends.local import cgroup_jobs, job_processes, kill_job, release_cgroups
 from ..spec import JobSpec, network_env
 from .preflight import run_preflight
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
@@ -65,6 +65,7 @@ class Supervisor(threading.Thread):
         # a stop never sees a start half done, so it can end a job that has not started at
         # once, and a start never spawns processes for a job that was stopped meanwhile.
         self.lifecycle = threading.RLock()
+        self._seen_gone: set[str] = set()
 
     def commands_for(self, job_id: str, rank: int) -> list[str]:
         del rank  # every rank gets the same command; they act on it at the same step boundary
@@ -98,20 +99,19 @@ class Supervisor(threading.Thread):
     def sweep_ended(self, processes) -> None:
         """No process outlives its job: kill what still runs for a job recorded as ended
         (a stop that ended it from another thread, a straggler that escaped one tick)."""
-        for job_id in {job for job, _ in processes}:
+        for job_id in {job for job, _ in processes} | cgroup_jobs():
             state = self.store.state(job_id)  # None: another launcher's job, not ours to touch
             if state in TERMINAL_STATES:
                 self.kill_leftovers(job_id, processes)
 
     def kill_leftovers(self, job_id: str, processes) -> None:
         """An ended job keeps no process: stragglers of any attempt, and standby agents."""
-        for (job, _), pids in processes.items():
-            if job == job_id:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        kill_job(job_id, processes)
+        release_cgroups(job_id)
+
+    def forget(self, job_id: str) -> None:
+        """A deleted job: whatever of it might still run goes with it."""
+        self.kill_leftovers(job_id, job_processes())
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None) -> AttemptContext:
@@ -474,6 +474,13 @@ class Supervisor(threading.Thread):
             self.store.add_event(job_id, ctx.attempt, "state", f"grace over: SIGKILL to {len(pids)} "
                                  "process(es)")
             return
+        if job_id not in self._seen_gone:
+            # A process caught mid-exec shows no environment for an instant; without a cgroup
+            # that is invisible to the scan. Gone in two scans a tick apart is gone.
+            self._seen_gone.add(job_id)
+            self.wake.set()
+            return
+        self._seen_gone.discard(job_id)
         preempted = self.preempted(job_id, ctx.attempt)
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)

@@ -1,0 +1,69 @@
+"""A daemon that escapes its job (double fork, new session, SIGTERM ignored, environment
+cleared) must still end with the job: found through the attempt's cgroup, against a real
+launcher and real torchrun. Skipped only where cgroup v2 is not writable here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import wait_for
+from jupyter_dlc.backends.local import cgroup_base
+
+pytestmark = pytest.mark.skipif(
+    cgroup_base() is None,
+    reason="cgroup v2 is not mounted writable here: processes are tracked by environment only")
+
+DAEMONIZER = """
+import os, signal, sys, time
+pidfile = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # survives exec
+        # A fresh environment: nothing in it says which job this came from.
+        os.execve("/bin/sh", ["sh", "-c", f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; "
+                  "exec sleep 1000"], {"PATH": "/usr/bin:/bin"})
+    os._exit(0)
+os.wait()
+while "--stay" in sys.argv:
+    time.sleep(0.1)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def daemon_pid(pidfile: str) -> int:
+    pid = wait_for(lambda: os.path.exists(pidfile) and int(open(pidfile).read()), timeout=90,
+                   what="the daemon to start")
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        assert b"DLC_JOB_ID" not in f.read()  # invisible to the environment scan
+    return pid
+
+
+def test_escaped_daemon_does_not_survive_stop(launcher, tmp_path):
+    script = launcher.script("daemonizer.py", DAEMONIZER)
+    pidfile = str(tmp_path / "daemon.pid")
+    job = launcher.client.submit({"script": script, "args": [pidfile, "--stay"], "name": "escape"})
+    pid = daemon_pid(pidfile)
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", timeout=60, what="RUNNING")
+    launcher.client.stop(job["id"], grace=1)
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "STOPPED", timeout=60, what="STOPPED")
+    assert not alive(pid), "the daemon outlived the stopped job"
+
+
+def test_escaped_daemon_does_not_survive_job_end(launcher, tmp_path):
+    script = launcher.script("daemonizer.py", DAEMONIZER)
+    pidfile = str(tmp_path / "daemon.pid")
+    job = launcher.client.submit({"script": script, "args": [pidfile], "name": "escape"})
+    pid = daemon_pid(pidfile)
+    ended = launcher.client.wait(job["id"], timeout=120)
+    assert ended["state"] == "SUCCEEDED", ended["reason"]
+    wait_for(lambda: not alive(pid), timeout=10, what="the daemon to be killed with its job")

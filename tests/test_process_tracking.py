@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from conftest import _alive as alive
 from conftest import wait_for
 from jupyter_dlc.backends.local import cgroup_base
 
@@ -30,14 +31,6 @@ os.wait()
 while "--stay" in sys.argv:
     time.sleep(0.1)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def daemon_pid(pidfile: str) -> int:

@@ -37,6 +37,7 @@ class LauncherStub:
     def __init__(self, port=0):
         self.reports = []
         self.commands = []
+        self.fail_data = None  # a status to answer every report that carries entries
         self.lock = threading.Lock()
         stub = self
 
@@ -47,8 +48,12 @@ class LauncherStub:
                         or self.headers.get("Authorization") != f"token {TOKEN}"):
                     self._answer(401, {"error": "token: wrong or missing"})
                     return
+                report = json.loads(body)
+                if stub.fail_data and any(report.get(k) for k in ("metrics", "system", "events")):
+                    self._answer(stub.fail_data, {"error": "internal error"})
+                    return
                 with stub.lock:
-                    stub.reports.append(json.loads(body))
+                    stub.reports.append(report)
                     commands = list(stub.commands)
                 self._answer(200, {"ok": True, "commands": commands})
 
@@ -193,7 +198,7 @@ LOOP = """
     for step in range(1, 100000):
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
-        runtime.log(step, loss=LOSS, note="not a number, skipped")
+        runtime.log(step, loss=LOSS)
         if step % 2 == 0:
             ckpt.save(step)
             ckpt.wait()
@@ -243,3 +248,58 @@ def test_nan_loss_reports_keeps_last_good_checkpoint_and_fails(launcher, tmp_pat
     assert layout.latest_committed(str(tmp_path / "ckpt"))["step"] == 4
     assert not os.path.exists(layout.step_dir(str(tmp_path / "ckpt"), 5))
     assert not any(math.isnan(m["values"].get("loss", 0)) for m in launcher.entries("metrics"))
+
+
+def test_a_batch_failing_with_500_does_not_stop_heartbeats(launcher, capfd):
+    """A launcher that answers 500 to one batch's content (it did, for a string step) must
+    still hear the rank: heartbeats go on, and the batch is dropped with its reason."""
+    launcher.fail_data = 500
+    reporter = make_reporter(launcher.url, heartbeat=0.2)
+    reporter.metric(1, {"loss": 1.0})
+    assert reporter.flush(30), "the poisoned batch was retried forever"
+    beats = [r for r in launcher.reports if not r.get("metrics")]
+    assert len(beats) >= 3, "no heartbeat while the batch failed"
+    assert "dropped 1 entries" in capfd.readouterr().err
+    launcher.fail_data = None
+    reporter.metric(2, {"loss": 0.5})
+    assert reporter.flush(10)
+    assert [m["step"] for m in launcher.entries("metrics")] == [2]
+
+
+def test_reporter_thread_survives_what_it_cannot_encode(launcher, capfd):
+    reporter = make_reporter(launcher.url)
+    reporter.event("checkpoint", step=object())
+    assert reporter.flush(10)
+    assert "cannot be sent as JSON" in capfd.readouterr().err
+    reporter.metric(3, {"loss": 1.0})
+    assert reporter.flush(10), "the reporter thread died"
+    assert [m["step"] for m in launcher.entries("metrics")] == [3]
+
+
+SCALARS = """
+    import numpy as np, torch
+    from jupyter_dlc import runtime
+    for i in range(1, 6):
+        runtime.log(np.int64(i), loss=torch.tensor(0.5 * i), acc=np.float32(0.25), n=np.int32(i))
+    for bad in ("runtime.log('7', loss=1.0)", "runtime.log(2.5, loss=1.0)",
+                "runtime.log(8, loss='0.5')", "runtime.log(8, loss=[1.0])",
+                "runtime.log(8, loss=torch.ones(3))"):
+        try:
+            eval(bad)
+        except TypeError as error:
+            print("REFUSED", error, flush=True)
+    runtime.shutdown()
+"""
+
+
+def test_numpy_and_tensor_scalars_log_and_anything_else_is_refused_where_logged(launcher, tmp_path):
+    proc = run_rank_script(SCALARS, launcher, tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    metrics = launcher.entries("metrics")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert metrics[-1]["values"] == {"loss": 2.5, "acc": 0.25, "n": 5.0}
+    refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 5, out
+    assert "step must be a whole number" in refused[0] and "step must be a whole number" in refused[1]
+    assert all("loss= must be a number" in line for line in refused[2:])

@@ -7,6 +7,8 @@ acted on, at the same step on every rank (agreement.py).
 """
 
 import math
+import numbers
+import operator
 
 from . import control
 from .agreement import StepAgreement
@@ -26,20 +28,20 @@ _agreement = None
 
 
 def log(step, **metrics):
-    """Record this step's metrics (numbers, numpy or one-element torch scalars; anything
-    else is skipped) and act on pending requests. Cheap: reporting happens on a thread.
+    """Record this step's metrics (numbers, numpy or one-element torch scalars) and act on
+    pending requests. Cheap: reporting happens on a thread.
 
-    Raises NonFiniteLossError on a NaN/Inf value (after reporting a "nan" event), and
-    SystemExit(0) when the job was told to stop (after checkpointing).
+    Raises TypeError for a step that is not a whole number or a value that is not a number
+    (here, where the mistake is, rather than in the reporter thread later), NonFiniteLossError
+    on a NaN/Inf value (after reporting a "nan" event), and SystemExit(0) when the job was told
+    to stop (after checkpointing).
     """
     global _last_step
+    step = as_step(step)
     _last_step = step
     values, non_finite = {}, None
     for name, value in metrics.items():
-        try:
-            number = float(value)  # a CUDA tensor syncs here: log .item()s you have anyway
-        except (TypeError, ValueError):
-            continue
+        number = as_number(name, value)
         if math.isfinite(number):
             values[name] = number
         elif non_finite is None:
@@ -50,6 +52,39 @@ def log(step, **metrics):
     if non_finite:
         _stop_non_finite(step, *non_finite, reporter)
     should_stop(step)
+
+
+def as_step(step):
+    """A step as a plain int: ints, numpy integers and one-element integer tensors."""
+    if isinstance(step, (bool, str, bytes)):
+        raise TypeError(f"runtime.log: step must be a whole number, got {step!r}")
+    try:
+        return int(operator.index(step))  # numpy integers and integer tensors have __index__
+    except TypeError:
+        raise TypeError(f"runtime.log: step must be a whole number (int, numpy integer or "
+                        f"one-element integer tensor), got {type(step).__name__} {step!r:.60}") from None
+
+
+def as_number(name, value):
+    """A metric value as a float: numbers, numpy scalars and one-element tensors."""
+    if isinstance(value, (str, bytes, bool)):
+        pass
+    elif isinstance(value, numbers.Real):
+        return float(value)
+    elif hasattr(value, "item") and (getattr(value, "ndim", None) == 0 or _one_element(value)):
+        number = value.item()  # a CUDA tensor syncs here: log .item()s you have anyway
+        if isinstance(number, numbers.Real) and not isinstance(number, bool):
+            return float(number)
+    raise TypeError(f"runtime.log: {name}= must be a number (float, int, numpy scalar or "
+                    f"one-element tensor), got {type(value).__name__} {value!r:.60}")
+
+
+def _one_element(value):
+    numel = getattr(value, "numel", None)
+    try:
+        return callable(numel) and numel() == 1 and hasattr(value, "item")
+    except TypeError:
+        return False
 
 
 def should_stop(step=None, exit=True):

@@ -6,6 +6,10 @@ report protocol"). A batch leaves the buffer only once the launcher accepted it,
 launcher that is down or restarting costs retries, never data (unless the buffer overflows,
 which drops the oldest entries and counts them). Every report is a heartbeat; with nothing
 to say the thread still reports every DLC_HEARTBEAT_INTERVAL seconds.
+
+Heartbeats never wait on data: a batch the launcher refuses (4xx), one that cannot be
+encoded, or one that keeps failing while a bare heartbeat gets through, is dropped with its
+reason on stderr; and nothing a batch holds can end the thread.
 """
 
 import atexit
@@ -30,6 +34,10 @@ MAX_BACKOFF = 5.0
 EXIT_FLUSH_SECONDS = 5.0
 # 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
 _RETRYABLE_CLIENT_ERRORS = (408, 429)
+# A batch that failed this many times while a bare heartbeat got through is what the
+# launcher cannot take (a 500 on its content): dropped, so the job is not killed as silent.
+POISON_TRIES = 3
+DELIVERED, REFUSED, RETRY = "delivered", "refused", "retry"
 
 
 class _BoundedBuffer:
@@ -76,6 +84,7 @@ class Reporter:
         self._sending = False
         self._warned_drop = False
         self._warned_status = set()
+        self._failures = 0
         self._thread = threading.Thread(target=self._run, name="dlc-reporter", daemon=True)
         self._thread.start()
         atexit.register(self.flush, EXIT_FLUSH_SECONDS)
@@ -148,7 +157,11 @@ class Reporter:
                 self._urgent = False
                 batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
                 self._sending = True
-            delivered = self._post(batch)
+            try:
+                delivered = self._deliver(batch)
+            except Exception as error:  # noqa: BLE001 - the thread that carries heartbeats must live
+                self._note(f"report dropped after an unexpected error: {error!r}")
+                delivered = True
             last_report = time.monotonic()
             with self._cond:
                 self._sending = False
@@ -160,11 +173,35 @@ class Reporter:
                         self._buffers[kind].give_back(entries)
                 self._cond.notify_all()
 
+    def _deliver(self, batch):
+        """True when the batch is done with: accepted, or dropped with a reason."""
+        outcome = self._post(batch)
+        if outcome != RETRY:
+            self._failures = 0
+            return True
+        if not any(batch.values()):
+            return False
+        # Is it the launcher, or this batch? A bare heartbeat tells, and keeps the job alive.
+        if self._post({}) != DELIVERED:
+            return False
+        self._failures += 1
+        if self._failures < POISON_TRIES:
+            return False
+        self._failures = 0
+        self._note(f"a report batch failed {POISON_TRIES} times while heartbeats got through; "
+                   f"dropped {sum(len(v) for v in batch.values())} entries")
+        return True
+
     def _post(self, batch):
-        """True when the batch is done with (accepted, or refused for good)."""
+        """DELIVERED, REFUSED (4xx or not encodable: never retried) or RETRY."""
         body = {**self.identity, "t": time.time(), **batch}
+        try:
+            data = json.dumps(body, allow_nan=False, default=_plain).encode()
+        except (TypeError, ValueError) as error:
+            self._note(f"report dropped, it cannot be sent as JSON: {error}")
+            return REFUSED
         request = urllib.request.Request(
-            self.url, data=json.dumps(body, allow_nan=False).encode(), method="POST",
+            self.url, data=data, method="POST",
             headers={"Content-Type": "application/json",
                      "Authorization": f"token {self.token}"})
         try:
@@ -173,24 +210,36 @@ class Reporter:
         except urllib.error.HTTPError as error:
             if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
                 self._warn_refused(error)
-                return True
-            return False
+                return REFUSED
+            return RETRY
         except (OSError, ValueError):
             # Connection refused or reset, timeout, half-written answer: the launcher is
             # down or restarting; keep the batch and retry.
-            return False
+            return RETRY
         self.reports_sent += 1
         commands = answer.get("commands") if isinstance(answer, dict) else None
         if commands:
             self.on_commands(commands)
-        return True
+        return DELIVERED
+
+    def _note(self, message):
+        print(f"jupyter_dlc: {message}", file=sys.stderr, flush=True)
 
     def _warn_refused(self, error):
         if error.code not in self._warned_status:
             self._warned_status.add(error.code)
             detail = error.read(300).decode(errors="replace").strip()
-            print(f"jupyter_dlc: launcher refused a report ({error.code}): {detail}",
-                  file=sys.stderr, flush=True)
+            self._note(f"launcher refused a report ({error.code}), dropped: {detail}")
+
+
+def _plain(value):
+    """numpy and torch scalars in events (a step from a tensor) as plain numbers."""
+    if hasattr(value, "item"):
+        try:
+            return value.item()
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 _NOT_STARTED = object()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 
@@ -21,5 +22,21 @@ def runtime_dir() -> str:
     return jupyter_runtime_dir()
 
 
-def connection_file() -> str:
-    return os.path.join(runtime_dir(), "jupyter-dlc-launcher.json")
+def connection_file(data: str | None = None, runtime: str | None = None) -> str:
+    """The connection file of the launcher that serves `data` (default: `data_dir()`).
+
+    Keyed by the data directory: two data directories in one runtime directory get two
+    launchers, never one launcher that puts jobs in the wrong place.
+    """
+    key = hashlib.sha256(os.path.abspath(data or data_dir()).encode()).hexdigest()[:12]
+    return os.path.join(runtime or runtime_dir(), f"jupyter-dlc-launcher-{key}.json")
+
+
+# What tells a process where the launcher's connection file or data are. Ranks do not
+# inherit these: the job token (DLC_TOKEN) must stay the only credential a rank holds.
+LOCATING_PREFIXES = ("DLC_", "EASYCKPT_", "JUPYTER_", "JPY_")
+
+
+def private_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without what locates the launcher (for a job's processes)."""
+    return {k: v for k, v in environ.items() if not k.startswith(LOCATING_PREFIXES)}

@@ -227,7 +227,9 @@ def test_cli_run_wait_and_commands(launcher, tmp_path):
 
 
 def test_launcher_connection_file_is_private(launcher):
-    path = os.path.join(launcher.runtime_dir, "jupyter-dlc-launcher.json")
+    from jupyter_dlc import paths
+
+    path = paths.connection_file(launcher.data_dir, launcher.runtime_dir)
     assert os.stat(path).st_mode & 0o777 == 0o600
     with open(path) as f:
         info = json.load(f)

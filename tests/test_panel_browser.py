@@ -69,8 +69,10 @@ def launcher_client(env):
     try:
         from jupyter_dlc.client import LauncherClient
 
+        from jupyter_dlc import paths
+
         return LauncherClient.from_connection_file(
-            os.path.join(env["JUPYTER_RUNTIME_DIR"], "jupyter-dlc-launcher.json"))
+            paths.connection_file(env["DLC_DATA_DIR"], env["JUPYTER_RUNTIME_DIR"]))
     finally:
         for k, v in old.items():
             if v is None:

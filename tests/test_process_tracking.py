@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import _alive as alive
 from conftest import wait_for
+
 from jupyter_dlc.backends.local import cgroup_base
 
 pytestmark = pytest.mark.skipif(
@@ -34,8 +34,10 @@ while "--stay" in sys.argv:
 
 
 def daemon_pid(pidfile: str) -> int:
-    pid = wait_for(lambda: os.path.exists(pidfile) and int(open(pidfile).read()), timeout=90,
-                   what="the daemon to start")
+    def written():
+        with open(pidfile) as f:
+            return int(f.read())
+    pid = wait_for(lambda: os.path.exists(pidfile) and written(), timeout=90, what="the daemon to start")
     with open(f"/proc/{pid}/environ", "rb") as f:
         assert b"DLC_JOB_ID" not in f.read()  # invisible to the environment scan
     return pid

@@ -55,10 +55,16 @@ def jget(url, **kw):
     return status, (json.loads(raw) if raw else None)
 
 
+def connection_file(rt_dir):
+    """The launcher's connection file in `rt_dir` (one per data dir; these tests use one)."""
+    [name] = [n for n in os.listdir(rt_dir) if n.startswith("jupyter-dlc-launcher-") and n.endswith(".json")]
+    return os.path.join(rt_dir, name)
+
+
 def kill_launcher(rt_dir):
     """Stop the launcher a test caused to start (by its pid from the connection file)."""
     try:
-        with open(os.path.join(rt_dir, "jupyter-dlc-launcher.json")) as f:
+        with open(connection_file(rt_dir)) as f:
             info = json.load(f)
         status, raw = http("GET", info["url"] + "/healthz", token=info["token"], timeout=3)
         pid = json.loads(raw)["pid"]
@@ -321,7 +327,7 @@ def test_starts_the_launcher_when_none_answers_and_follows_a_restart(server):
     status, second = jget(dlc + "healthz")
     assert status == 200 and second["pid"] != first["pid"]
     # the new launcher has a new token: the relay and the forwarder picked it up
-    with open(os.path.join(server["rt"], "jupyter-dlc-launcher.json")) as f:
+    with open(connection_file(server["rt"])) as f:
         assert json.load(f)["token"]
     req = urllib.request.Request(dlc + "stream", headers={"Authorization": f"token {TOKEN}"})
     with urllib.request.urlopen(req, timeout=30) as resp:

@@ -69,6 +69,9 @@ def visible_gpus() -> int:
         if os.path.isdir("/dev") else 0
 
 
+# The umask a job's processes run with: the one the launcher was started with (the launcher
+# itself runs with 077), so that a job's own outputs get the modes its user expects.
+CHILD_UMASK = -1
 _CGROUP_DIR = "jupyter-dlc"
 _cgroup_base: str | None | bool = False  # False: not looked for yet; None: not usable here
 
@@ -369,7 +372,7 @@ def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:
         proc = subprocess.Popen(argv, cwd=ctx.spec.workdir or ctx.job_dir,
                                 env=dict(ctx.env, DLC_NODE_RANK=str(node)),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+                                start_new_session=True, umask=CHILD_UMASK)
     # The supervisor reaps its children with a waitpid sweep each tick; the Popen object is
     # dropped, and marking it done keeps its destructor from warning about a live child.
     proc.returncode = 0

@@ -46,6 +46,7 @@ def main(go_file: str, exit_file: str) -> int:
             next_check = time.monotonic() + _ORPHAN_CHECK
     with open(go_file) as f:
         order = json.load(f)
+    os.unlink(go_file)  # it holds the attempt's job token: no copy of it stays on disk
     os.environ.update(order["env"])
     code = 1
     try:

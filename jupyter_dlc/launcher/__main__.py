@@ -7,6 +7,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -20,6 +21,39 @@ from .. import paths
 from .app import Launcher, make_app
 from .store import Store
 from .supervisor import Supervisor
+
+# Tokens in what gets logged: query arguments (tornado logs the URI of every 4xx and 5xx)
+# and Authorization headers in anything that echoes a request.
+_TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=|Authorization['\"]?:?\s*['\"]?(?:token|bearer)\s+)"
+                            r"[^&\s'\",)]+",
+                            re.IGNORECASE)
+
+
+class RedactTokens(logging.Filter):
+    """Every log line leaves the launcher without a token in it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _TOKEN_IN_TEXT.sub(r"\1[redacted]", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def make_private(data_dir: str) -> None:
+    """Owner-only modes on the data dir and what is in it, whatever the umask was when they
+    were made (the client creates the dir and the log before the launcher runs)."""
+    os.chmod(data_dir, 0o700)
+    for name in os.listdir(data_dir):
+        path = os.path.join(data_dir, name)
+        if os.path.islink(path):
+            continue
+        os.chmod(path, 0o700 if os.path.isdir(path) else 0o600)
+    jobs = os.path.join(data_dir, "jobs")
+    if os.path.isdir(jobs):
+        for name in os.listdir(jobs):
+            if not os.path.islink(os.path.join(jobs, name)):
+                os.chmod(os.path.join(jobs, name), 0o700)
 
 
 def write_connection_file(path: str, info: dict) -> None:
@@ -65,10 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--connection-file", default=None)
     args = parser.parse_args(argv)
+    # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
+    # processes get back the umask the launcher was started with.
+    from ..backends import local
+
+    local.CHILD_UMASK = os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactTokens())
     logging.getLogger("tornado.access").setLevel(logging.WARNING)  # reports arrive many times a second
     data_dir = os.path.abspath(args.data_dir or paths.data_dir())
     os.makedirs(data_dir, exist_ok=True)
+    make_private(data_dir)
     # One launcher per data directory: a second one would supervise the same jobs twice.
     lock = open(os.path.join(data_dir, "launcher.lock"), "w")
     try:
@@ -76,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         print(f"launcher: another launcher already serves {data_dir}", file=sys.stderr)
         return 3
-    conn_path = args.connection_file or paths.connection_file()
+    conn_path = args.connection_file or paths.connection_file(data_dir)
     sock = bind(args.port, os.path.join(data_dir, "launcher.port"))
     sock.setblocking(False)
     port = sock.getsockname()[1]

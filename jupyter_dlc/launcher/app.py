@@ -240,7 +240,7 @@ class ReportHandler(BaseHandler):
             if not self.allowed(token):
                 self.fail(401, "token: missing or wrong")
             self.fail(404, f"job: no job {ref!r}")
-        if not (self.allowed(token) or hmac.compare_digest(token, row["token"])):
+        if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
         report = self.body()
         attempt = int(report.get("attempt") or row["attempt"])

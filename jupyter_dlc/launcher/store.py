@@ -7,6 +7,8 @@ writes the event with its reason in the same transaction.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import sqlite3
@@ -60,6 +62,11 @@ _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended",
                 "last_step", "last_loss")
 
 
+def token_hash(token: str) -> str:
+    """What the store keeps of a job token: a leaked database grants nothing."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
 def _finite(value: Any) -> float | None:
     try:
         number = float(value)
@@ -75,6 +82,10 @@ class Store:
         # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
         self.version = 0
         self.db.executescript(SCHEMA)
+        # Data dirs written before tokens were hashed: hash what is stored in clear.
+        with self.tx() as db:
+            for row in db.execute("SELECT id, token FROM jobs WHERE token NOT LIKE 'sha256:%'").fetchall():
+                db.execute("UPDATE jobs SET token = ? WHERE id = ?", (token_hash(row["token"]), row["id"]))
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -111,9 +122,17 @@ class Store:
             db.execute(
                 "INSERT INTO jobs (id, name, state, attempt, spec, token, job_dir, created)"
                 " VALUES (?, ?, 'QUEUED', 1, ?, ?, ?, ?)",
-                (job_id, name, json.dumps(spec), token, job_dir, now))
+                (job_id, name, json.dumps(spec), token_hash(token), job_dir, now))
             db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, 1, 'QUEUED')", (job_id,))
             self._event(db, job_id, 1, "state", "QUEUED", "submitted", None)
+
+    def set_job_token(self, job_id: str, token: str) -> None:
+        self.update_job(job_id, token=token_hash(token))
+
+    @staticmethod
+    def token_matches(row: sqlite3.Row, token: str) -> bool:
+        """Whether `token` is the job's current one (the store holds only its hash)."""
+        return hmac.compare_digest(token_hash(token), row["token"])
 
     def job_row(self, job_id: str) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from .. import layout
+from .. import layout, paths
 from ..backends import AttemptContext, get_backend
 from ..backends.local import cgroup_jobs, job_processes, kill_job, release_cgroups
 from ..spec import JobSpec, network_env
@@ -114,7 +114,8 @@ class Supervisor(threading.Thread):
         self.kill_leftovers(job_id, job_processes())
 
     # -- helpers ------------------------------------------------------------------------
-    def context(self, row, attempt: int | None = None) -> AttemptContext:
+    def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
+        """What an attempt runs with. `token` only when starting it: the store keeps a hash."""
         spec = JobSpec.from_dict(json.loads(row["spec"]))
         attempt = attempt or row["attempt"]
         arow = self.store.attempt_row(row["id"], attempt)
@@ -122,14 +123,14 @@ class Supervisor(threading.Thread):
         attempt_dir = layout.attempt_dir(job_dir, attempt)
         checkpoint_dir = spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
         resume = arow["resume_path"] if arow else None
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DLC_", "EASYCKPT_"))}
+        env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))
         env.update(spec.env)
         env.update({
             "PYTHONUNBUFFERED": "1",
             "DLC_JOB_ID": row["id"], "DLC_JOB_NAME": row["name"], "DLC_ATTEMPT": str(attempt),
             "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
-            "DLC_LAUNCHER_URL": self.url, "DLC_TOKEN": row["token"], "DLC_JOB_DIR": job_dir,
+            "DLC_LAUNCHER_URL": self.url, "DLC_TOKEN": token, "DLC_JOB_DIR": job_dir,
             "DLC_ATTEMPT_DIR": attempt_dir, "DLC_CHECKPOINT_DIR": checkpoint_dir,
             "DLC_RESUME_PATH": resume or "", "EASYCKPT_RESUME_PATH": resume or "",
             "DLC_HEARTBEAT_INTERVAL": f"{spec.heartbeat_interval:g}",
@@ -185,7 +186,11 @@ class Supervisor(threading.Thread):
             return
         resume_path = self.resume_path(row, committed)
         self.store.update_attempt(job_id, ctx.attempt, resume_path=resume_path)
-        ctx = self.context(self.store.job_row(job_id))
+        # A fresh job token per attempt: the store keeps only its hash, so the clear one
+        # exists only in the environment of this attempt's processes.
+        token = secrets.token_urlsafe(18)
+        self.store.set_job_token(job_id, token)
+        ctx = self.context(self.store.job_row(job_id), token=token)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)

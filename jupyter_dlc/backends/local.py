@@ -218,6 +218,19 @@ def job_processes() -> dict[tuple[str, int], list[int]]:
     return found
 
 
+def process_slots() -> tuple[int, str]:
+    """How many ranks this machine runs at once, and why: $DLC_PROCESS_SLOTS, else 8 per
+    CPU core, or fewer where free memory holds fewer."""
+    configured = os.environ.get("DLC_PROCESS_SLOTS", "").strip()
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured), "DLC_PROCESS_SLOTS"
+    cpu_limit = 8 * (os.cpu_count() or 1)
+    mem_limit = max(1, _available_memory() // _RANK_MEMORY) if _available_memory() else cpu_limit
+    if mem_limit < cpu_limit:
+        return mem_limit, f"{_RANK_MEMORY >> 20} MB of free memory each"
+    return cpu_limit, "8 per CPU core"
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -227,11 +240,8 @@ class LocalBackend(Backend):
             return (f"nproc_per_node: {spec.nproc_per_node} processes per node but this machine has "
                     f"{visible_gpus()} GPUs; use --nproc-per-node {visible_gpus()} or fewer")
         procs = spec.nodes * spec.nproc_per_node
-        cpu_limit = 8 * (os.cpu_count() or 1)
-        mem_limit = max(1, _available_memory() // _RANK_MEMORY) if _available_memory() else cpu_limit
-        limit = min(cpu_limit, mem_limit)
+        limit, why = process_slots()
         if procs > limit:
-            why = "8 per CPU core" if limit == cpu_limit else f"{_RANK_MEMORY >> 20} MB of free memory each"
             return (f"nodes x nproc_per_node: {procs} processes exceed what this machine can run "
                     f"({limit}: {why}); ask for fewer, or use a cluster backend")
         return None

@@ -25,7 +25,13 @@ from typing import Any
 
 from .. import layout, paths
 from ..backends import AttemptContext, get_backend
-from ..backends.local import cgroup_jobs, job_processes, kill_job, release_cgroups
+from ..backends.local import (
+    cgroup_jobs,
+    job_processes,
+    kill_job,
+    process_slots,
+    release_cgroups,
+)
 from ..spec import JobSpec, network_env
 from .preflight import run_preflight
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
@@ -66,6 +72,8 @@ class Supervisor(threading.Thread):
         # once, and a start never spawns processes for a job that was stopped meanwhile.
         self.lifecycle = threading.RLock()
         self._seen_gone: set[str] = set()
+        # Admission: ranks that may run at once (fixed at start: free memory falls as jobs run).
+        self.slots = process_slots()[0]
 
     def commands_for(self, job_id: str, rank: int) -> list[str]:
         del rank  # every rank gets the same command; they act on it at the same step boundary
@@ -85,7 +93,11 @@ class Supervisor(threading.Thread):
         _reap_children()
         processes = job_processes()
         now = time.time()
-        for row in self.store.job_rows(ACTIVE_STATES):
+        rows = self.store.job_rows(ACTIVE_STATES)
+        admitted = self.admit(rows)
+        for row in rows:
+            if row["state"] == "QUEUED" and row["id"] not in admitted:
+                continue
             try:
                 self.advance(row, processes, now)
                 for hook in self.hooks:
@@ -95,6 +107,30 @@ class Supervisor(threading.Thread):
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
         self.sweep_ended(processes)
+
+    def admit(self, rows) -> set[str]:
+        """The QUEUED jobs that may start now: in submission order, while their ranks fit in
+        the slots that jobs already past QUEUED leave free. The first that does not fit waits,
+        and so does everything queued after it (no job overtakes another)."""
+        used = sum(_world_size(r) for r in rows if r["state"] != "QUEUED")
+        admitted: set[str] = set()
+        blocked = False
+        for row in rows:  # ordered by submission
+            if row["state"] != "QUEUED" or row["stop_requested"]:
+                if row["state"] == "QUEUED":
+                    admitted.add(row["id"])  # a stopped job only has to end
+                continue
+            need = _world_size(row)
+            if not blocked and used + need <= self.slots:
+                admitted.add(row["id"])
+                used += need
+                continue
+            blocked = True
+            reason = (f"waiting for {need} process slot{'s' if need != 1 else ''} "
+                      f"({used} of {self.slots} in use)")
+            if row["reason"] != reason:
+                self.store.update_job(row["id"], reason=reason)
+        return admitted
 
     def sweep_ended(self, processes) -> None:
         """No process outlives its job: kill what still runs for a job recorded as ended
@@ -514,6 +550,11 @@ def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
     with open(os.path.join(job_dir, "spec.json"), "w") as f:
         json.dump(spec.to_dict(), f, indent=1)
     return job_dir
+
+
+def _world_size(row) -> int:
+    spec = json.loads(row["spec"])
+    return int(spec.get("nodes") or 1) * int(spec.get("nproc_per_node") or 1)
 
 
 def new_job_id(name: str) -> str:

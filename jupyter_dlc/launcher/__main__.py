@@ -19,6 +19,7 @@ import tornado.ioloop
 
 from .. import paths
 from .app import Launcher, make_app
+from .storage import DiskGuard
 from .store import Store
 from .supervisor import Supervisor
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     token = secrets.token_urlsafe(24)
-    store = Store(os.path.join(data_dir, "launcher.sqlite"))
+    store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
     supervisor = Supervisor(store, data_dir, url)
     launcher = Launcher(store, supervisor, data_dir, token)
     from .alerting import attach_alerts

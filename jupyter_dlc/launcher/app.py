@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from .. import __version__, layout
 from ..backends import get_backend
 from ..spec import JobSpec, SpecError
 from .alerts import rules_for
+from .storage import is_disk_full
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
@@ -163,9 +165,19 @@ class JobsHandler(BaseHandler):
 
 def submit(launcher: Launcher, spec: JobSpec) -> dict:
     job_id = new_job_id(spec.name)
-    job_dir = create_job_dir(launcher.data_dir, job_id, spec)
-    token = base64.urlsafe_b64encode(os.urandom(18)).decode()
-    launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
+    no_space = tornado.web.HTTPError(507, reason=f"disk: no space left in {launcher.data_dir}; "
+                                     "free some, or set DLC_DATA_DIR to a disk with room")
+    if launcher.store.storage_problem:
+        raise no_space  # the space left is kept for the state of jobs already running
+    try:
+        job_dir = create_job_dir(launcher.data_dir, job_id, spec)
+        token = base64.urlsafe_b64encode(os.urandom(18)).decode()
+        launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
+    except (OSError, sqlite3.OperationalError) as error:
+        if not is_disk_full(error):
+            raise
+        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
+        raise no_space from None
     launcher.supervisor.wake.set()
     return job_detail(launcher.store, launcher.store.job_row(job_id))
 

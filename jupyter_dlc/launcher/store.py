@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .storage import DiskGuard, is_disk_full
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL,
@@ -76,8 +78,9 @@ def _finite(value: Any) -> float | None:
 
 
 class Store:
-    def __init__(self, path: str):
+    def __init__(self, path: str, guard: DiskGuard | None = None):
         self.path = path
+        self.guard = guard
         self._local = threading.local()
         # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
         self.version = 0
@@ -107,13 +110,30 @@ class Store:
                 store.db.execute("BEGIN IMMEDIATE")
                 return store.db
 
-            def __exit__(self, kind, *_):
-                store.db.execute("ROLLBACK" if kind else "COMMIT")
+            def __exit__(self, kind, error, _tb):
                 if not kind:
-                    store.version += 1
+                    try:
+                        store.db.execute("COMMIT")
+                        store.version += 1
+                        return False
+                    except sqlite3.OperationalError as failed:
+                        error = failed
+                        store.db.execute("ROLLBACK")
+                        store._failed(error)
+                        raise
+                store.db.execute("ROLLBACK")
+                store._failed(error)
                 return False
 
         return _Tx()
+
+    def _failed(self, error: BaseException | None) -> None:
+        if self.guard is not None and error is not None and is_disk_full(error):
+            self.guard.on_full()  # the next try of what failed finds the reserve's space
+
+    @property
+    def storage_problem(self) -> str | None:
+        return self.guard.message if self.guard is not None else None
 
     # -- jobs ---------------------------------------------------------------------------
     def insert_job(self, job_id: str, name: str, spec: dict, token: str, job_dir: str) -> None:
@@ -162,7 +182,8 @@ class Store:
         out = {key: row[key] for key in _JOB_SUMMARY}
         out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
                    backend=spec.get("backend", "local"), source=spec.get("source") or {},
-                   job_dir=row["job_dir"], stop_requested=row["stop_requested"])
+                   job_dir=row["job_dir"], stop_requested=row["stop_requested"],
+                   storage=self.storage_problem)
         if isinstance(out["last_loss"], float) and not math.isfinite(out["last_loss"]):
             out["last_loss"] = str(out["last_loss"])
         return out
@@ -291,6 +312,10 @@ class Store:
     def record_report(self, job_id: str, attempt: int, report: dict) -> dict:
         """Store one rank report; returns what changed, for the supervisor and the stream."""
         now = time.time()
+        if self.storage_problem:
+            # The disk is full: keep the heartbeat and events (small, and what keeps a healthy
+            # job from being judged dead), not the metrics.
+            report = {k: v for k, v in report.items() if k not in ("metrics", "system")}
         rank = int(report.get("rank", 0))
         node = report.get("node")
         rows = []

@@ -91,6 +91,8 @@ class Supervisor(threading.Thread):
 
     def tick(self) -> None:
         _reap_children()
+        if self.store.guard is not None:
+            self.store.guard.check()
         processes = job_processes()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)

@@ -1,0 +1,96 @@
+"""A full disk under the data dir, for real: a small tmpfs (mounted here, as root) holds the
+data dir of a real launcher; the test fills it while a real job runs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+
+import pytest
+from conftest import LauncherEnv, wait_for
+
+from jupyter_dlc.client import LauncherError
+
+SLEEPER = """
+import time
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    env = LauncherEnv(str(mount))
+    yield env
+    env.close()
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(path: str) -> None:
+    """Write until the disk says no more."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as error:
+                    assert error.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+
+
+def test_submit_on_a_full_disk_gets_one_clear_line_and_leaves_nothing(small_disk):
+    launcher = small_disk
+    script = launcher.script("sleeper.py", SLEEPER)
+    filler = os.path.join(launcher.root, "filler")
+    fill(filler)
+    with pytest.raises(LauncherError) as refused:
+        launcher.client.submit({"script": script, "name": "full"})
+    assert refused.value.status == 507
+    message = str(refused.value)
+    assert message.startswith(f"disk: no space left in {launcher.data_dir}") and "\n" not in message
+    assert os.listdir(os.path.join(launcher.data_dir, "jobs")) == []  # no orphan job dir
+    os.unlink(filler)
+
+    def submitted():
+        try:
+            return launcher.client.submit({"script": script, "name": "after", "args": []})
+        except LauncherError as error:
+            assert error.status == 507, error
+            return None
+    job = wait_for(submitted, timeout=30, what="submits to work again once space is back")
+    launcher.client.stop(job["id"], grace=0)
+
+
+def test_dead_rank_is_detected_while_reports_cannot_be_stored(small_disk):
+    from jupyter_dlc.widgets import JobView
+
+    launcher = small_disk
+    client = launcher.client
+    job = client.submit({"script": launcher.script("sleeper.py", SLEEPER), "name": "victim",
+                         "max_restarts": 0})
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", timeout=90, what="RUNNING")
+    fill(os.path.join(launcher.root, "filler"))
+    wait_for(lambda: client.job(job["id"])["storage"], timeout=10, what="the condition in the summary")
+    [rank] = client.job(job["id"])["ranks"]
+    os.kill(rank["pid"], signal.SIGKILL)
+    def failed():
+        current = client.job(job["id"])
+        return current if current["state"] == "FAILED" else None
+    ended = wait_for(failed, timeout=60, what="the dead rank to fail the job")
+    assert "rank 0" in ended["reason"]
+    assert ended["storage"].startswith(f"no space left in {launcher.data_dir}")
+    view = JobView(client, job["id"])
+    view.refresh_now()
+    assert "no space left in" in view.header.value
+    view.close()

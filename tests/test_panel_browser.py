@@ -67,9 +67,8 @@ def launcher_client(env):
     old = {k: os.environ.get(k) for k in ("JUPYTER_RUNTIME_DIR", "DLC_DATA_DIR")}
     os.environ.update(JUPYTER_RUNTIME_DIR=env["JUPYTER_RUNTIME_DIR"], DLC_DATA_DIR=env["DLC_DATA_DIR"])
     try:
-        from jupyter_dlc.client import LauncherClient
-
         from jupyter_dlc import paths
+        from jupyter_dlc.client import LauncherClient
 
         return LauncherClient.from_connection_file(
             paths.connection_file(env["DLC_DATA_DIR"], env["JUPYTER_RUNTIME_DIR"]))

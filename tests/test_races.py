@@ -83,3 +83,23 @@ def test_delete_right_after_stop_is_never_refused(launcher):
         client.delete(job["id"])  # raises LauncherError on 409
         assert processes_of(job["id"]) == []
     assert client.jobs() == []
+
+
+def test_stop_while_restarting_ends_the_job_at_once(launcher):
+    """RESTARTING (here: waiting out the backoff before a second restart) stops at once."""
+    client = launcher.client
+    # A different message each attempt: not "the same failure twice", which is not retried.
+    script = launcher.script("crash.py", "import os\n"
+                             "raise RuntimeError('crash in attempt ' + os.environ['DLC_ATTEMPT'])\n")
+    job = client.submit({"script": script, "name": "crashy", "max_restarts": 5,
+                         "restart_backoff": 600})
+    wait_for(lambda: client.job(job["id"])["attempt"] == 2
+             and client.job(job["id"])["state"] == "RESTARTING", timeout=120,
+             what="the backoff before a second restart")
+    client.stop(job["id"])
+    ended = client.job(job["id"])
+    assert ended["state"] == "STOPPED", (ended["state"], ended["reason"])
+    assert processes_of(job["id"]) == []
+    path = state_path(client, job["id"])
+    assert path[-2:] == ["RESTARTING", "STOPPED"], path
+    client.delete(job["id"])

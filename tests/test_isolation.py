@@ -122,9 +122,11 @@ def test_a_job_cannot_find_the_launcher_nor_control_another_job(launcher):
     assert intruder["state"] == "SUCCEEDED", intruder["reason"]
     [report] = [json.loads(line["text"][9:]) for line in client.logs(intruder["id"])["lines"]
                 if line["text"].startswith("INTRUDER ")]
-    assert set(report["env"]) == {"connection file"}, report  # nothing that locates it
-    assert report["env"]["connection file"].startswith("not found")
-    assert report["answers"] == {"own stop": 401, "own logs": 401}, report
+    assert set(report["env"]) <= {"connection file"}, report  # nothing that locates it
+    # Where it would look, there is no file of this launcher (at most one of a launcher of
+    # the default data dir, if this machine runs one: its token is no good here either).
+    assert {"own stop", "own logs"} <= set(report["answers"])
+    assert set(report["answers"].values()) == {401}, report
     assert client.job(victim["id"])["state"] == "RUNNING"
     client.stop(victim["id"], grace=0)
 

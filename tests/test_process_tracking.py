@@ -62,3 +62,6 @@ def test_escaped_daemon_does_not_survive_job_end(launcher, tmp_path):
     ended = launcher.client.wait(job["id"], timeout=120)
     assert ended["state"] == "SUCCEEDED", ended["reason"]
     wait_for(lambda: not alive(pid), timeout=10, what="the daemon to be killed with its job")
+    base = cgroup_base()
+    wait_for(lambda: not [n for n in os.listdir(base) if n.startswith(job["id"] + ".")],
+             timeout=10, what="the ended job's cgroups to be removed")

@@ -92,7 +92,10 @@ def cgroup_base() -> str | None:
         return None
     if not mounts or own is None:
         return None
-    base = os.path.join(mounts[0] + own.rstrip("/"), _CGROUP_DIR)
+    # A process of a job (a standby agent scanning for its attempt) sits in an attempt's
+    # cgroup: the base is the one above it, never a new one nested inside.
+    own = ("/" + own.strip("/") + "/").split(f"/{_CGROUP_DIR}/")[0].rstrip("/")
+    base = os.path.join(mounts[0] + own, _CGROUP_DIR)
     try:
         os.makedirs(base, exist_ok=True)
         probe = os.path.join(base, f"probe-{os.getpid()}")

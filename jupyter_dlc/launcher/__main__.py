@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         loop.start()
     finally:
         supervisor.stopped.set()
+        supervisor.release_cgroups()
         try:
             with open(conn_path) as f:
                 if json.load(f).get("pid") == os.getpid():

@@ -147,6 +147,13 @@ class Supervisor(threading.Thread):
         kill_job(job_id, processes)
         release_cgroups(job_id)
 
+    def release_cgroups(self) -> None:
+        """At exit: remove the empty cgroups of our jobs (a running job's stays, with its
+        processes, for the next launcher to adopt)."""
+        for job_id in cgroup_jobs():
+            if self.store.state(job_id) is not None:
+                release_cgroups(job_id)
+
     def forget(self, job_id: str) -> None:
         """A deleted job: whatever of it might still run goes with it."""
         self.kill_leftovers(job_id, job_processes())

@@ -117,15 +117,19 @@ class Store:
                         store.version += 1
                         return False
                     except sqlite3.OperationalError as failed:
-                        error = failed
-                        store.db.execute("ROLLBACK")
-                        store._failed(error)
+                        store._rollback()
+                        store._failed(failed)
                         raise
-                store.db.execute("ROLLBACK")
+                store._rollback()
                 store._failed(error)
                 return False
 
         return _Tx()
+
+    def _rollback(self) -> None:
+        # After some errors (a full disk among them) SQLite has rolled back by itself.
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
 
     def _failed(self, error: BaseException | None) -> None:
         if self.guard is not None and error is not None and is_disk_full(error):

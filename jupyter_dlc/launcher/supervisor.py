@@ -3,6 +3,11 @@
     QUEUED → PREFLIGHT → STARTING → RUNNING → SUCCEEDED | FAILED | STOPPED
     RUNNING → RESTARTING → QUEUED (attempt + 1, resumed from the newest committed step)
     any active state → STOPPING → STOPPED (a user's stop: SIGTERM, grace, SIGKILL)
+    QUEUED | PREFLIGHT | RESTARTING → STOPPED (a stop before anything of the attempt runs)
+
+Every move is compare-and-set on the state it was decided from (Store.transition), so the
+HTTP thread's stop and this thread's start or verdict never overwrite each other. QUEUED
+jobs start in submission order as their ranks fit in the process slots (admission).
 
 All state lives in the store and in the job directory, and processes are found by their
 environment, so a launcher started after a crash (or kill -9) picks up where the last one

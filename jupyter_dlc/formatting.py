@@ -44,7 +44,7 @@ def jobs_table(jobs: list[dict]) -> str:
         for j in jobs
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
 def status_line(job: dict) -> str:
@@ -74,7 +74,7 @@ def status_text(job: dict) -> str:
         for r in job.get("ranks") or []
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if job.get("last_checkpoint"):
         ckpt = job["last_checkpoint"]
         lines.append(f"  last checkpoint: step {ckpt['step']} ({age(ckpt.get('time'))} ago)")
@@ -90,7 +90,7 @@ def checkpoints_table(checkpoints: list[dict]) -> str:
         for c in checkpoints
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
 def number_ranges(numbers: list[int]) -> str:

@@ -91,11 +91,11 @@ def test_three_kill_9s_end_bitwise_identical(launcher):
     client = launcher.client
     for kill in range(3):
         attempt = kill + 1
-        wait_for(lambda: client.job(faulty["id"])["attempt"] == attempt and
+        wait_for(lambda attempt=attempt: client.job(faulty["id"])["attempt"] == attempt and
                  client.job(faulty["id"])["state"] == "RUNNING", 120, what=f"attempt {attempt}")
         base = client.job(faulty["id"])["last_step"] or 0
         target = base + rng.randint(3, 12)
-        wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= target and
+        wait_for(lambda target=target: (client.job(faulty["id"])["last_step"] or 0) >= target and
                  committed_beyond(client, faulty["id"], 0), 120, what=f"step {target}")
         ranks = [r for r in client.job(faulty["id"])["ranks"] if r["pid"]]
         victim = rng.choice(ranks)
@@ -230,4 +230,81 @@ def test_kill_during_persist_never_resumes_from_the_partial_step(launcher):
     if not committed_in_time:
         assert not second["resume_path"].endswith(partial), (partial, second)
     assert layout.verify_step(second["resume_path"], deep=True)
+    assert launcher.own_processes() == []
+
+
+# The same loop with DistributedDataParallel doing the all-reduce, Dropout drawing from the
+# RNG, and Adam: the script knows nothing of buckets; the Checkpointer carries DDP's rebuilt
+# bucket layout across the restart. Rank 1 of the first attempt kills itself with SIGKILL
+# at step KILL_AT, which is not a checkpoint step: a deterministic place, whatever the load.
+TRAIN_DDP = """
+import os, signal, sys
+import torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from jupyter_dlc import runtime
+
+total, kill_at = int(sys.argv[1]), int(sys.argv[2])
+info = runtime.init()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(1024, 8, generator=g)
+data = TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(1024, 1, generator=g))
+sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
+loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64), nn.Tanh(),
+                    nn.Dropout(0.1), nn.Linear(64, 1))
+model = DDP(net)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
+step = ckpt.restore()
+epoch = sampler.epoch
+while step < total:
+    sampler.set_epoch(epoch)
+    for xb, yb in loader:
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        runtime.log(step, loss=loss.item())
+        if step == kill_at and info.attempt == 1 and info.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step % 10 == 0:
+            ckpt.save(step)
+        if step >= total:
+            break
+    epoch += 1
+ckpt.wait()
+if info.rank == 0:
+    torch.save(net.state_dict(), os.path.join(os.environ["DLC_JOB_DIR"], "final.pt"))
+"""
+
+
+def _run_pair(launcher, name, body, total, kill_at):
+    """A clean run and a run whose rank 1 dies by SIGKILL at `kill_at`, both 2 nodes x 2."""
+    script = launcher.script(name, body)
+    client = launcher.client
+    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
+                           "nproc_per_node": 2, "name": "clean"})
+    faulty = client.submit({"script": script, "args": [str(total), str(kill_at)], "nodes": 2,
+                            "nproc_per_node": 2, "name": "faulty", "max_restarts": 1})
+    clean = client.wait(clean["id"], timeout=300)
+    faulty = client.wait(faulty["id"], timeout=300)
+    assert clean["state"] == "SUCCEEDED", clean["reason"]
+    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
+    attempts = client.job(faulty["id"])["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
+    assert attempts[1]["resume_path"].endswith(f"step-{kill_at // 10 * 10}")
+    return final_params(clean), final_params(faulty), faulty
+
+
+def test_ddp_with_dropout_and_adam_resumes_bitwise(launcher):
+    a, b, faulty = _run_pair(launcher, "ddp.py", TRAIN_DDP, 30, 15)
+    resumed_from = launcher.client.job(faulty["id"])["attempts"][1]["resume_path"]
+    saved = torch.load(os.path.join(resumed_from, "rank-0.pt"), weights_only=False)
+    assert saved["ddp_bucket_layout"]["model"], "the checkpoint carries DDP's rebuilt layout"
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # bitwise, not approximately
     assert launcher.own_processes() == []

@@ -17,6 +17,17 @@ import torch
 
 from conftest import wait_for
 
+DATA = """
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2048, 8, generator=g)
+data = TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(2048, 1, generator=g))
+sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
+# A DataLoader draws a seed from the global RNG each time it is iterated; a resumed run
+# iterates once more than a clean one, so give it a generator of its own.
+loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
+torch.manual_seed(0)
+"""
+
 TRAIN = """
 import os, sys, time
 import torch, torch.nn as nn
@@ -26,17 +37,8 @@ from jupyter_dlc import runtime
 total = int(sys.argv[1])
 pause = float(sys.argv[2])
 info = runtime.init()
-g = torch.Generator().manual_seed(0)
-x = torch.randn(2048, 8, generator=g)
-data = TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(2048, 1, generator=g))
-sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
-# A DataLoader draws a seed from the global RNG each time it is iterated; a resumed run
-# iterates once more than a clean one, so give it a generator of its own.
-loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
-torch.manual_seed(0)
-# Gradients are averaged one parameter at a time: DDP regroups its gradient buckets after its
-# first iteration, and the bucket layout decides the order of the floating-point sums in the
-# ring all-reduce, so a resumed DDP run (one more "first iteration") can differ in the last bit.
+""" + DATA + """# Gradients are averaged here by hand, one parameter at a time; the same loop under DDP is
+# TRAIN_DDP below (the Checkpointer carries DDP's bucket layout, runtime/ddp_layout.py).
 import torch.distributed as dist
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 for p in model.parameters():
@@ -246,15 +248,9 @@ from jupyter_dlc import runtime
 
 total, kill_at = int(sys.argv[1]), int(sys.argv[2])
 info = runtime.init()
-g = torch.Generator().manual_seed(0)
-x = torch.randn(1024, 8, generator=g)
-data = TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(1024, 1, generator=g))
-sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
-loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
-torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64), nn.Tanh(),
+""" + DATA + """net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64), nn.Tanh(),
                     nn.Dropout(0.1), nn.Linear(64, 1))
-model = DDP(net)
+model = WRAP
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
 step = ckpt.restore()
@@ -276,9 +272,21 @@ while step < total:
             break
     epoch += 1
 ckpt.wait()
+final = FINAL
 if info.rank == 0:
-    torch.save(net.state_dict(), os.path.join(os.environ["DLC_JOB_DIR"], "final.pt"))
+    torch.save(final, os.path.join(os.environ["DLC_JOB_DIR"], "final.pt"))
 """
+DDP_RUN = TRAIN_DDP.replace("WRAP", "DDP(net)").replace("FINAL", "net.state_dict()")
+# FSDP2 on CPU/gloo: every Linear and the root sharded; the Checkpointer saves each rank's
+# shards (runtime/sharded_state.py); the final parameters are gathered whole on every rank.
+FSDP_RUN = TRAIN_DDP.replace("WRAP", """net
+from torch.distributed.fsdp import fully_shard
+for layer in net:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer)
+fully_shard(net)""").replace("FINAL", """None
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+final = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))""")
 
 
 def _run_pair(launcher, name, body, total, kill_at):
@@ -300,11 +308,19 @@ def _run_pair(launcher, name, body, total, kill_at):
 
 
 def test_ddp_with_dropout_and_adam_resumes_bitwise(launcher):
-    a, b, faulty = _run_pair(launcher, "ddp.py", TRAIN_DDP, 30, 15)
+    a, b, faulty = _run_pair(launcher, "ddp.py", DDP_RUN, 30, 15)
     resumed_from = launcher.client.job(faulty["id"])["attempts"][1]["resume_path"]
     saved = torch.load(os.path.join(resumed_from, "rank-0.pt"), weights_only=False)
     assert saved["ddp_bucket_layout"]["model"], "the checkpoint carries DDP's rebuilt layout"
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key  # bitwise, not approximately
+    assert launcher.own_processes() == []
+
+
+def test_fsdp2_with_dropout_and_adam_resumes_bitwise(launcher):
+    a, b, _ = _run_pair(launcher, "fsdp.py", FSDP_RUN, 30, 15)
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
     assert launcher.own_processes() == []

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import control, ddp_layout, persist, rng
+from . import control, ddp_layout, persist, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -97,7 +97,8 @@ class Checkpointer:
             return
         self.wait()
         started = time.monotonic()
-        state = {name: obj.state_dict() for name, obj in self.objects.items()}
+        # FSDP2's DTensors are saved as this rank's local shards (sharded_state.py).
+        state = {name: sharded_state.localize(obj.state_dict()) for name, obj in self.objects.items()}
         state["rng"] = rng.capture()
         state["step"] = step
         layouts = ddp_layout.capture(self._ddp_objects())
@@ -140,7 +141,7 @@ class Checkpointer:
         for name, obj in self.objects.items():
             if name not in state:
                 raise RuntimeError(f"resume path {path} holds no state for {name!r}")
-            obj.load_state_dict(state[name])
+            obj.load_state_dict(sharded_state.globalize(state[name], obj))
         rng.restore(state["rng"])
         ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]

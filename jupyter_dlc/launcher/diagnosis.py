@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..shims import torch_private
 from .source_origin import SourceOrigin, source_origin
 
 CONTEXT_LINES = 20
@@ -70,9 +71,9 @@ _ECHO = re.compile(
 # A Python exception line ("ValueError: x", "torch.OutOfMemoryError: y") or a known signature.
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::|\s*$)")
 _PREEMPT = re.compile(r"\bpreempt", re.I)
-_SUMMARY_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
-_AGENT_CLOSED = re.compile(r"Sending process (\d+) closing signal|Unable to shutdown process (\d+)")
-_AGENT_DEATH = re.compile(r"Received (\d+|\w+) death signal|SignalException: Process \d+ got signal")
+_SUMMARY_FIELD = torch_private.SUMMARY_FIELD
+_AGENT_CLOSED = torch_private.AGENT_CLOSED
+_AGENT_DEATH = torch_private.AGENT_DEATH
 _KERNEL_KILL = re.compile(r"(?:Killed process|oom-kill:.*?pid=)\s*(\d+)")
 _SIGNAL_NAMES = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS"}
 
@@ -126,12 +127,12 @@ def _parse_agent_log(lines: list[str]) -> dict[str, Any]:
     failures: dict[int, dict] = {}
     block: dict | None = None
     for line in lines:
-        if re.match(r"^\s*\[\d+\]:\s*$", line):
+        if torch_private.SUMMARY_BLOCK_START.match(line):
             block = {}
             continue
         match = _SUMMARY_FIELD.match(line) if block is not None else None
         if not match:
-            block = None if line.startswith(("---", "===", "Root Cause")) else block
+            block = None if line.startswith(("---", "===", torch_private.SUMMARY_ROOT_CAUSE)) else block
             continue
         block[match.group(1)] = match.group(2).strip()
         if match.group(1) == "traceback" and "rank" in block:

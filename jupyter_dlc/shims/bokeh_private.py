@@ -18,7 +18,7 @@ def ignore_page_events(cls: type) -> type:
         raise RuntimeError(f"jupyter_bokeh.BokehModel has no {SYNC_MODEL}(): the shim "
                            "jupyter_dlc/shims/bokeh_private.py needs updating for this version")
 
-    def _sync_model(self, model, content, buffers):  # noqa: ARG001 - the replaced signature
+    def _sync_model(self, model, content, buffers):
         return None
 
     setattr(cls, SYNC_MODEL, _sync_model)

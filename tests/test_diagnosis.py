@@ -234,7 +234,10 @@ def test_sigkill_beats_the_connection_closed_echo(runs):
     results, _ = runs
     attempt = results["sigkill"]
     # torchrun's summary blames rank 0 (its "first observed failure"); the truth is rank 1.
-    assert "Connection closed by peer" in (attempt / "rank-0.log").read_text()
+    # Rank 0's echo reads "closed" (EOF) or "reset" (RST, when the killed rank had unread
+    # bytes of the all_reduce in its socket): which, is up to the kernel; both are echoes.
+    echo = (attempt / "rank-0.log").read_text()
+    assert "Connection closed by peer" in echo or "Connection reset by peer" in echo, echo[-500:]
     for exits in ({}, {0: 1, 1: 137}):  # exit codes found in the files, or given by the launcher
         result = diagnose(str(attempt), exits)
         _check(result, "host_oom", 1, "SIGKILL")

@@ -134,6 +134,7 @@ def _parse_agent_log(lines: list[str]) -> dict[str, Any]:
         if not match:
             block = None if line.startswith(("---", "===", torch_private.SUMMARY_ROOT_CAUSE)) else block
             continue
+        assert block is not None  # a field matched only inside a block
         block[match.group(1)] = match.group(2).strip()
         if match.group(1) == "traceback" and "rank" in block:
             rank = re.match(r"(\d+)", block["rank"])
@@ -285,7 +286,8 @@ def diagnose(attempt_dir: str, rank_exits: dict, nodes_info: dict | None = None)
     for r in ranks.values():
         if _failed(r):
             node_info = (nodes_info or {}).get(r.node, (nodes_info or {}).get(str(r.node), {}))
-            findings[r.rank] = _examine(r, agents.get(r.node, {}), node_info or {})
+            findings[r.rank] = _examine(r, agents.get(r.node, {}) if r.node is not None else {},
+                                        node_info or {})
     if not findings:
         return _preempted_cleanly(ranks, agents)
     # Own failures before echoes; then by time; a rank without any time last.

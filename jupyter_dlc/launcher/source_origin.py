@@ -23,7 +23,8 @@ class SourceOrigin:
         source = source if isinstance(source, dict) else {}
         self.kind = source.get("kind")
         self.path = source.get("path") if isinstance(source.get("path"), str) else None
-        runs = source.get("lines") if isinstance(source.get("lines"), list) else []
+        lines = source.get("lines")
+        runs = lines if isinstance(lines, list) else []
         self.runs = sorted(tuple(r) for r in runs
                            if isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) for x in r))
 

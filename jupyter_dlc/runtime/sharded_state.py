@@ -30,14 +30,14 @@ def localize(value: Any) -> Any:
     return value if dtensor is None else _localize(value, dtensor)
 
 
-def _localize(value: Any, dtensor: type) -> Any:
+def _localize(value: Any, dtensor: Any) -> Any:
     if isinstance(value, dtensor):
         return value.to_local()
     if type(value) in (dict, OrderedDict):
-        items = {k: _localize(v, dtensor) for k, v in value.items()}
-        if all(items[k] is v for k, v in value.items()):
+        entries = {k: _localize(v, dtensor) for k, v in value.items()}
+        if all(entries[k] is v for k, v in value.items()):
             return value
-        out = type(value)(items)
+        out: Any = type(value)(entries)
         if hasattr(value, "_metadata"):
             out._metadata = value._metadata  # module state_dict versions, read on load
         return out
@@ -59,7 +59,7 @@ def _like(saved: Any, template: Any) -> Any:
 
 def globalize_module_state(saved: dict, live: dict) -> dict:
     """A saved module state_dict with its shards re-wrapped like the live state_dict's."""
-    out = type(saved)((key, _like(value, live.get(key))) for key, value in saved.items())
+    out: Any = type(saved)((key, _like(value, live.get(key))) for key, value in saved.items())
     if hasattr(saved, "_metadata"):
         out._metadata = saved._metadata
     return out

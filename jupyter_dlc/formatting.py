@@ -119,9 +119,9 @@ def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
             shown[key].append(d["attempt"])
             continue
         shown[key] = [d["attempt"]]
-        out.append(f"@{len(shown) - 1}")  # where the repeats line goes, filled in below
         where = f"rank {d.get('rank')} on node {d.get('node')}" if d.get("rank") is not None else "job"
         out.append(f"attempt {d['attempt']}: {d.get('class')} ({where}): {d.get('line') or d.get('reason')}")
+        out.append(f"@{len(shown) - 1}")  # where the repeats line goes, filled in below
         if d.get("same_ranks"):
             out.append(f"  ranks {number_ranges(d['same_ranks'])}: the same error")
         if d.get("where"):
@@ -139,7 +139,7 @@ def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
             again = repeats[int(line[1:])]
             if again:
                 word = "attempt" if len(again) == 1 else "attempts"
-                text.append(f"{word} {number_ranges(again)}: the same error as the one below")
+                text.append(f"  {word} {number_ranges(again)}: the same error again")
             continue
         text.append(line)
     return "\n".join(text)

@@ -391,7 +391,7 @@ def test_identical_errors_are_grouped_and_shown_once(tmp_path):
     text = diagnosis_text(attempts, {"id": "job-1", "state": "FAILED"})
     assert text.count("KeyError: 'labels'") == 1 and text.count("before it:") == 1, text
     assert "ranks 1-3: the same error" in text
-    assert "attempts 2-3: the same error as the one below" in text
+    assert "attempts 2-3: the same error again" in text
 
 
 def test_a_cli_job_points_at_the_users_file(tmp_path):

@@ -29,6 +29,14 @@ def step(model, opt):
     model(torch.randn(4, 8)).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
+
+def saved_after_one_step(model, handed=None):
+    # A Checkpointer over `model` (or what is handed to it); one step; step 1 committed.
+    opt = torch.optim.Adam(model.parameters())
+    ckpt = Checkpointer(model=handed or model, optimizer=opt, checkpoint_dir="ck")
+    step(model, opt)
+    ckpt.save(1)
+    assert ckpt.wait()
 """
 
 
@@ -43,12 +51,8 @@ def run(body: str, tmp_path) -> str:
 def test_the_rebuilt_layout_is_saved_and_restored_before_the_first_step(tmp_path):
     out = run("""
         model = DDP(net())
-        opt = torch.optim.Adam(model.parameters())
         initial = tp.reducer_buckets(model)
-        ckpt = Checkpointer(model=model, optimizer=opt, checkpoint_dir="ck")
-        step(model, opt)
-        ckpt.save(1)
-        assert ckpt.wait()
+        saved_after_one_step(model)
         rebuilt = tp.reducer_buckets(model)
         assert rebuilt != initial, (rebuilt, initial)   # else this test proves nothing
 
@@ -70,11 +74,7 @@ def test_a_plain_module_wrapped_by_ddp_is_found(tmp_path):
     """`Checkpointer(model=ddp.module)` (state-dict keys without "module.") works the same."""
     out = run("""
         model = DDP(net())
-        opt = torch.optim.Adam(model.parameters())
-        ckpt = Checkpointer(model=model.module, optimizer=opt, checkpoint_dir="ck")
-        step(model, opt)
-        ckpt.save(1)
-        assert ckpt.wait()
+        saved_after_one_step(model, handed=model.module)
         saved = torch.load("ck/step-1/rank-0.pt", weights_only=False)
         assert saved["ddp_bucket_layout"]["model"] == tp.reducer_buckets(model)
         print("ok")
@@ -85,12 +85,7 @@ def test_a_plain_module_wrapped_by_ddp_is_found(tmp_path):
 def test_a_comm_hook_before_restore_is_said_in_one_line(tmp_path):
     out = run("""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model = DDP(net())
-        opt = torch.optim.Adam(model.parameters())
-        ckpt = Checkpointer(model=model, optimizer=opt, checkpoint_dir="ck")
-        step(model, opt)
-        ckpt.save(1)
-        assert ckpt.wait()
+        saved_after_one_step(DDP(net()))
         fresh = DDP(net())
         fresh.register_comm_hook(None, default_hooks.allreduce_hook)
         ckpt2 = Checkpointer(model=fresh, optimizer=torch.optim.Adam(fresh.parameters()), checkpoint_dir="ck")

@@ -26,6 +26,15 @@ sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=1)
 loader = DataLoader(data, batch_size=16, sampler=sampler, generator=torch.Generator())
 torch.manual_seed(0)
 """
+# Adam on `model`, everything checkpointed, restored, then the epochs from where it left off.
+RESUMED_LOOP = """opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
+step = ckpt.restore()
+epoch = sampler.epoch
+while step < total:
+    sampler.set_epoch(epoch)
+    for xb, yb in loader:
+"""
 
 TRAIN = """
 import os, sys, time
@@ -42,14 +51,7 @@ import torch.distributed as dist
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 for p in model.parameters():
     dist.broadcast(p.data, 0)
-opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
-step = ckpt.restore()
-epoch = sampler.epoch
-while step < total:
-    sampler.set_epoch(epoch)
-    for xb, yb in loader:
-        noise = torch.randn(xb.shape) * 1e-3          # exercises the torch RNG state
+""" + RESUMED_LOOP + """        noise = torch.randn(xb.shape) * 1e-3          # exercises the torch RNG state
         loss = nn.functional.mse_loss(model(xb + noise), yb)
         opt.zero_grad()
         loss.backward()
@@ -252,14 +254,7 @@ info = runtime.init()
 """ + DATA + """net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64), nn.Tanh(),
                     nn.Dropout(0.1), nn.Linear(64, 1))
 model = WRAP
-opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
-step = ckpt.restore()
-epoch = sampler.epoch
-while step < total:
-    sampler.set_epoch(epoch)
-    for xb, yb in loader:
-        loss = nn.functional.mse_loss(model(xb), yb)
+""" + RESUMED_LOOP + """        loss = nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()
         loss.backward()
         opt.step()

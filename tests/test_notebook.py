@@ -76,6 +76,16 @@ def test_cell_uses_earlier_cells_and_a_pushed_tensor(launcher, tmp_path):
     recorded = launcher.client.script(job["id"])
     assert "class Net" in recorded["script"] and "FACTOR = 3.0" in recorded["script"]
     assert recorded["files"]
+    # The magic records where each script line came from (diagnoses point there): In[N] and
+    # the line in that cell, counting the %%dlc line as line 1.
+    from jupyter_dlc.launcher.source_origin import source_origin
+
+    origin = source_origin(job["job_dir"])
+    script_lines = recorded["script"].splitlines()
+    assert origin.kind == "notebook"
+    assert origin.cell_line(script_lines.index("value = Net()(data)") + 1) == (7, 4)
+    assert origin.cell_line(script_lines.index("class Net(th.nn.Module):") + 1) == (4, 1)
+    assert origin.cell_line(1) is None  # capture's own header line
 
 
 def test_uncapturable_name_and_bad_arguments_are_one_line_refusals(launcher, tmp_path):

@@ -44,7 +44,7 @@ def bare_copy(model, optimizer, buffers):
         s["momentum_buffer"] for s in optimizer.state_dict()["state"].values()]
     if not buffers:
         buffers.extend(torch.empty_like(t) for t in tensors)
-    for buffer, tensor in zip(buffers, tensors):
+    for buffer, tensor in zip(buffers, tensors, strict=True):
         buffer.copy_(tensor)
 
 
@@ -86,7 +86,7 @@ def main():
     ckpt.wait()
     stalls, persists = [], []
     for step in range(2, 2 + args.repeats):
-        stalls.append(timed(lambda: ckpt.save(step)))
+        stalls.append(timed(lambda step=step: ckpt.save(step)))
         persists.append(timed(ckpt.wait) + stalls[-1])
 
     a, b = torch.randn(256, 512), torch.randn(512, 512) / 24

@@ -89,7 +89,7 @@ def main() -> None:
             marker = os.path.join(root, f"{label}-{rep}")
             out.append(run(marker))
             print(f"rep {rep} {label:8s} first step after {out[-1]:.3f}s", flush=True)
-    ratios = [o / p for o, p in zip(ours, plain)]
+    ratios = [o / p for o, p in zip(ours, plain, strict=True)]
     print(f"median torchrun {statistics.median(plain):.3f}s, launcher {statistics.median(ours):.3f}s")
     stop_launcher(client)
     print(f"ratio launcher/torchrun (median of {args.reps}, target <= 1.10): "

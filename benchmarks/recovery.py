@@ -131,7 +131,7 @@ def main() -> None:
         ours.append(with_launcher(client, script, root, rep))
         print(f"rep {rep} launcher restart:          {ours[-1]:.2f}s to the resumed first step", flush=True)
     stop_launcher(client)
-    ratios = [o / p for o, p in zip(ours, plain)]
+    ratios = [o / p for o, p in zip(ours, plain, strict=True)]
     print(f"median torchrun {statistics.median(plain):.2f}s, launcher {statistics.median(ours):.2f}s")
     print(f"ratio launcher/torchrun (median of {len(ratios)}, target <= 1.0): {statistics.median(ratios):.3f}")
 

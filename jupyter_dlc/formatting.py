@@ -44,7 +44,7 @@ def jobs_table(jobs: list[dict]) -> str:
         for j in jobs
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
 def status_line(job: dict) -> str:
@@ -74,7 +74,7 @@ def status_text(job: dict) -> str:
         for r in job.get("ranks") or []
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if job.get("last_checkpoint"):
         ckpt = job["last_checkpoint"]
         lines.append(f"  last checkpoint: step {ckpt['step']} ({age(ckpt.get('time'))} ago)")
@@ -90,22 +90,56 @@ def checkpoints_table(checkpoints: list[dict]) -> str:
         for c in checkpoints
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows)
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 5] -> "1-3, 5"."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
+    """Each distinct first error in full once; repeats (other attempts, other ranks) grouped
+    in one line each."""
     if not diagnoses:
         if job["state"] == "FAILED":
             return f"{job['id']} FAILED: {job.get('reason')}"
         return f"{job['id']} is {job['state']}: no failed attempt to explain"
-    out = []
+    out: list[str] = []
+    shown: dict[tuple, list[int]] = {}  # error -> attempts with it, the first shown in full
     for d in diagnoses:
+        key = (d.get("class"), d.get("line") or d.get("reason"), d.get("where"))
+        if key in shown:
+            shown[key].append(d["attempt"])
+            continue
+        shown[key] = [d["attempt"]]
         where = f"rank {d.get('rank')} on node {d.get('node')}" if d.get("rank") is not None else "job"
         out.append(f"attempt {d['attempt']}: {d.get('class')} ({where}): {d.get('line') or d.get('reason')}")
+        out.append(f"@{len(shown) - 1}")  # where the repeats line goes, filled in below
+        if d.get("same_ranks"):
+            out.append(f"  ranks {number_ranges(d['same_ranks'])}: the same error")
+        if d.get("where"):
+            out.append(f"  at: {d['where']}")
         if d.get("suggestion"):
             out.append(f"  what to do: {d['suggestion']}")
         context = d.get("context") or []
         if context:
             out.append("  before it:")
             out += [f"    {line}" for line in context]
-    return "\n".join(out)
+    repeats = [attempts[1:] for attempts in shown.values()]
+    text = []
+    for line in out:
+        if line.startswith("@"):
+            again = repeats[int(line[1:])]
+            if again:
+                word = "attempt" if len(again) == 1 else "attempts"
+                text.append(f"  {word} {number_ranges(again)}: the same error again")
+            continue
+        text.append(line)
+    return "\n".join(text)

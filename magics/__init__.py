@@ -86,9 +86,9 @@ class DLCMagics(Magics):
         except UsageError as error:
             raise UsageError(f"%%dlc: {error}") from None
         try:
-            script, files, summary, captured = self._capture(cell, args)
+            script, files, summary, captured, where = self._capture(cell, args)
             spec = spec_from_options(args, code=script, files=files,
-                                     source={"kind": "notebook", "path": _notebook_path(self.shell)})
+                                     source={"kind": "notebook", "path": _notebook_path(self.shell), **where})
         except (SpecError, ValueError) as error:
             raise UsageError(f"%%dlc: {error}") from None
         if summary:
@@ -117,11 +117,13 @@ class DLCMagics(Magics):
                 raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
         return None
 
-    def _capture(self, cell: str, args) -> tuple[str, dict, str, str]:
+    def _capture(self, cell: str, args) -> tuple[str, dict, str, str, dict]:
         from .capture import capture
 
         result = capture(cell, self.shell, push=args.push, include_cells=args.include_cell)
-        return result.script, result.files, result.summary, result.code
+        # The cell and line every script line came from: diagnoses point there (diagnosis.py).
+        where = {"cell": result.cell, "lines": result.source_map}
+        return result.script, result.files, result.summary, result.code, where
 
     def _show(self, job_id: str):
         from ..widgets import show_job

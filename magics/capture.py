@@ -93,6 +93,11 @@ class Capture:
     pushed: list[str] = field(default_factory=list)
     included: list[int] = field(default_factory=list)
     cell_line: int = 1  # 1-based line of the cell's first line in `script`
+    # Where each line of `script` came from, for diagnoses that point at the notebook:
+    # runs [first script line, cell, first line in that cell, count], 1-based; lines that
+    # capture added (comments, the push loader) are in no run.
+    source_map: list[list[int]] = field(default_factory=list)
+    cell: int | None = None  # the %%dlc cell's own number (In[N]), when known
 
 
 @dataclass(eq=False)
@@ -459,9 +464,46 @@ def _last_cell(cap: _Capturer, name: str) -> int | None:
     return stmt.cell if stmt else None
 
 
+class _SourceMap:
+    """Runs of script lines that come from one cell, line for line (see Capture.source_map)."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def add(self, script_line: int, cell: int | None, cell_line: int, count: int) -> None:
+        if cell is None or count <= 0:
+            return
+        last = self.runs[-1] if self.runs else None
+        if last and last[1] == cell and last[0] + last[3] == script_line and last[2] + last[3] == cell_line:
+            last[3] += count
+        else:
+            self.runs.append([script_line, cell, cell_line, count])
+
+    def shifted(self, by: int) -> list[list[int]]:
+        return [[start + by, cell, line, count] for start, cell, line, count in self.runs]
+
+
+def _magic_cell(shell) -> int | None:
+    """The running cell's In[N]: IPython counts it up only once the cell has run."""
+    count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def _cell_runs(smap: _SourceMap, script_line: int, cell: int | None, text: str, lines: range) -> None:
+    """Map `text` (placed at `script_line`) to `lines` of `cell`: line for line where it is
+    the cell's own text, else every line to the statement's first line."""
+    count = text.count("\n") + 1
+    if count == len(lines):
+        smap.add(script_line, cell, lines.start, count)
+    else:
+        for i in range(count):
+            smap.add(script_line + i, cell, lines.start, 1)
+
+
 def _assemble(cap: _Capturer, cell_code: str, tree: ast.Module, files: dict[str, str],
               push: list[str], include: list[int]) -> Capture:
     parts: list[str] = []
+    smap = _SourceMap()  # script lines of `parts`, counted from 1 before the header is known
     previous = None
     for pos in sorted(cap.taken):
         stmt = cap.taken[pos]
@@ -471,7 +513,12 @@ def _assemble(cap: _Capturer, cell_code: str, tree: ast.Module, files: dict[str,
             note = " (--include-cell)" if stmt.kind == "included" else ""
             parts.append(f"# from cell [{stmt.cell}]{note}")
             previous = stmt.cell
-        parts.append(cap.statement_text(stmt))
+        text = cap.statement_text(stmt)
+        node = stmt.node
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        _cell_runs(smap, sum(p.count("\n") + 1 for p in parts) + 1, stmt.cell, text,
+                   range(start, (node.end_lineno or start) + 1))
+        parts.append(text)
     if files:
         if parts:
             parts.append("")
@@ -490,14 +537,27 @@ def _assemble(cap: _Capturer, cell_code: str, tree: ast.Module, files: dict[str,
     by_cell = dict(sorted(by_cell.items()))
 
     summary = _summary(cap, push, include)
+    cell = _magic_cell(cap.shell)
+    # The cell's body starts on the cell's line 2: line 1 is the `%%dlc ...` line.
+    body_lines = cell_code.count("\n") + 1
     if not parts:
-        return Capture(cell_code, "", summary, files, by_cell, push, include, 1)
+        return Capture(cell_code, "", summary, files, by_cell, push, include, 1,
+                       [[1, cell, 2, body_lines]] if cell else [], cell)
     lifted, body = _future_lines(cell_code, tree)
     head = lifted + ([""] if lifted else [])
     code = "\n".join(head + ["# captured from the notebook kernel by jupyter-dlc"] + parts) + "\n"
     preamble = code + "\n# the %%dlc cell\n"
     script = preamble + body + ("" if body.endswith("\n") else "\n")
-    return Capture(script, code, summary, files, by_cell, push, include, preamble.count("\n") + 1)
+    cell_line = preamble.count("\n") + 1
+    runs = _SourceMap()
+    future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    for i, node in enumerate(future[:len(lifted)] if lifted else []):
+        runs.add(1 + sum((f.end_lineno or f.lineno) - f.lineno + 1 for f in future[:i]), cell,
+                 node.lineno + 1, (node.end_lineno or node.lineno) - node.lineno + 1)
+    runs.runs += smap.shifted(len(head) + 1)
+    runs.add(cell_line, cell, 2, body_lines)
+    return Capture(script, code, summary, files, by_cell, push, include, cell_line,
+                   runs.runs, cell)
 
 
 def _summary(cap: _Capturer, push: list[str], include: list[int]) -> str:

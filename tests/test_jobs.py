@@ -86,7 +86,7 @@ def test_stop_leaves_no_process_behind(launcher):
     stubborn = launcher.client.submit({"script": script, "args": ["--ignore-term"], "nodes": 1,
                                        "nproc_per_node": 2, "stop_grace": 2})
     for job in (polite, stubborn):
-        wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 60, what="RUNNING")
+        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 60, what="RUNNING")
     # Two jobs at once: distinct rendezvous ports and directories.
     assert polite["job_dir"] != stubborn["job_dir"]
     launcher.client.stop(polite["id"])

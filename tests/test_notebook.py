@@ -69,13 +69,23 @@ def test_cell_uses_earlier_cells_and_a_pushed_tensor(launcher, tmp_path):
     kernel_value = float(text(nb.cells[7]).split()[1])
     job = launcher.client.job("last")
     assert job["state"] == "SUCCEEDED"
-    lines = [l["text"] for l in launcher.client.logs(job["id"])["lines"] if l["text"].startswith("RESULT ")]
+    lines = [x["text"] for x in launcher.client.logs(job["id"])["lines"] if x["text"].startswith("RESULT ")]
     assert len(lines) == 4
     assert all(float(line.split()[2]) == kernel_value for line in lines)
-    assert not any("side effect ran" in l["text"] for l in launcher.client.logs(job["id"])["lines"])
+    assert not any("side effect ran" in x["text"] for x in launcher.client.logs(job["id"])["lines"])
     recorded = launcher.client.script(job["id"])
     assert "class Net" in recorded["script"] and "FACTOR = 3.0" in recorded["script"]
     assert recorded["files"]
+    # The magic records where each script line came from (diagnoses point there): In[N] and
+    # the line in that cell, counting the %%dlc line as line 1.
+    from jupyter_dlc.launcher.source_origin import source_origin
+
+    origin = source_origin(job["job_dir"])
+    script_lines = recorded["script"].splitlines()
+    assert origin.kind == "notebook"
+    assert origin.cell_line(script_lines.index("value = Net()(data)") + 1) == (7, 4)
+    assert origin.cell_line(script_lines.index("class Net(th.nn.Module):") + 1) == (4, 1)
+    assert origin.cell_line(1) is None  # capture's own header line
 
 
 def test_uncapturable_name_and_bad_arguments_are_one_line_refusals(launcher, tmp_path):
@@ -120,7 +130,7 @@ def test_exported_bundle_runs_with_plain_torchrun_to_the_same_loss(launcher, tmp
     job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2})
     job = launcher.client.wait(job["id"], timeout=120)
     assert job["state"] == "SUCCEEDED", (job["reason"], launcher.client.logs(job["id"], rank=0))
-    final = [l["text"] for l in launcher.client.logs(job["id"], rank=0)["lines"] if "FINAL" in l["text"]]
+    final = [x["text"] for x in launcher.client.logs(job["id"], rank=0)["lines"] if "FINAL" in x["text"]]
     bundle = tmp_path / "bundle"
     cli = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "export", job["id"], str(bundle)],
                          capture_output=True, text=True)

@@ -171,7 +171,8 @@ def test_panel_end_to_end(lab):
             expect(detail).to_have_attribute("data-state", "RUNNING", timeout=90000)
             job = client.job(job_id)
             assert job["attempt"] == 2, job
-            assert job["attempts"][-1]["resume_path"] and f"step-{pick}" in job["attempts"][-1]["resume_path"], job["attempts"]
+            resumed = job["attempts"][-1]["resume_path"]
+            assert resumed and f"step-{pick}" in resumed, job["attempts"]
             expect(detail.locator(".dlc-detail-meta")).to_contain_text("attempt 2")
             page.screenshot(path=str(ART / "06-job-resumed.png"))
             client.stop(job_id, grace=2)

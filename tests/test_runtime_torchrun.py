@@ -119,7 +119,7 @@ def finish(agents, out_dir, timeout=120):
         return [agent.wait(timeout) for agent in agents]
     except subprocess.TimeoutExpired:
         logs = "\n".join((out_dir / f"node-{n}.log").read_text()[-3000:] for n in (0, 1))
-        raise AssertionError(f"torchrun did not finish:\n{logs}")
+        raise AssertionError(f"torchrun did not finish:\n{logs}") from None
     finally:
         for agent in agents:
             agent.kill()

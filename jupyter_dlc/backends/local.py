@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from .. import layout
+from ..shims import torch_private
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
 
@@ -34,8 +35,7 @@ _vanished: dict[tuple[str, int, int], float] = {}
 # Resident memory one CPU rank needs at least (torch imported, a small model): ~400 MB.
 _RANK_MEMORY = 400 * 2**20
 _SUMMARY_TAIL = 64 * 1024
-_SUMMARY_BLOCK = re.compile(
-    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+_SUMMARY_BLOCK = torch_private.SUMMARY_RANK_EXIT
 
 
 def torchrun_argv(spec: JobSpec, node: int, port: int, script: str, python: str) -> list[str]:

@@ -79,7 +79,7 @@ class Rule:
         if self.kind == "nan":
             return f"{self.metric} is nan"
         if self.kind == "log":
-            pattern = self.pattern.replace("/", "\\/")
+            pattern = (self.pattern or "").replace("/", "\\/")
             return f"log matches /{pattern}/{'i' if self.ignore_case else ''}"
         if self.kind == "baseline":
             return f"{self.metric} {self.op} {self.factor:g}x baseline {self.times} times"
@@ -408,7 +408,7 @@ class AlertEvaluator:
     def _check_baseline(self, rule, st, now, snapshot):
         compare = OPS[rule.op]
         series = st["series"]  # key -> {"first": [...], "baseline": x, "streak": n, "last": v}
-        for key, t, value in self._new(st, snapshot, rule.metric):
+        for key, _t, value in self._new(st, snapshot, rule.metric):
             s = series.setdefault(key, {"first": [], "baseline": None, "streak": 0, "last": None})
             if not math.isfinite(value):
                 continue  # NaN is the `is nan` rule's business, and would poison a median

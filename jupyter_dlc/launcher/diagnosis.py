@@ -26,7 +26,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..shims import torch_private
+from .source_origin import SourceOrigin, source_origin
+
 CONTEXT_LINES = 20
+# Only the end of a log is read: a job that printed 50 MB must not stall the supervisor or
+# grow its memory. A failure's traceback is at the end of its rank's log.
+TAIL_BYTES = 1 << 20
+
+# What torch says when a GPU script runs where there is no GPU, by cause.
+_NO_CUDA_BUILD = [r"Torch not compiled with CUDA enabled", r"has no attribute '_cuda_\w+'",
+                  r"Distributed package doesn't have NCCL built in", r"NCCL is not available",
+                  r"torch\.cuda\.\w+ is not available in this build"]
+_NO_DEVICE = [r"No CUDA GPUs are available", r"no CUDA-capable device is detected",
+              r"Found no NVIDIA driver", r"ProcessGroupNCCL is only supported with GPUs",
+              r"invalid device ordinal"]
+_NO_CUDA_BUILD_RE = re.compile("|".join(_NO_CUDA_BUILD), re.I)
 
 # (class, pattern searched in the error line, the error record's type and message). Order
 # matters: the specific signatures first, so "RuntimeError: CUDA out of memory" is cuda_oom.
@@ -38,10 +53,13 @@ _CLASSES = [
         r"Watchdog caught collective operation timeout|Timed out waiting|ProcessGroupGloo.*time ?out|"
         r"ProcessGroupNCCL.*time ?out|collective operation timeout|DistStoreError.*Timed out|"
         r"Socket Timeout|wait timeout after", re.I)),
+    # A GPU script on a node without one: a CPU-only torch build (no CUDA compiled in, no
+    # NCCL built in) or a CUDA build that sees no device. Before cuda_mismatch, whose driver
+    # messages overlap.
+    ("needs_gpu", re.compile("|".join(_NO_CUDA_BUILD + _NO_DEVICE), re.I)),
     ("cuda_mismatch", re.compile(
         r"CUDA driver version is insufficient|libcudart\.so[\w.]*: cannot open|"
-        r"no kernel image is available|no CUDA-capable device is detected|"
-        r"Found no NVIDIA driver|CUDA error: forward compatibility", re.I)),
+        r"no kernel image is available|CUDA error: forward compatibility", re.I)),
     ("missing_module", re.compile(r"ModuleNotFoundError|^ImportError|\bImportError:|No module named")),
     ("missing_file", re.compile(r"FileNotFoundError|No such file or directory")),
 ]
@@ -53,9 +71,9 @@ _ECHO = re.compile(
 # A Python exception line ("ValueError: x", "torch.OutOfMemoryError: y") or a known signature.
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::|\s*$)")
 _PREEMPT = re.compile(r"\bpreempt", re.I)
-_SUMMARY_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
-_AGENT_CLOSED = re.compile(r"Sending process (\d+) closing signal|Unable to shutdown process (\d+)")
-_AGENT_DEATH = re.compile(r"Received (\d+|\w+) death signal|SignalException: Process \d+ got signal")
+_SUMMARY_FIELD = torch_private.SUMMARY_FIELD
+_AGENT_CLOSED = torch_private.AGENT_CLOSED
+_AGENT_DEATH = torch_private.AGENT_DEATH
 _KERNEL_KILL = re.compile(r"(?:Killed process|oom-kill:.*?pid=)\s*(\d+)")
 _SIGNAL_NAMES = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS"}
 
@@ -91,12 +109,17 @@ def _read_json(path: str) -> dict | None:
         return None
 
 
-def _read_lines(path: str) -> list[str]:
+def _read_lines(path: str, limit: int = TAIL_BYTES) -> list[str]:
+    """The last `limit` bytes of a log as lines (a cut first line dropped)."""
     try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
     except OSError:
         return []
+    lines = data.decode(errors="replace").splitlines()
+    return lines[1:] if size > limit and lines else lines
 
 
 def _parse_agent_log(lines: list[str]) -> dict[str, Any]:
@@ -104,13 +127,14 @@ def _parse_agent_log(lines: list[str]) -> dict[str, Any]:
     failures: dict[int, dict] = {}
     block: dict | None = None
     for line in lines:
-        if re.match(r"^\s*\[\d+\]:\s*$", line):
+        if torch_private.SUMMARY_BLOCK_START.match(line):
             block = {}
             continue
         match = _SUMMARY_FIELD.match(line) if block is not None else None
         if not match:
-            block = None if line.startswith(("---", "===", "Root Cause")) else block
+            block = None if line.startswith(("---", "===", torch_private.SUMMARY_ROOT_CAUSE)) else block
             continue
+        assert block is not None  # a field matched only inside a block
         block[match.group(1)] = match.group(2).strip()
         if match.group(1) == "traceback" and "rank" in block:
             rank = re.match(r"(\d+)", block["rank"])
@@ -252,23 +276,33 @@ def _failed(r: _Rank) -> bool:
 def diagnose(attempt_dir: str, rank_exits: dict, nodes_info: dict | None = None) -> dict | None:
     """The first error of a failed attempt, or None when no rank failed.
 
-    {"class", "rank", "node", "time", "line", "context", "suggestion", "exit_code"}.
+    {"class", "rank", "node", "time", "line", "context", "suggestion", "exit_code",
+     "same_ranks", "where"}: `same_ranks` are the other ranks that failed with the very same
+    error line (shown once); `where` is the user's own file and line (or notebook cell and
+    line), not our copy of the script, when the traceback reaches it.
     """
     ranks, agents = _load(attempt_dir, {int(k): v for k, v in (rank_exits or {}).items()})
     findings = {}
     for r in ranks.values():
         if _failed(r):
             node_info = (nodes_info or {}).get(r.node, (nodes_info or {}).get(str(r.node), {}))
-            findings[r.rank] = _examine(r, agents.get(r.node, {}), node_info or {})
+            findings[r.rank] = _examine(r, agents.get(r.node, {}) if r.node is not None else {},
+                                        node_info or {})
     if not findings:
         return _preempted_cleanly(ranks, agents)
     # Own failures before echoes; then by time; a rank without any time last.
     rank = min(findings, key=lambda k: (findings[k]["echo"], findings[k]["time"] is None,
                                         findings[k]["time"] or 0.0, k))
     found, r = findings[rank], ranks[rank]
+    origin = source_origin(os.path.dirname(os.path.abspath(attempt_dir)))
+    where = _user_frame((r.error or {}).get("traceback") or "\n".join(found["context"] + [found["line"]]),
+                        origin)
+    same = sorted(k for k, f in findings.items() if k != rank and not f["echo"]
+                  and (f["class"], f["line"]) == (found["class"], found["line"]))
     return {"class": found["class"], "rank": rank, "node": r.node, "time": found["time"],
-            "line": found["line"], "context": found["context"],
-            "suggestion": _suggest(found, r, ranks, findings), "exit_code": r.exit_code}
+            "line": found["line"], "context": [origin.relocate(x) for x in found["context"]],
+            "suggestion": _suggest(found, r, ranks, findings, where), "exit_code": r.exit_code,
+            "same_ranks": same, "where": where}
 
 
 def _preempted_cleanly(ranks: dict[int, _Rank], agents: dict[int, dict]) -> dict | None:
@@ -286,19 +320,30 @@ def _preempted_cleanly(ranks: dict[int, _Rank], agents: dict[int, dict]) -> dict
             "suggestion": _suggest(found, first, ranks, {}), "exit_code": first.exit_code}
 
 
-def _user_frame(traceback_text: str) -> str | None:
-    """The innermost frame outside Python, torch and our bootstrap: where to look."""
+def _user_frame(traceback_text: str, origin: SourceOrigin | None = None) -> str | None:
+    """The innermost frame outside Python, torch and our bootstrap: where to look, in the
+    user's own terms (their file, or the notebook cell) when `origin` knows them."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', traceback_text or "")
     for path, line in reversed(frames):
         if not any(s in path for s in ("site-packages", "<frozen", "/lib/python", "jupyter_dlc/runtime")):
-            return f"{path}:{line}"
+            return origin.place(path, int(line)) if origin else f"{path}:{line}"
     return None
 
 
-def _suggest(found: dict, r: _Rank, ranks: dict[int, _Rank], findings: dict) -> str:
+def _suggest(found: dict, r: _Rank, ranks: dict[int, _Rank], findings: dict,
+             where: str | None = None) -> str:
     cls, who, code, line = found["class"], f"rank {r.rank}", r.exit_code, found["line"]
+    if cls == "needs_gpu":
+        text = "\n".join([line, str((r.error or {}).get("message", "")), *found["context"]])
+        why = ("its torch is a CPU-only build (torch.version.cuda is None)" if _NO_CUDA_BUILD_RE.search(text)
+               else "no GPU is visible there (no device, no driver, or CUDA_VISIBLE_DEVICES hides them)")
+        at = f" at {where}" if where else ""
+        return (f"{who} needs a GPU the node does not have: {why}; the script uses CUDA or nccl{at}. "
+                "Run it on GPU nodes, or on CPU use init_process_group('gloo') and drop "
+                "torch.cuda.set_device and .cuda()/.to('cuda')")
     if cls == "host_oom":
-        how = "by the kernel's OOM killer" if found["oom_evidence"] else "by SIGKILL, most likely the kernel's OOM killer"
+        how = ("by the kernel's OOM killer" if found["oom_evidence"]
+               else "by SIGKILL, most likely the kernel's OOM killer")
         return (f"{who} was killed {how} (exit {code}): reduce batch size, DataLoader num_workers "
                 "or --nproc-per-node, or ask for more host memory")
     if cls == "cuda_oom":
@@ -331,7 +376,6 @@ def _suggest(found: dict, r: _Rank, ranks: dict[int, _Rank], findings: dict) -> 
         return ("the job was stopped by SIGTERM (preemption or a stop request): resume it; it "
                 "continues from the last committed checkpoint")
     if cls == "user_exception":
-        where = _user_frame((r.error or {}).get("traceback") or "\n".join(found["context"]))
         kind = (r.error or {}).get("type") or line.split(":")[0].strip()
         return f"{who} raised {kind}{f' at {where}' if where else ''}: fix it there and resume or clone the job"
     sig = r.signal

@@ -69,6 +69,30 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:2])
 
 
+def requested_gpus(spec: JobSpec) -> int:
+    """GPUs per node the spec declares (`resources.gpus`; 0 where the spec has no such field)."""
+    resources = getattr(spec, "resources", None)
+    gpus = resources.get("gpus", 0) if isinstance(resources, dict) else 0
+    return gpus if isinstance(gpus, int) else 0
+
+
+def gpu_check(requested: int, torch_dir: str | None, visible: int) -> Check | None:
+    """A job that declares GPUs, on a node or a torch build without them, fails here, before
+    any rank starts, instead of in every rank's first torch.cuda call. None: nothing declared."""
+    if requested <= 0:
+        return None
+    if torch_dir is not None and _torch_cuda_version(torch_dir) is None:
+        return Check("gpus", False, f"the job asks for {requested} GPU(s) per node, but the torch at "
+                     f"{torch_dir} is a CPU-only build; install a CUDA build of torch in the job's "
+                     "Python, or drop the GPU request and use the gloo backend")
+    if visible < requested:
+        seen = "no GPU" if visible == 0 else f"only {visible} GPU(s)"
+        return Check("gpus", False, f"the job asks for {requested} GPU(s) per node, but this node shows "
+                     f"{seen} (/dev/nvidia*, CUDA_VISIBLE_DEVICES); run it where there are GPUs or "
+                     "ask for fewer")
+    return Check("gpus", True, f"{visible} GPU(s) visible for {requested} requested")
+
+
 def port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -87,6 +111,9 @@ def run_preflight(spec: JobSpec, script_path: str, checkpoint_dir: str, port: in
                         f"torch importable by {python}" if torch_dir else
                         f"torch is not installed for {python}; pip install torch in that environment"))
     gpus = visible_gpus()
+    declared = gpu_check(requested_gpus(spec), torch_dir, gpus)
+    if declared is not None:
+        checks.append(declared)
     if gpus:
         checks.append(Check("devices", spec.nproc_per_node <= gpus,
                             f"{gpus} GPUs for {spec.nproc_per_node} processes per node" +

@@ -11,7 +11,6 @@ Stdlib only, and nothing heavy at import: this sits on every rank's launch path.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import runpy
@@ -20,13 +19,15 @@ import threading
 import time
 import traceback
 
+from ..shims.python_private import run_exit_handlers
+
 EXIT_HANDLERS_SECONDS = 600.0
 FAILED_EXIT_HANDLERS_SECONDS = 5.0
 
 
 def _run_exit_handlers() -> None:
     try:
-        atexit._run_exitfuncs()
+        run_exit_handlers()
     except Exception:
         pass
 

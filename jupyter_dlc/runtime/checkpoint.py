@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import control, persist, rng
+from . import control, ddp_layout, persist, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -71,6 +71,7 @@ class Checkpointer:
         self._staging = HostStaging()
         self._thread = None
         self._last_saved_step = None
+        self._ddps = None  # name -> DDP wrapper, found at the first save or restore
         control.register_checkpointer(self)
         atexit.register(self._wait_at_exit)
         _note_uncaught_exceptions()
@@ -96,9 +97,13 @@ class Checkpointer:
             return
         self.wait()
         started = time.monotonic()
-        state = {name: obj.state_dict() for name, obj in self.objects.items()}
+        # FSDP2's DTensors are saved as this rank's local shards (sharded_state.py).
+        state = {name: sharded_state.localize(obj.state_dict()) for name, obj in self.objects.items()}
         state["rng"] = rng.capture()
         state["step"] = step
+        layouts = ddp_layout.capture(self._ddp_objects())
+        if layouts:
+            state[ddp_layout.STATE_KEY] = layouts
         staged, ready = self._staging.stage(state)
         self._last_saved_step = step
         self._thread = threading.Thread(
@@ -136,10 +141,17 @@ class Checkpointer:
         for name, obj in self.objects.items():
             if name not in state:
                 raise RuntimeError(f"resume path {path} holds no state for {name!r}")
-            obj.load_state_dict(state[name])
+            obj.load_state_dict(sharded_state.globalize(state[name], obj))
         rng.restore(state["rng"])
+        ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
+
+    def _ddp_objects(self):
+        if self._ddps is None:
+            found = {name: ddp_layout.find_ddp(obj) for name, obj in self.objects.items()}
+            self._ddps = {name: ddp for name, ddp in found.items() if ddp is not None}
+        return self._ddps
 
     def _persist(self, staged, ready, step, started, token):
         rank, world_size = _rank_and_world()

@@ -15,7 +15,7 @@ CHECKPOINT = "checkpoint"
 
 # Reentrant: the SIGTERM handler runs on the main thread, possibly while it holds the lock.
 _lock = threading.RLock()
-_requests = {}  # kind -> reason, e.g. {"stop": "SIGTERM"}
+_requests: dict[str, str] = {}  # kind -> reason, e.g. {"stop": "SIGTERM"}
 _checkpointer = None
 _non_finite = None  # the one-line reason, once a logged value was NaN/Inf
 _handler_considered = False

@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..shims import torch_private
 from .env import rank_info
 
 _store = None
@@ -44,7 +45,7 @@ def _attempt_store(info, timeout):
         # A script run by plain `python`: a world of one needs no rendezvous.
         return dist.HashStore()
     # Under torchrun the agent already hosts the store on MASTER_PORT; otherwise rank 0 does.
-    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent_hosts_store = torch_private.agent_hosts_store()
     tcp_store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
         is_master=(info.rank == 0 and not agent_hosts_store), timeout=timeout,
@@ -59,4 +60,4 @@ def job_store():
     """
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return None
-    return _store if _store is not None else dist.distributed_c10d._get_default_store()
+    return _store if _store is not None else torch_private.default_store()

@@ -14,10 +14,13 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
+from ..shims.bokeh_private import ignore_page_events
 from .series import SystemData, TrainData, label_for
 
 WIDTH, HEIGHT = 470, 270
 
+
+@ignore_page_events
 class JobChartsModel(BokehModel):
     """A `jupyter_bokeh.BokehModel` whose kernel-side document the page never changes.
 
@@ -27,9 +30,6 @@ class JobChartsModel(BokehModel):
     in the kernel as fixed start/end, so after a full re-send the axes stopped following the
     data. Data, and everything else, only flows kernel -> page here: page events are dropped.
     """
-
-    def _sync_model(self, model, content, buffers):
-        return None
 
 
 def _colour(i: int) -> str:

@@ -9,6 +9,8 @@ the parent still decides which cell a headless client (nbclient) credits them to
 
 from __future__ import annotations
 
+from ..shims.jupyter_private import shell_parent_ident
+
 
 def capture_parent():
     """(kernel, (ident, parent header)) of the cell running now, or (None, None) outside a kernel."""
@@ -20,7 +22,7 @@ def capture_parent():
         return None, None
     kernel = Kernel.instance()
     try:
-        return kernel, (kernel._parent_ident["shell"], kernel.get_parent("shell"))
+        return kernel, (shell_parent_ident(kernel), kernel.get_parent("shell"))
     except (KeyError, TypeError, LookupError):
         return None, None
 

@@ -1,0 +1,123 @@
+"""torch's private APIs and undocumented behaviour, in one place.
+
+- `torch.distributed.distributed_c10d._get_default_store()`: the store `init_process_group`
+  built, when the user's script built the group itself (the Checkpointer shares a token
+  through it).
+- `TORCHELASTIC_USE_AGENT_STORE`: set by torchrun's agent to "True" when the agent already
+  hosts the TCPStore on MASTER_PORT, so rank 0 must connect instead of hosting one.
+- The text of torchrun's failure summary and of its agent's log lines ("Root Cause (first
+  observed failure)", the `rank : N (local_rank: M)` / `exitcode : C (pid: P)` blocks, "Sending
+  process P closing signal", "Received SIGTERM death signal"), parsed by the launcher.
+- DDP's reducer: after its first iteration DDP rebuilds its gradient buckets in the order
+  gradients became ready (`reducer._rebuild_buckets()`); the layout decides the order of the
+  floating-point sums in the all-reduce. `bucket_layout` reads it
+  (`reducer._get_zeros_like_grad_buckets()`), `install_bucket_layout` builds a new reducer
+  with it through DDP's own `_ddp_init_helper`, with `dist._compute_bucket_assignment_by_size`
+  answering the saved layout for that one call.
+
+Text patterns need no torch; the functions import it when called (the launcher never does).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+# torchrun's failure summary, as torch.distributed.elastic.multiprocessing.errors prints it.
+SUMMARY_ROOT_CAUSE = "Root Cause"
+SUMMARY_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+SUMMARY_RANK_EXIT = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+SUMMARY_BLOCK_START = re.compile(r"^\s*\[\d+\]:\s*$")
+# The agent's own log lines.
+AGENT_CLOSED = re.compile(r"Sending process (\d+) closing signal|Unable to shutdown process (\d+)")
+AGENT_DEATH = re.compile(r"Received (\d+|\w+) death signal|SignalException: Process \d+ got signal")
+
+
+def agent_hosts_store() -> bool:
+    """Whether torchrun's agent hosts the rendezvous store (rank 0 must not host another)."""
+    return os.environ.get(AGENT_STORE_ENV) == "True"
+
+
+def default_store() -> Any:
+    """The store of the default process group."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+# -- DDP's gradient bucket layout ----------------------------------------------------------
+
+def is_ddp(module: Any) -> bool:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    return isinstance(module, DistributedDataParallel)
+
+
+def layout_blocker(ddp: Any) -> str | None:
+    """Why this DDP's bucket layout cannot be carried across a restart, or None."""
+    if getattr(ddp, "_use_python_reducer", False):
+        return "it runs the Python reducer (compiled autograd), whose buckets live elsewhere"
+    if getattr(ddp, "_comm_hooks", None):
+        return "a communication hook is registered; restore() must come before register_comm_hook()"
+    return None
+
+
+def bucket_layout(ddp: Any) -> list[list[int]] | None:
+    """DDP's rebuilt bucket layout: per bucket, in the reducer's order, the indices of its
+    parameters in DDP's parameter list; None while DDP has not rebuilt (it never does with
+    find_unused_parameters=True, and not before one full iteration).
+
+    Rebuilds now, if the reducer has recorded an iteration but not rebuilt yet: DDP would do
+    exactly this at the next forward; doing it here lets a checkpoint taken after the first
+    iteration hold the layout every later step uses. Every rank saves at the same step, so
+    the rebuild's broadcast of rank 0's layout pairs up.
+    """
+    if not getattr(ddp, "_has_rebuilt_buckets", False):
+        if not ddp.reducer._rebuild_buckets():
+            return None
+        ddp._has_rebuilt_buckets = True
+    return reducer_buckets(ddp)
+
+
+def reducer_buckets(ddp: Any) -> list[list[int]]:
+    """The reducer's buckets as they are now: parameter indices, bucket by bucket."""
+    params, _ = ddp._build_params_for_reducer()
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for p in bucket.parameters()]
+            for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+def install_bucket_layout(ddp: Any, layout: list[list[int]]) -> None:
+    """Replace DDP's reducer by one built with `layout` (from bucket_layout), before the
+    first forward of this process: its first step then sums in the same order as the steps
+    of the run that saved it. The new reducer rebuilds after its first iteration as DDP's
+    always does; the ready order is the model's, so it rebuilds to this same layout."""
+    import torch.distributed as dist
+
+    params, expect_sparse = ddp._build_params_for_reducer()
+    if sorted(i for bucket in layout for i in bucket) != list(range(len(params))):
+        raise ValueError(f"the saved bucket layout covers other parameters than this model's {len(params)}")
+    mapping = ddp._build_debug_param_to_name_mapping(params)
+    limits = [ddp.bucket_bytes_cap] * len(layout)
+    original = dist._compute_bucket_assignment_by_size
+
+    def saved_assignment(*args: Any, **kwargs: Any) -> tuple[list[list[int]], list[int]]:
+        # _ddp_init_helper reverses what this returns (its guess at the backward order).
+        return [list(b) for b in reversed(layout)], list(reversed(limits))
+
+    ddp.reducer._remove_autograd_hooks()
+    dist._compute_bucket_assignment_by_size = saved_assignment
+    try:
+        ddp._ddp_init_helper(params, expect_sparse, mapping, ddp.static_graph)
+    finally:
+        dist._compute_bucket_assignment_by_size = original
+    if ddp.static_graph:
+        ddp.reducer._set_static_graph()
+        ddp.logger._set_static_graph()
+    ddp._has_rebuilt_buckets = False

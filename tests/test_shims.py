@@ -1,0 +1,151 @@
+"""Each private API behind jupyter_dlc/shims/ still exists and behaves as the shim assumes.
+
+When an upgrade of torch, Python, ipykernel or jupyter_bokeh moves one, the test named after
+it fails and says which shim to update. Real libraries, a real torchrun and a real process
+group throughout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jupyter_dlc.shims import bokeh_private, jupyter_private, python_private, torch_private
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _moved(shim: str, what: str) -> str:
+    return f"{what} moved in the installed version: update jupyter_dlc/shims/{shim}.py"
+
+
+# -- torch ------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def torchrun_failure(tmp_path_factory):
+    """A real torchrun of 2 workers: rank 1 dies by SIGKILL, rank 0 waits to be closed."""
+    base = tmp_path_factory.mktemp("torchrun")
+    script = base / "w.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        print("agent store:", os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), flush=True)
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+        """))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                           "--nproc-per-node", "2", "--master-port", str(_free_port()), str(script)],
+                          cwd=base, capture_output=True, text=True, timeout=120)
+    return proc.stdout + proc.stderr
+
+
+def test_torch_failure_summary_text(torchrun_failure):
+    text = torchrun_failure
+    assert torch_private.SUMMARY_ROOT_CAUSE in text, _moved("torch_private", "torchrun's summary header")
+    found = torch_private.SUMMARY_RANK_EXIT.findall(text)
+    assert ("1", "-9") in found, _moved("torch_private", "the summary's rank/exitcode block") + "\n" + text
+    lines = text.splitlines()
+    assert any(torch_private.SUMMARY_BLOCK_START.match(x) for x in lines), _moved("torch_private", "[N]:")
+    fields = {m.group(1) for m in map(torch_private.SUMMARY_FIELD.match, lines) if m}
+    assert {"rank", "exitcode", "traceback"} <= fields, _moved("torch_private", "the summary's fields")
+    assert any(torch_private.AGENT_CLOSED.search(x) for x in lines), _moved("torch_private", "closing signal")
+
+
+def test_torch_agent_death_signal_text():
+    from torch.distributed.elastic.agent.server import api
+
+    source = inspect.getsource(api)
+    sample = next((line for line in source.splitlines() if "death signal" in line), "")
+    assert torch_private.AGENT_DEATH.search(sample.replace("%s", "SIGTERM")), \
+        _moved("torch_private", "the agent's death-signal line")
+
+
+def test_torch_agent_store_variable(torchrun_failure):
+    assert "agent store: True" in torchrun_failure, _moved("torch_private", torch_private.AGENT_STORE_ENV)
+
+
+def test_torch_default_store_and_ddp_reducer_internals(tmp_path):
+    """In a fresh Python: a gloo group of one, its default store, and DDP's reducer layout
+    read, rebuilt and installed."""
+    code = textwrap.dedent("""
+        import torch, torch.nn as nn, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from jupyter_dlc.shims import torch_private as tp
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        store = tp.default_store()
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        net = lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        ddp = DDP(net())
+        assert tp.layout_blocker(ddp) is None
+        assert tp.bucket_layout(ddp) is None          # no iteration yet: nothing rebuilt
+        ddp(torch.randn(2, 4)).sum().backward()
+        layout = tp.bucket_layout(ddp)
+        assert sorted(i for b in layout for i in b) == [0, 1, 2, 3], layout
+        other = DDP(net())
+        tp.install_bucket_layout(other, layout)
+        assert tp.reducer_buckets(other) == layout
+        other(torch.randn(2, 4)).sum().backward()
+        print("ok")
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "ok" in proc.stdout, \
+        _moved("torch_private", "_get_default_store or DDP's reducer internals") + "\n" + proc.stderr
+
+
+# -- Python -----------------------------------------------------------------------------
+
+def test_python_run_exit_handlers():
+    code = ("import atexit, os\nfrom jupyter_dlc.shims.python_private import run_exit_handlers\n"
+            "atexit.register(print, 'handler ran')\nrun_exit_handlers()\nos._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout == "handler ran\n", _moved("python_private", "atexit._run_exitfuncs") + proc.stderr
+    assert python_private.run_exit_handlers.__module__ == "jupyter_dlc.shims.python_private"
+
+
+# -- Jupyter ----------------------------------------------------------------------------
+
+def test_jupyter_kernel_parent_ident():
+    """A real ipykernel Kernel (not started): the private dict exists, keyed by channel."""
+    from ipykernel.kernelbase import Kernel
+
+    kernel = Kernel()
+    try:
+        ident = jupyter_private.shell_parent_ident(kernel)
+    except (AttributeError, KeyError, TypeError) as error:
+        pytest.fail(_moved("jupyter_private", "Kernel._parent_ident['shell']") + f": {error!r}")
+    assert isinstance(ident, (bytes, list, type(None))), _moved("jupyter_private", "its value type")
+    assert callable(getattr(kernel, "get_parent", None)), _moved("jupyter_private", "Kernel.get_parent")
+
+
+# -- bokeh ------------------------------------------------------------------------------
+
+def test_bokeh_sync_model_is_replaced():
+    from jupyter_bokeh.widgets import BokehModel
+
+    original = getattr(BokehModel, bokeh_private.SYNC_MODEL, None)
+    assert callable(original), _moved("bokeh_private", "BokehModel._sync_model")
+    params = list(inspect.signature(original).parameters)
+    assert len(params) == 4, _moved("bokeh_private", f"_sync_model's signature {params}")
+
+    @bokeh_private.ignore_page_events
+    class Quiet(BokehModel):
+        pass
+
+    assert getattr(Quiet, bokeh_private.SYNC_MODEL) is not original
+    assert getattr(BokehModel, bokeh_private.SYNC_MODEL) is original

@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from .. import layout
-from ..backends import AttemptContext, get_backend
+from ..backends import AttemptContext, get_backend, refresh_backends
 from ..backends.local import job_processes
 from ..spec import JobSpec, network_env
 from .preflight import run_preflight
@@ -78,6 +78,7 @@ class Supervisor(threading.Thread):
 
     def tick(self) -> None:
         _reap_children()
+        refresh_backends()
         processes = job_processes()
         now = time.time()
         for row in self.store.job_rows(ACTIVE_STATES):
@@ -87,6 +88,7 @@ class Supervisor(threading.Thread):
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
                     self.kill_leftovers(row["id"], processes)
+                    self.release(row["id"])
             except Exception:
                 log.error("job %s: %s", row["id"], traceback.format_exc())
 
@@ -99,6 +101,14 @@ class Supervisor(threading.Thread):
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+
+    def release(self, job_id: str) -> None:
+        """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
+        row = self.store.job_row(job_id)
+        arow = self.store.attempt_row(job_id, row["attempt"])
+        if arow and arow["handle"]:
+            ctx = self.context(row)
+            get_backend(ctx.spec.backend).cleanup(ctx, json.loads(arow["handle"]))
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None) -> AttemptContext:
@@ -131,7 +141,7 @@ class Supervisor(threading.Thread):
         state = row["state"]
         if state == "QUEUED":
             self.start_attempt(row)
-        elif state in ("STARTING", "RUNNING"):
+        elif state in ("STARTING", "PENDING", "RUNNING"):
             self.watch(row, processes, now)
         elif state == "STOPPING":
             self.finish_stop(row, processes, now)
@@ -166,9 +176,11 @@ class Supervisor(threading.Thread):
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)
-        handle = backend.start(ctx)
+        handle = backend.submit(ctx)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
+        if handle.get("engine_id"):
+            reason += f" as {backend.name} job {handle['engine_id']}"
         if resume_path:
             reason += f", resuming from {os.path.basename(resume_path)}"
         self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
@@ -192,11 +204,21 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(job_id, ctx.attempt)
         handle = json.loads(arow["handle"] or "{}")
         backend = get_backend(ctx.spec.backend)
-        status = backend.poll(ctx, handle, processes)
-        alive = bool(processes.get((job_id, ctx.attempt)))
+        status = backend.describe(ctx, handle)
+        alive = status.alive
         ranks = self.sync_ranks(ctx, status, alive)
+        if status.phase == "PENDING":
+            reason = f"waiting in {backend.name}: {status.reason}"
+            if row["state"] != "PENDING" or row["reason"] != reason:
+                self.store.transition(job_id, "PENDING", reason)
+            return
+        if status.reason:
+            # The engine ended the attempt (a scancel from outside, a time limit): its word
+            # is the reason, whatever the ranks said as they were taken down.
+            self.end_attempt(row, ctx, handle, "cancelled", status.reason, processes)
+            return
         started = all(rs.pid for rs in status.ranks.values())
-        if row["state"] == "STARTING" and started:
+        if row["state"] in ("STARTING", "PENDING") and started:
             self.store.transition(job_id, "RUNNING", "every rank is up")
         codes = [rs.exit_code for rs in status.ranks.values()]
         # The first rank to fail, by time: the others usually die of its absence.
@@ -228,7 +250,9 @@ class Supervisor(threading.Thread):
 
     def maybe_start_standby(self, row, ctx, ranks, processes) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
-        if not STANDBY_AGENTS or row["state"] != "RUNNING" or ctx.spec.backend != "local":
+        backend = get_backend(ctx.spec.backend)
+        if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
+                not backend.capabilities(ctx.spec).standby_agents:
             return
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
         if restarts >= ctx.spec.max_restarts or processes.get((row["id"], ctx.attempt + 1)):
@@ -238,7 +262,7 @@ class Supervisor(threading.Thread):
         nxt = self.context(row, ctx.attempt + 1)
         if os.path.exists(os.path.join(nxt.attempt_dir, "node-0.go.pid")):
             return  # started once already (and then died or was used)
-        get_backend(ctx.spec.backend).start_standby(nxt)
+        backend.start_standby(nxt)
 
     def preempted(self, job_id: str, attempt: int) -> bool:
         """Whether a rank of the attempt reported a preemption, which the runtime does only
@@ -296,7 +320,7 @@ class Supervisor(threading.Thread):
         for hook in self.hooks:
             hook(row, time.time(), final=True)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
-        backend.signal(ctx, handle, signal.SIGKILL, processes)
+        backend.kill(ctx, handle)
         diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
         if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
             # A rank killed by a signal has no end time of its own; the diagnosis knows it
@@ -315,7 +339,7 @@ class Supervisor(threading.Thread):
         if outcome == "succeeded":
             self.store.transition(job_id, "SUCCEEDED", reason)
             return
-        if outcome == "timeout":
+        if outcome in ("timeout", "cancelled"):
             self.store.transition(job_id, "FAILED", reason)
             return
         arow = self.store.attempt_row(job_id, ctx.attempt)
@@ -364,11 +388,13 @@ class Supervisor(threading.Thread):
 
     def maybe_restart(self, row, processes, now: float) -> None:
         job_id = row["id"]
-        if processes.get((job_id, row["attempt"])):
-            ctx = self.context(row)
-            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
-            return
         arow = self.store.attempt_row(job_id, row["attempt"])
+        ctx = self.context(row)
+        handle = json.loads(arow["handle"] or "{}")
+        backend = get_backend(ctx.spec.backend)
+        if backend.describe(ctx, handle).alive:
+            backend.kill(ctx, handle)
+            return
         restarts = arow["restarts"] or 0
         preempted = arow["outcome"] == "preempted"
         spec = JobSpec.from_dict(json.loads(row["spec"]))
@@ -395,7 +421,7 @@ class Supervisor(threading.Thread):
             return
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), signal.SIGTERM)
+        get_backend(spec.backend).stop(ctx, json.loads(arow["handle"] or "{}"), grace)
         self.store.transition(job_id, "STOPPING", f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s")
         self.wake.set()
 
@@ -410,16 +436,16 @@ class Supervisor(threading.Thread):
     def finish_stop(self, row, processes, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
-        pids = processes.get((job_id, ctx.attempt), [])
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        status = get_backend(ctx.spec.backend).poll(ctx, json.loads(arow["handle"] or "{}"), processes)
-        self.sync_ranks(ctx, status, bool(pids))
-        if pids and now < (row["stop_requested"] or 0):
+        handle = json.loads(arow["handle"] or "{}")
+        backend = get_backend(ctx.spec.backend)
+        status = backend.describe(ctx, handle)
+        self.sync_ranks(ctx, status, status.alive)
+        if status.alive and now < (row["stop_requested"] or 0):
             return
-        if pids:
-            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
-            self.store.add_event(job_id, ctx.attempt, "state", f"grace over: SIGKILL to {len(pids)} "
-                                 "process(es)")
+        if status.alive:
+            backend.kill(ctx, handle)
+            self.store.add_event(job_id, ctx.attempt, "state", "grace over: killing what is left")
             return
         preempted = self.preempted(job_id, ctx.attempt)
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)

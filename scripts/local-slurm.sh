@@ -21,7 +21,10 @@ PORT="${DLC_SLURM_PORT:-16817}"
 NODE_PORT=$((PORT + 184))
 PYTHON="${PYTHON:-python3}"
 CONF="$STATE/slurm.conf"
-SOCKET="$STATE/munge/munge.sock"
+# munged runs as user munge, which must reach its files: they live outside STATE (which may
+# sit in a private directory, as pytest's tmp dirs do), in a directory named after STATE.
+MUNGE="${DLC_SLURM_MUNGE_DIR:-/tmp/dlc-munge-$(printf '%s' "$STATE" | md5sum | cut -c1-10)}"
+SOCKET="$MUNGE/munge.sock"
 PROFILE="${DLC_SLURM_PROFILE:-local-slurm}"
 NODES=(n1 n2 n3 n4)
 # Every daemon carries this variable, so `down` finds what `up` started and nothing else.
@@ -47,15 +50,15 @@ install() {
 }
 
 write_config() {
-    mkdir -p "$STATE/state" "$STATE/munge" "$STATE/log"
+    mkdir -p "$STATE/state" "$MUNGE" "$STATE/log"
     for node in "${NODES[@]}"; do mkdir -p "$STATE/spool/$node"; done
-    if [ ! -f "$STATE/munge.key" ]; then
-        dd if=/dev/urandom of="$STATE/munge.key" bs=1024 count=1 status=none
+    if [ ! -f "$MUNGE/munge.key" ]; then
+        dd if=/dev/urandom of="$MUNGE/munge.key" bs=1024 count=1 status=none
     fi
     # munged refuses a key others can read, and a socket dir that is not 0711.
-    chown munge:munge "$STATE/munge.key" "$STATE/munge"
-    chmod 0400 "$STATE/munge.key"
-    chmod 0711 "$STATE/munge"
+    chown munge:munge "$MUNGE/munge.key" "$MUNGE"
+    chmod 0400 "$MUNGE/munge.key"
+    chmod 0711 "$MUNGE"
     cat > "$CONF" <<EOF
 # Written by scripts/local-slurm.sh: 4 emulated nodes on this machine.
 ClusterName=dlclocal
@@ -92,11 +95,11 @@ EOF
 start() {
     export SLURM_CONF="$CONF"
     if ! alive "$STATE/munged.pid"; then
-        env "$TAG" runuser -u munge -- munged --socket="$SOCKET" --key-file="$STATE/munge.key" \
-            --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" \
-            --seed-file="$STATE/munge/munged.seed"
+        env "$TAG" runuser -u munge -- munged --socket="$SOCKET" --key-file="$MUNGE/munge.key" \
+            --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" \
+            --seed-file="$MUNGE/munged.seed"
         for _ in $(seq 50); do [ -S "$SOCKET" ] && break; sleep 0.1; done
-        cp "$STATE/munge/munged.pid" "$STATE/munged.pid"
+        cp "$MUNGE/munged.pid" "$STATE/munged.pid"
     fi
     if ! alive "$STATE/slurmctld.pid"; then
         env "$TAG" setsid slurmctld -D -f "$CONF" > "$STATE/log/slurmctld.out" 2>&1 < /dev/null &
@@ -154,7 +157,7 @@ down() {
     done
     for pid in $(tagged_pids); do kill -KILL "$pid" 2>/dev/null || true; done
     "$PYTHON" -m jupyter_dlc.clusters remove "$PROFILE" > /dev/null 2>&1 || true
-    rm -rf "$STATE"
+    rm -rf "$STATE" "$MUNGE"
     say "down"
 }
 

@@ -40,6 +40,7 @@ from .local import _read_int, _read_json, agent_summary_codes, torchrun_argv
 # a rank's failure forces a fresh answer, so the engine's reason is never stale then.
 POLL_INTERVAL = 1.0
 _TIMEOUT = 30
+SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
 ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
           "RESV_DEL_HOLD": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
           "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SUSPENDED": "RUNNING",
@@ -125,6 +126,10 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
         'node="$SLURM_NODEID"',
         f"unset {' '.join(STEP_VARS)}",
         'export DLC_NODE_RANK="$node"',
+        # Slurm ends a step (killing what is left) when its task exits: this shell must
+        # outlive the agent it runs, through the SIGTERM of a stop, for the ranks' grace.
+        # A handler, not an ignore: an ignored signal would stay ignored in the agent.
+        "trap : TERM",
         f'{agent} >> {node_log} 2>&1',
         "rc=$?",
         f'echo "$rc" > {node_exit}',
@@ -172,6 +177,7 @@ class SlurmBackend(Backend):
     def __init__(self):
         # job id -> (when asked, squeue's record or None when Slurm does not know it)
         self._seen: dict[str, tuple[float, dict | None]] = {}
+        self._completing: dict[str, float] = {}  # job id -> when first seen COMPLETING, failing
 
     # -- what it can do, and whether it can run this at all -------------------------------
     def capabilities(self, spec: JobSpec) -> Capabilities:
@@ -193,15 +199,16 @@ class SlurmBackend(Backend):
             return (f"nodes: {spec.nodes} nodes but partition {profile.get('partition') or '(default)'} "
                     f"of cluster {profile.name} has {len(nodes)}; use --nodes {len(nodes)} or fewer")
         res = spec.resources
-        for field_name, wanted, have, flag in (
+        for field_name, wanted, have, flag, unit in (
                 ("resources.cpus", res.get("cpus") or spec.nproc_per_node, max(n["cpus"] for n in nodes),
-                 "--cpus-per-node"),
-                ("resources.gpus", res.get("gpus") or 0, max(n["gpus"] for n in nodes), "--gpus-per-node"),
+                 "--cpus-per-node", ""),
+                ("resources.gpus", res.get("gpus") or 0, max(n["gpus"] for n in nodes),
+                 "--gpus-per-node", ""),
                 ("resources.memory", res.get("memory_mb") or 0, max(n["memory_mb"] for n in nodes),
-                 "--memory-per-node")):
+                 "--memory-per-node", "M")):
             if wanted > have:
-                return (f"{field_name}: {wanted} per node but the largest node of cluster "
-                        f"{profile.name} has {have}; use {flag} {have} or less")
+                return (f"{field_name}: {wanted}{unit} per node but the largest node of cluster "
+                        f"{profile.name} has {have}{unit}; use {flag} {have}{unit} or less")
         return None
 
     def _partition_nodes(self, profile) -> list[dict[str, Any]]:
@@ -294,13 +301,20 @@ class SlurmBackend(Backend):
             any(r.get("exit_code") not in (None, 0) for r in records.values())
         slurm = self._slurm_state(ctx, job_id, fresh=failing) if job_id else {"job_state": "GONE"}
         state = slurm["job_state"]
+        # Right after a scancel, squeue says COMPLETING for a moment before CANCELLED; the
+        # ranks it took down must not be judged as a failure of their own meanwhile.
+        withhold = failing and state == "COMPLETING" and \
+            time.monotonic() - self._completing.setdefault(job_id, time.monotonic()) < SETTLE
+        if withhold:
+            exits = dict.fromkeys(exits)
+            records = {r: dict(rec, exit_code=None) for r, rec in records.items()}
         status.phase = ACTIVE.get(state, "ENDED")
         status.alive = status.phase != "ENDED"
         if status.phase == "PENDING":
-            status.reason = slurm.get("reason") or state
+            status.reason = slurm.get("reason") if slurm.get("reason") not in (None, "None") else state
         elif state in ENGINE_ENDS:
             status.reason = f"Slurm job {job_id} {ENGINE_ENDS[state]}"
-        summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
+        summary = {} if withhold else agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
         for node, code in exits.items():
             status.nodes.append(NodeStatus(node, status.phase == "RUNNING" and code is None, code))
         for rank, record in records.items():
@@ -324,9 +338,13 @@ class SlurmBackend(Backend):
         if not job_id:
             return
         env = client_env(_profile(ctx.spec))
+        state = (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state")
         self._seen.pop(str(job_id), None)
-        if _run(["scancel", "--signal=TERM", str(job_id)], env).returncode != 0:
-            _run(["scancel", str(job_id)], env)  # still pending: nothing to signal, just cancel
+        if ACTIVE.get(state) == "RUNNING":
+            _run(["scancel", "--signal=TERM", str(job_id)], env)
+        elif state in ACTIVE:
+            # Pending: nothing runs to be signalled (scancel --signal would retry for minutes).
+            _run(["scancel", str(job_id)], env)
 
     def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         job_id = handle.get("engine_id")

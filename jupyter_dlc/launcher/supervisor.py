@@ -220,6 +220,9 @@ class Supervisor(threading.Thread):
         started = all(rs.pid for rs in status.ranks.values())
         if row["state"] in ("STARTING", "PENDING") and started:
             self.store.transition(job_id, "RUNNING", "every rank is up")
+        elif row["state"] == "PENDING":
+            self.store.transition(job_id, "STARTING", f"{backend.name} allocated the nodes; "
+                                  "ranks starting")
         codes = [rs.exit_code for rs in status.ranks.values()]
         # The first rank to fail, by time: the others usually die of its absence.
         failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),

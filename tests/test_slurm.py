@@ -16,12 +16,12 @@ import sys
 
 import pytest
 import torch
-
 from conftest import LauncherEnv, wait_for
-from jupyter_dlc.backends.local import job_processes
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
+
+from jupyter_dlc.backends.local import job_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
@@ -35,7 +35,8 @@ def slurm(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     env = dict(os.environ, DLC_SLURM_DIR=str(root / "cluster"), DLC_SLURM_PORT="16917",
                DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
-    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600)
+    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
     if up.returncode == 3:
         pytest.skip(f"Slurm cannot be installed here: {up.stderr.strip().splitlines()[-1]}")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -43,7 +44,8 @@ def slurm(tmp_path_factory):
     os.environ["DLC_CLUSTERS"] = env["DLC_CLUSTERS"]
     client_env = dict(env, SLURM_CONF=str(root / "cluster" / "slurm.conf"))
     yield client_env
-    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120)
+    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
     if saved is None:
         os.environ.pop("DLC_CLUSTERS", None)
     else:
@@ -132,9 +134,11 @@ def test_job_bigger_than_the_free_nodes_pends_with_slurms_reason_and_stops(launc
         job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
                                       "cluster": CLUSTER})
         # Slurm says Priority or None for a moment, then Resources once it has tried.
-        wait_for(lambda: (lambda j: j["state"] == "PENDING" and j["reason"] ==
-                          "waiting in slurm: Resources")(launcher.client.job(job["id"])),
-                 60, what="PENDING for Resources")
+        def pending_for_resources():
+            now = launcher.client.job(job["id"])
+            return now["state"] == "PENDING" and now["reason"] == "waiting in slurm: Resources"
+
+        wait_for(pending_for_resources, 60, what="PENDING for Resources")
         slurm_id = engine_id(launcher.client, job["id"])
         assert slurm_id in squeue_ids(slurm)
         launcher.client.stop(job["id"], grace=5)
@@ -149,12 +153,12 @@ def test_job_bigger_than_the_free_nodes_pends_with_slurms_reason_and_stops(launc
 def test_too_big_for_the_partition_is_refused_at_submit(launcher):
     script = launcher.script("sleeper.py", SLEEPER)
     for spec, message in (
-            ({"nodes": 5}, "nodes: 5 nodes but partition debug of cluster local-slurm has 4; "
-                           "use --nodes 4 or fewer"),
-            ({"resources": {"gpus": 1}}, "resources.gpus: 1 per node but the largest node of "
-                                         "cluster local-slurm has 0; use --gpus-per-node 0 or less"),
-            ({"resources": {"memory": "4G"}}, "resources.memory: 4096M per node but the largest "
-                                              "node of cluster local-slurm has 2000M"),
+            ({"nodes": 5}, ("nodes: 5 nodes but partition debug of cluster local-slurm has 4; "
+                            "use --nodes 4 or fewer")),
+            ({"resources": {"gpus": 1}}, ("resources.gpus: 1 per node but the largest node of "
+                                          "cluster local-slurm has 0; use --gpus-per-node 0 or less")),
+            ({"resources": {"memory": "4G"}}, ("resources.memory: 4096M per node but the largest "
+                                               "node of cluster local-slurm has 2000M")),
             ({"cluster": "nope"}, "cluster: no profile named 'nope' (profiles: local-slurm)")):
         with pytest.raises(Exception) as error:
             launcher.client.submit(dict({"script": script, "cluster": CLUSTER}, **spec))
@@ -168,7 +172,8 @@ def test_stop_leaves_no_process_on_any_node(launcher, slurm):
     stubborn = launcher.client.submit({"script": script, "args": ["--ignore-term"], "nodes": 2,
                                        "nproc_per_node": 1, "stop_grace": 2, "cluster": CLUSTER})
     for job in (polite, stubborn):
-        wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
+        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
+                 what="RUNNING")
     ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]
     launcher.client.stop(polite["id"])
     launcher.client.stop(stubborn["id"])
@@ -232,12 +237,12 @@ def test_launcher_kill_9_then_readoption(launcher, slurm):
 def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):
     nb = run_notebook([
         "%load_ext jupyter_dlc",
-        "%%dlc --cluster local-slurm --nodes 2 --nproc-per-node 2 --name nbslurm --wait\n"
-        "import os, torch, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "t = torch.ones(1) * dist.get_rank()\n"
-        "dist.all_reduce(t)\n"
-        "print('SUM', t.item(), 'SLURM', os.environ['SLURM_JOB_ID'])\n",
+        ("%%dlc --cluster local-slurm --nodes 2 --nproc-per-node 2 --name nbslurm --wait\n"
+         "import os, torch, torch.distributed as dist\n"
+         "dist.init_process_group('gloo')\n"
+         "t = torch.ones(1) * dist.get_rank()\n"
+         "dist.all_reduce(t)\n"
+         "print('SUM', t.item(), 'SLURM', os.environ['SLURM_JOB_ID'])\n"),
         "%dlc status last",
     ], str(tmp_path))
     status = text(nb.cells[2])
@@ -250,7 +255,8 @@ def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):
 
 def test_clusters_command_checks_each_profile_live(slurm, launcher):
     out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "clusters"], env=dict(
-        os.environ, DLC_CLUSTERS=slurm["DLC_CLUSTERS"]), capture_output=True, text=True, timeout=60)
+        os.environ, DLC_CLUSTERS=slurm["DLC_CLUSTERS"]), capture_output=True, text=True, timeout=60,
+        check=False)
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith(CLUSTER))
     assert row.split()[:5] == [CLUSTER, "slurm", "yes", "4", "0"]
@@ -261,5 +267,35 @@ def test_clusters_command_checks_each_profile_live(slurm, launcher):
         f.write(broken)
     out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "clusters"],
                          env=dict(os.environ, DLC_CLUSTERS=path), capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, check=False)
     assert out.returncode == 1 and "gone" in out.stdout and " NO " in out.stdout
+
+
+def test_export_writes_a_job_sbatch_that_plain_sbatch_runs(launcher, slurm, tmp_path):
+    """A job the local engine ran, exported, then submitted by hand with plain sbatch."""
+    from jupyter_dlc.export import export_job
+
+    script = launcher.script("envjob.py", ENV_SCRIPT)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
+                                  "name": "exported", "env": {"USER_VAR": "y"}})
+    assert launcher.client.wait(job["id"], timeout=180)["state"] == "SUCCEEDED"
+    bundle = tmp_path / "bundle"
+    export_job(launcher.client, job["id"], str(bundle))
+    batch = (bundle / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in batch and "jupyter_dlc" not in batch
+    submitted = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=bundle, check=True,
+                               env=dict(slurm, PYTHON=sys.executable), capture_output=True,
+                               text=True).stdout.strip()
+    wait_for(lambda: submitted not in squeue_ids(slurm), 180, what="the exported job to end")
+    envs = {}
+    for node in (0, 1):
+        for line in (bundle / "logs" / f"node-{node}.log").read_text().splitlines():
+            if "ENV {" in line:
+                env = json.loads(line[line.index("ENV {") + 4:])
+                envs[int(env["RANK"])] = env
+    assert sorted(envs) == [0, 1, 2, 3], (bundle / "logs" / "node-0.log").read_text()[-2000:]
+    for env in envs.values():
+        assert env["sum"] == 6.0 and env["USER_VAR"] == "y"
+        assert env["DLC_JOB_DIR"] == str(bundle) and env["MASTER_ADDR"].startswith("127.0.0.1")
+        assert env["DLC_TOKEN"] is None and env["DLC_LAUNCHER_URL"] is None
+    assert [(bundle / "logs" / f"node-{n}.exit").read_text().strip() for n in (0, 1)] == ["0", "0"]

@@ -59,10 +59,21 @@ STEP_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "S
              "SLURM_NTASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS")
 
 
-def _profile(spec: JobSpec):
-    from ..clusters import Profile, get_profile
+def _profile(spec: JobSpec, lenient: bool = False):
+    """The job's Slurm profile; with `lenient`, defaults where it names none that is here
+    (an export, made where the profile may not exist)."""
+    from ..clusters import ClusterError, Profile, get_profile
 
-    return get_profile(spec.cluster) if spec.cluster else Profile("slurm", "slurm", {})
+    default = Profile("slurm", "slurm", {})
+    if not spec.cluster:
+        return default
+    try:
+        profile = get_profile(spec.cluster)
+    except ClusterError:
+        if lenient:
+            return default
+        raise
+    return profile if profile.engine == "slurm" or not lenient else default
 
 
 def client_env(profile) -> dict[str, str]:
@@ -110,18 +121,24 @@ def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
 
 
 def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str], python: str,
-                  script: str, log_dir: str, port: str, preamble: str = "") -> str:
+                  script: str, log_dir: str, port: str, preamble: str = "",
+                  bootstrap: bool = True) -> str:
     """A batch script that runs the job's torchrun agents, one per node.
 
-    `exports` values, `script`, `log_dir` and `port` are shell words (quoted by the caller:
-    the export uses "$HERE/..." forms, the engine absolute paths).
+    `exports` values, `python`, `script`, `log_dir` and `port` are shell words (quoted by the
+    caller: the export uses "$HERE/..." forms, the engine absolute paths). Without
+    `bootstrap` the ranks run the script as plain torchrun would (no jupyter-dlc needed).
     """
     node_log = layout.node_log(log_dir, "@NODE@").replace("@NODE@", "$node")
     node_exit = layout.node_exit(log_dir, "@NODE@").replace("@NODE@", "$node")
-    argv = torchrun_argv(spec, "@NODE@", "@PORT@", "@SCRIPT@", python, master_addr="@MASTER@")
+    argv = torchrun_argv(spec, "@NODE@", "@PORT@", "@SCRIPT@", "@PYTHON@", master_addr="@MASTER@")
+    if not bootstrap:
+        cut = argv.index("jupyter_dlc.runtime.bootstrap")
+        argv = argv[:cut - 1] + argv[cut + 1:]
     agent = " ".join(shlex.quote(a) for a in argv)
     agent = (agent.replace("@NODE@", '"$node"').replace("@MASTER@", '"$MASTER_ADDR"')
-             .replace("@PORT@", '"$MASTER_PORT"').replace("@SCRIPT@", script))
+             .replace("@PORT@", '"$MASTER_PORT"').replace("@SCRIPT@", script)
+             .replace("@PYTHON@", python))
     task = "\n".join([
         'node="$SLURM_NODEID"',
         f"unset {' '.join(STEP_VARS)}",
@@ -246,7 +263,7 @@ class SlurmBackend(Backend):
             ctx.spec, profile, f"dlc-{ctx.job_id}-a{ctx.attempt}",
             os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
         exports = {k: shlex.quote(v) for k, v in job_script_env(ctx, profile).items()}
-        script = render_sbatch(ctx.spec, directives, exports, python, shlex.quote(ctx.script_path),
+        script = render_sbatch(ctx.spec, directives, exports, shlex.quote(python), shlex.quote(ctx.script_path),
                                shlex.quote(ctx.attempt_dir), str(ctx.port or 29500))
         return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
                 "script": script}
@@ -359,3 +376,19 @@ class SlurmBackend(Backend):
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
 
+
+def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:
+    """`job.sbatch` of an exported bundle, whichever engine ran the job: `sbatch job.sbatch`
+    from the bundle's directory runs it with plain torchrun on a Slurm cluster. Options come
+    from the job's Slurm profile when it has one here; else edit the #SBATCH lines."""
+    profile = _profile(spec, lenient=True)
+    directives = sbatch_directives(spec, profile, spec.name, "slurm-%j.out", None)
+    exports = {"DLC_JOB_DIR": '"$HERE"', "DLC_JOB_NAME": shlex.quote(spec.name),
+               "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
+               "DLC_ATTEMPT": '"${DLC_ATTEMPT-1}"',
+               "DLC_CHECKPOINT_DIR": '"${DLC_CHECKPOINT_DIR:-$HERE/checkpoints}"', **env}
+    preamble = ('# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch\n'
+                'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"\n')
+    python = f'"${{PYTHON:-{spec.python or profile.get("python") or "python3"}}}"'
+    return render_sbatch(spec, directives, exports, python, '"$HERE/script.py"', '"$HERE/logs"',
+                         '"${MASTER_PORT:-29500}"', preamble=preamble, bootstrap=False)

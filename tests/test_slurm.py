@@ -21,6 +21,7 @@ from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
 
+from jupyter_dlc import formatting
 from jupyter_dlc.backends.local import job_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +141,9 @@ def test_job_bigger_than_the_free_nodes_pends_with_slurms_reason_and_stops(launc
 
         wait_for(pending_for_resources, 60, what="PENDING for Resources")
         slurm_id = engine_id(launcher.client, job["id"])
+        shown = formatting.status_text(launcher.client.job(job["id"]))
+        assert "reason: waiting in slurm: Resources" in shown
+        assert f"engine: slurm job {slurm_id} on cluster local-slurm" in shown
         assert slurm_id in squeue_ids(slurm)
         launcher.client.stop(job["id"], grace=5)
         stopped = launcher.client.wait(job["id"], timeout=60)
@@ -247,6 +251,9 @@ def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):
     ], str(tmp_path))
     status = text(nb.cells[2])
     assert "SUCCEEDED" in status, text(nb.cells[1]) + status
+    assert "engine: slurm job " in status
+    # The live view (widget state saved by nbclient) names the engine and its job id too.
+    assert "engine: slurm job " in json.dumps(nb.metadata.get("widgets", {}))
     job = launcher.client.job("last")
     assert job["spec"]["cluster"] == CLUSTER and job["spec"]["backend"] == "slurm"
     lines = [line["text"] for line in launcher.client.logs(job["id"])["lines"]]
@@ -299,3 +306,19 @@ def test_export_writes_a_job_sbatch_that_plain_sbatch_runs(launcher, slurm, tmp_
         assert env["DLC_JOB_DIR"] == str(bundle) and env["MASTER_ADDR"].startswith("127.0.0.1")
         assert env["DLC_TOKEN"] is None and env["DLC_LAUNCHER_URL"] is None
     assert [(bundle / "logs" / f"node-{n}.exit").read_text().strip() for n in (0, 1)] == ["0", "0"]
+
+
+def test_the_slurm_example_notebook_runs(launcher, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(ROOT, "examples", "slurm.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = {i: text(cell) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"}
+    joined = "\n".join(outputs.values())
+    assert "local-slurm" in joined and "SUCCEEDED" in joined, joined[-3000:]
+    assert "engine: slurm job " in joined and "step-60" in joined
+    assert "#SBATCH --nodes=2" in joined
+    job = launcher.client.job("last")
+    assert job["name"] == "slurm-demo" and job["spec"]["backend"] == "slurm"

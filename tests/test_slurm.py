@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -322,3 +323,23 @@ def test_the_slurm_example_notebook_runs(launcher, tmp_path):
     assert "#SBATCH --nodes=2" in joined
     job = launcher.client.job("last")
     assert job["name"] == "slurm-demo" and job["spec"]["backend"] == "slurm"
+
+
+def test_local_slurm_script_is_idempotent_and_reports_status(slurm):
+    env = dict(slurm, PYTHON=sys.executable)
+    state = pathlib.Path(env["DLC_SLURM_DIR"])
+
+    def daemon_pids():
+        return sorted(path.read_text() for path in state.glob("*.pid"))
+
+    pids = daemon_pids()
+    assert len(pids) == 6
+    again = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert daemon_pids() == pids  # nothing restarted, nothing doubled
+    status = subprocess.run([SCRIPT, "status"], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert status.returncode == 0
+    assert status.stdout.count(": running (pid") == 6  # munged, slurmctld, 4 slurmd
+    assert all(f"n{k} " in status.stdout for k in range(1, 5))

@@ -129,7 +129,8 @@ def test_scancel_from_outside_ends_the_job_with_that_reason(launcher, slurm):
 
 def test_job_bigger_than_the_free_nodes_pends_with_slurms_reason_and_stops(launcher, slurm):
     # Hold three of the four nodes with a job of our own, so that a 2-node job must wait.
-    blocker = subprocess.run(["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 600"],
+    blocker = subprocess.run(["sbatch", "--parsable", "-N3", "--exclusive", "--output=/dev/null",
+                              "--wrap", "sleep 600"],
                              env=slurm, capture_output=True, text=True, check=True).stdout.strip()
     try:
         script = launcher.script("sleeper.py", SLEEPER)

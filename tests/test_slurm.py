@@ -344,3 +344,26 @@ def test_local_slurm_script_is_idempotent_and_reports_status(slurm):
     assert status.returncode == 0
     assert status.stdout.count(": running (pid") == 6  # munged, slurmctld, 4 slurmd
     assert all(f"n{k} " in status.stdout for k in range(1, 5))
+
+
+def test_stop_checkpoints_and_resume_is_a_new_slurm_job_from_that_step(launcher):
+    """Stop is SIGTERM through Slurm: the runtime checkpoints at the next step boundary (the
+    node's task shell must not end the step under it); resume submits a new sbatch."""
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["400", "0.05"], "nodes": 2, "nproc_per_node": 1,
+                         "heartbeat_interval": 1, "cluster": CLUSTER})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 13, 180, what="step 13")
+    first = engine_id(client, job["id"])
+    client.stop(job["id"], grace=30)
+    stopped = client.wait(job["id"], timeout=90)
+    assert stopped["state"] == "STOPPED" and "checkpoint committed" in stopped["reason"]
+    last = stopped["last_step"]
+    assert [c["step"] for c in client.checkpoints(job["id"])][-1] == last
+    client.resume(job["id"])
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", 180, what="resumed attempt")
+    attempt = client.job(job["id"])["attempts"][-1]
+    assert attempt["resume_path"].endswith(f"step-{last}") and attempt["engine_id"] != first
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) > last, 120, what="progress after resume")
+    client.stop(job["id"], grace=5)
+    assert client.wait(job["id"], timeout=90)["state"] == "STOPPED"

@@ -7,6 +7,11 @@ running launcher (a user's every job but the first). Runs alternate, so machine 
 both alike; the median ratio is printed last.
 
     python benchmarks/launch.py [--reps 5]
+    python benchmarks/launch.py --engine slurm [--reps 5]
+
+With `--engine slurm` both sides go through a real Slurm cluster on this machine
+(scripts/local-slurm.sh, started and removed by the benchmark): `sbatch` of a hand-written
+batch script that runs the same torchrun agents with srun, against `--cluster local-slurm`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from common import free_port, private_launcher, stop_launcher
@@ -67,10 +73,36 @@ def plain_torchrun(script: str, marker: str) -> float:
     return first
 
 
-def through_launcher(client, script: str, marker: str) -> float:
+BATCH = """#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --output=/dev/null
+head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+export MASTER_ADDR="$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')"
+srun bash -c '{python} -m torch.distributed.run --nnodes=2 --node-rank="$SLURM_NODEID" \\
+    --nproc-per-node=2 --master-addr="$MASTER_ADDR" --master-port={port} --max-restarts=0 {script} {marker}'
+"""
+LOCAL_SLURM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "scripts", "local-slurm.sh")
+
+
+def plain_sbatch(script: str, marker: str) -> float:
+    """The same torchrun agents submitted by hand: sbatch of a batch script that srun's them."""
+    batch = marker + ".sbatch"
+    with open(batch, "w") as f:
+        f.write(BATCH.format(python=sys.executable, port=free_port(), script=script, marker=marker))
+    t0 = time.time()
+    job_id = subprocess.run(["sbatch", "--parsable", batch], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    first = read_time(marker) - t0
+    while job_id in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                                   check=False).stdout.split():
+        time.sleep(0.1)
+    return first
+
+
+def through_launcher(client, script: str, marker: str, **fields) -> float:
     t0 = time.time()
     job = client.submit({"script": script, "args": [marker], "nodes": 2, "nproc_per_node": 2,
-                         "max_restarts": 0})
+                         "max_restarts": 0, **fields})
     first = read_time(marker) - t0
     client.wait(job["id"], timeout=120)
     return first
@@ -79,20 +111,38 @@ def through_launcher(client, script: str, marker: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--engine", choices=["local", "slurm"], default="local")
     args = parser.parse_args()
+    fields, baseline, base_run = {}, "torchrun", plain_torchrun
+    if args.engine == "slurm":
+        state = tempfile.mkdtemp(prefix="dlc-bench-slurm-")
+        os.environ.update(DLC_SLURM_DIR=os.path.join(state, "cluster"), DLC_SLURM_PORT="16967",
+                          DLC_CLUSTERS=os.path.join(state, "clusters.yaml"), PYTHON=sys.executable)
+        subprocess.run([LOCAL_SLURM, "up"], check=True)
+        os.environ["SLURM_CONF"] = os.path.join(state, "cluster", "slurm.conf")
+        fields, baseline, base_run = {"cluster": "local-slurm"}, "sbatch", plain_sbatch
+    try:
+        measure(args, fields, baseline, base_run)
+    finally:
+        if args.engine == "slurm":
+            subprocess.run([LOCAL_SLURM, "down"], check=False)
+
+
+def measure(args, fields: dict, baseline: str, base_run) -> None:
     client, root, script = private_launcher("dlc-bench-launch-", "first_step.py", SCRIPT)
     plain, ours = [], []
-    through_launcher(client, script, os.path.join(root, "warmup"))  # page cache, launcher warm
+    through_launcher(client, script, os.path.join(root, "warmup"), **fields)  # caches warm
     for rep in range(args.reps):
-        for label, run, out in (("torchrun", lambda m: plain_torchrun(script, m), plain),
-                                ("launcher", lambda m: through_launcher(client, script, m), ours)):
+        for label, run, out in ((baseline, lambda m: base_run(script, m), plain),
+                                ("launcher", lambda m: through_launcher(client, script, m, **fields),
+                                 ours)):
             marker = os.path.join(root, f"{label}-{rep}")
             out.append(run(marker))
             print(f"rep {rep} {label:8s} first step after {out[-1]:.3f}s", flush=True)
     ratios = [o / p for o, p in zip(ours, plain, strict=True)]
-    print(f"median torchrun {statistics.median(plain):.3f}s, launcher {statistics.median(ours):.3f}s")
+    print(f"median {baseline} {statistics.median(plain):.3f}s, launcher {statistics.median(ours):.3f}s")
     stop_launcher(client)
-    print(f"ratio launcher/torchrun (median of {args.reps}, target <= 1.10): "
+    print(f"ratio launcher/{baseline} (median of {args.reps}, target <= 1.10): "
           f"{statistics.median(ratios):.3f}")
 
 

@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a bundle that runs with plain torchrun")
     export.add_argument("job")
     export.add_argument("dir")
+    sub.add_parser("clusters", help="cluster profiles, each with a live check (reachable, idle nodes, GPUs)")
     launcher = sub.add_parser("launcher", help="the launcher service")
     launcher.add_argument("action", choices=["start", "stop", "status"])
     return parser
@@ -104,6 +105,12 @@ def _dispatch(options, script_args: list[str]) -> int:
     command = options.command
     if command == "launcher":
         return _launcher(options.action)
+    if command == "clusters":
+        from .clusters import check_clusters, clusters_table
+
+        rows = check_clusters()
+        print(clusters_table(rows))
+        return 0 if all(row["ok"] for row in rows) else 1
     client = LauncherClient.connect(start=command == "run")
     if command == "run":
         script = os.path.abspath(options.script)

@@ -6,6 +6,8 @@
   job.yaml       the job spec; `script` and `files` relative to this directory
   files/         pushed values; DLC_JOB_DIR is set to <dest> so the script finds them
   run.sh         ./run.sh all (every node on this machine) or ./run.sh K (node K)
+  job.sbatch     sbatch job.sbatch (from this directory) on a Slurm cluster, whichever engine
+                 ran the job: one torchrun agent per node via srun
   <extra>        native forms a backend adds (a PyTorchJob manifest, an sbatch script)
 ```
 
@@ -26,7 +28,7 @@ import yaml
 
 from .spec import JobSpec, network_env
 
-RESERVED = ("script.py", "job.yaml", "run.sh", "files", "checkpoints")
+RESERVED = ("script.py", "job.yaml", "run.sh", "job.sbatch", "files", "checkpoints")
 DEFAULT_PORT = 29500
 
 
@@ -49,15 +51,17 @@ def _check_extra_name(name: str) -> None:
                           f"than {', '.join(RESERVED)}")
 
 
-def _env_lines(spec: JobSpec) -> list[str]:
+def _env_defaults(spec: JobSpec) -> dict[str, str]:
+    """The job's variables as shell words `"${K-default}"`: a value already in the caller's
+    environment (even empty) wins."""
     env = dict(network_env(spec.network))
     env.update(spec.env)  # the user's --env wins, as in the launcher
     env.setdefault("PYTHONUNBUFFERED", "1")
-    lines = []
-    for key, value in env.items():
-        # ${K-default}: a value already in the caller's environment (even empty) wins.
-        lines.append(f'export {key}="${{{key}-{_dq(value)}}}"')
-    return lines
+    return {key: f'"${{{key}-{_dq(value)}}}"' for key, value in env.items()}
+
+
+def _env_lines(spec: JobSpec) -> list[str]:
+    return [f"export {key}={word}" for key, word in _env_defaults(spec).items()]
 
 
 def _dq(value: str) -> str:
@@ -209,6 +213,9 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
               "# directory; script.py is what the ranks ran (captured code + the cell).\n")
     write("job.yaml", header + yaml.safe_dump(record, sort_keys=False))
     write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text), 0o755)
+    from .backends.slurm import export_sbatch
+
+    write("job.sbatch", export_sbatch(job, _env_defaults(job)), 0o755)
     for name, text in (extra or {}).items():
         write(name, text)
     return written

@@ -59,13 +59,27 @@ def status_line(job: dict) -> str:
     if step is not None:
         parts.append(f"step {step}, loss {_loss(job.get('last_loss'))}")
     text = " | ".join(parts)
-    if job["state"] in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
+    if job["state"] in ("FAILED", "STOPPED", "RESTARTING", "PENDING") and job.get("reason"):
         text += f"\n  reason: {job['reason']}"
     return text
 
 
+def engine_text(job: dict) -> str | None:
+    """Where the job runs, e.g. `slurm job 12 on cluster local-slurm`; None for local jobs."""
+    spec = job.get("spec") or {}
+    engine = spec.get("backend") or "local"
+    if engine == "local" and not spec.get("cluster"):
+        return None
+    attempts = job.get("attempts") or []
+    engine_id = attempts[-1].get("engine_id") if attempts else None
+    text = f"{engine} job {engine_id}" if engine_id else engine
+    return text + (f" on cluster {spec['cluster']}" if spec.get("cluster") else "")
+
+
 def status_text(job: dict) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
+    if engine_text(job):
+        lines.append(f"  engine: {engine_text(job)}")
     header = ("RANK", "NODE", "STATE", "STEP", "HEARTBEAT", "EXIT", "PID")
     rows = [header] + [
         (str(r["rank"]), str(r["node"]), r["state"], "-" if r["last_step"] is None else str(r["last_step"]),

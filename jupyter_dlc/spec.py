@@ -50,6 +50,14 @@ def parse_duration(value: Any, field_name: str) -> float:
     return seconds
 
 
+def parse_memory_mb(value: Any, field_name: str) -> int:
+    """Megabytes from 2000 (MB), "2000M", "16G", "1T"."""
+    match = re.match(r"^\s*(\d+)\s*([MGT]?)B?\s*$", str(value), re.IGNORECASE) if not isinstance(value, bool) else None
+    if not match or int(match.group(1)) <= 0:
+        raise SpecError(field_name, f"expected a size like 16G or 2000M, got {value!r}")
+    return int(match.group(1)) * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
+
+
 def format_duration(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
@@ -126,6 +134,10 @@ class JobSpec:
     # Where the job came from, so views can open it: {"kind": "notebook"|"cli", "path": ...}.
     source: dict[str, Any] = field(default_factory=dict)
     python: str | None = None
+    # A cluster profile (dlc_clusters.yaml) naming the engine and its options; None: local.
+    cluster: str | None = None
+    # Per node: {"gpus": int, "cpus": int, "memory_mb": int}; each engine checks it at submit.
+    resources: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
@@ -172,11 +184,31 @@ class JobSpec:
         for name, path in self.files.items():
             if "/" in name or name.startswith(".") or not os.path.isfile(path):
                 raise SpecError("files", f"{name!r} → {path!r} is not a plain name and a readable file")
+        self._validate_placement()
         if not self.name:
             self.name = os.path.splitext(os.path.basename(self.script))[0] if self.script else "cell"
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", self.name):
             raise SpecError("name", f"{self.name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
         return self
+
+    def _validate_placement(self) -> None:
+        if self.cluster is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", str(self.cluster)):
+            raise SpecError("cluster", f"{self.cluster!r} is not a profile name; see `jupyter-dlc clusters`")
+        if not isinstance(self.resources, dict):
+            raise SpecError("resources", "expected a mapping like {gpus: 8, cpus: 32, memory: 256G}")
+        resources = {}
+        for key, value in self.resources.items():
+            if value is None:
+                continue
+            if key == "gpus":
+                resources["gpus"] = _int(value, "resources.gpus", 0, 64)
+            elif key == "cpus":
+                resources["cpus"] = _int(value, "resources.cpus", 1, 4096)
+            elif key in ("memory", "memory_mb"):
+                resources["memory_mb"] = parse_memory_mb(value, f"resources.{key}")
+            else:
+                raise SpecError(f"resources.{key}", "unknown resource; use gpus, cpus or memory")
+        self.resources = resources
 
     def _check_timeout_order(self) -> None:
         # A missed-heartbeat verdict must come before the stall alert, which must come before
@@ -236,6 +268,10 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                         help="alert rule, e.g. 'gpu_util < 0.3 for 15m -> stop' (repeatable)")),
     (("--no-default-alerts",), dict(action="store_true", help="turn the default alert rules off")),
     (("--backend",), dict(default="local", choices=list(BACKENDS), help="engine to run on")),
+    (("--cluster",), dict(default=None, help="cluster profile to run on (see jupyter-dlc clusters)")),
+    (("--gpus-per-node",), dict(type=int, default=None, help="GPUs each node needs")),
+    (("--cpus-per-node",), dict(type=int, default=None, help="CPU cores each node needs")),
+    (("--memory-per-node",), dict(default=None, help="memory each node needs, e.g. 64G")),
 ]
 
 
@@ -248,4 +284,6 @@ def spec_from_options(options: Any, **fields: Any) -> JobSpec:
         max_restarts=options.max_restarts, checkpoint_dir=options.checkpoint_dir,
         keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
         progress_timeout=options.progress_timeout, alerts=list(options.alert),
-        default_alerts=not options.no_default_alerts, backend=options.backend, **fields))
+        default_alerts=not options.no_default_alerts, backend=options.backend,
+        cluster=options.cluster, resources={"gpus": options.gpus_per_node, "cpus": options.cpus_per_node,
+                                            "memory": options.memory_per_node}, **fields))

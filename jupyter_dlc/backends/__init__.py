@@ -1,9 +1,24 @@
-"""Engines behind one small interface (after TorchX's scheduler contract).
+"""Engines behind one contract (after TorchX's scheduler contract).
 
-`dry_run` returns the engine's native request (torchrun argv per node, an sbatch script, a
-PyTorchJob manifest) without starting anything: it is both what `export` writes and the
-test seam. `start` launches and returns a JSON-able handle the launcher stores, so that a
-restarted launcher can `poll` and `stop` processes it did not start itself.
+    capacity_error(spec)      why the engine cannot run this spec at all (checked at submit)
+    dry_run(ctx)              the engine's native request (argv per node, an sbatch script,
+                              manifests), without starting anything: what `export` writes
+    submit(ctx) -> handle     start one attempt; the JSON-able handle (pids, a Slurm job id)
+                              is stored, so a restarted launcher re-adopts the attempt
+    describe(ctx, handle)     phase PENDING | RUNNING | ENDED, the engine's own reason (Slurm's
+                              pending reason, "CANCELLED"), per-node and per-rank exits, and
+                              whether anything of the attempt is still alive
+    logs(ctx, handle, ...)    a rank's or a node's log lines, from an offset (follow = call again)
+    stop(ctx, handle, grace)  the polite stop (SIGTERM to every rank); the supervisor calls
+    kill(ctx, handle)         once the grace is over, or at once for a failed attempt
+    cleanup(ctx, handle)      release whatever the attempt still holds once the job has ended
+    capabilities(spec)        what the supervisor may count on: standby agents, a filesystem
+                              shared with the ranks, signals to one rank
+    refresh()                 once per supervisor tick, before any describe: engines that
+                              poll something shared (a /proc scan) take one snapshot here
+    check(profile)            a live check of a cluster profile (reachable, idle nodes, GPUs)
+
+Engines are singletons (`get_backend`); per-job options come from the job's cluster profile.
 """
 
 from __future__ import annotations
@@ -45,40 +60,124 @@ class RankStatus:
     end: float | None = None
 
 
+PHASES = ("PENDING", "RUNNING", "ENDED")
+
+
 @dataclass
 class AttemptStatus:
     nodes: list[NodeStatus] = field(default_factory=list)
     ranks: dict[int, RankStatus] = field(default_factory=dict)
+    # PENDING: queued by the engine (reason says why); RUNNING: allocated, processes may run;
+    # ENDED: the engine holds nothing more. `reason` is the engine's word, set when the
+    # engine (not a rank) decided: a pending reason, or who ended the attempt (scancel).
+    phase: str = "RUNNING"
+    reason: str | None = None
+    # Whether any process (or allocation) of the attempt is left, as the engine sees it.
+    alive: bool = False
 
     @property
     def running(self) -> bool:
         return any(node.running for node in self.nodes)
 
 
+@dataclass
+class Capabilities:
+    standby_agents: bool = False  # warm agents for the next attempt (local only today)
+    shared_filesystem: bool = True  # the ranks see the launcher's job directory
+    per_rank_signals: bool = False  # one rank can be signalled alone
+
+
 class Backend:
     name = "base"
 
-    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
-        raise NotImplementedError
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        return Capabilities()
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         """A reason this engine cannot run `spec` at all, checked at submit time."""
         return None
 
-    def start(self, ctx: AttemptContext) -> dict[str, Any]:
+    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError
 
-    def poll(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError
 
-    def signal(self, ctx: AttemptContext, handle: dict[str, Any], sig: int) -> int:
-        """Send `sig` to every process of the attempt; returns how many were signalled."""
+    def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         raise NotImplementedError
+
+    def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
+        raise NotImplementedError
+
+    def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        """Release what an ended job's attempt may still hold; nothing by default."""
+
+    def refresh(self) -> None:
+        """Called once per supervisor tick before any `describe`."""
+
+    def start_standby(self, ctx: AttemptContext) -> None:
+        raise NotImplementedError(f"{self.name}: no standby agents")
+
+    def check(self, profile) -> dict[str, Any]:
+        return {"ok": True, "detail": "nothing to check"}
+
+    def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
+             offset: int = 0) -> tuple[list[str], int]:
+        """Lines of one rank's log (or every node's agent log when rank is None, from node
+        0's), from byte `offset`; returns (lines, next offset). Engines whose ranks share the
+        launcher's filesystem read the attempt directory; others override this."""
+        from .. import layout
+
+        path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
+                else layout.node_log(ctx.attempt_dir, 0))
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return [], offset
+        complete = data[:data.rfind(b"\n") + 1]
+        return complete.decode(errors="replace").splitlines(), offset + len(complete)
+
+
+_engines: dict[str, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
-    if name == "local":
-        from .local import LocalBackend
+    if name not in _engines:
+        if name == "local":
+            from .local import LocalBackend
 
-        return LocalBackend()
-    raise ValueError(f"backend: {name!r} is not available here; use backend='local'")
+            _engines[name] = LocalBackend()
+        elif name == "slurm":
+            from .slurm import SlurmBackend
+
+            _engines[name] = SlurmBackend()
+        else:
+            raise ValueError(f"backend: {name!r} is not available here; use 'local' or a "
+                             "Slurm cluster profile (--cluster NAME)")
+    return _engines[name]
+
+
+def refresh_backends() -> None:
+    """One snapshot per engine in use, at the start of a supervisor tick."""
+    for engine in list(_engines.values()):
+        engine.refresh()
+
+
+def bind_cluster(spec: JobSpec) -> JobSpec:
+    """The spec with its engine taken from its cluster profile (at submit time)."""
+    if spec.cluster is None:
+        return spec
+    from ..clusters import get_profile
+    from ..spec import SpecError
+
+    profile = get_profile(spec.cluster)
+    if spec.backend not in ("local", profile.engine):
+        raise SpecError("backend", f"{spec.backend!r} conflicts with cluster {spec.cluster!r} "
+                        f"(engine {profile.engine}); drop --backend")
+    spec.backend = profile.engine
+    return spec

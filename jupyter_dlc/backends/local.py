@@ -26,7 +26,14 @@ from typing import Any
 from .. import layout
 from ..shims import torch_private
 from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, Backend, NodeStatus, RankStatus
+from . import (
+    AttemptContext,
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+)
 
 # Exit code recorded for a rank that vanished without one: 128 + SIGKILL, the usual cause.
 KILLED = 137
@@ -38,11 +45,12 @@ _SUMMARY_TAIL = 64 * 1024
 _SUMMARY_BLOCK = torch_private.SUMMARY_RANK_EXIT
 
 
-def torchrun_argv(spec: JobSpec, node: int, port: int, script: str, python: str) -> list[str]:
+def torchrun_argv(spec: JobSpec, node: int | str, port: int | str, script: str, python: str,
+                  master_addr: str = "127.0.0.1") -> list[str]:
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={spec.nodes}", f"--node-rank={node}", f"--nproc-per-node={spec.nproc_per_node}",
-        "--master-addr=127.0.0.1", f"--master-port={port}",
+        f"--master-addr={master_addr}", f"--master-port={port}",
         # The launcher owns restarts (whole-job, resumed from a committed checkpoint).
         "--max-restarts=0", "--monitor-interval=0.1",
         "-m", "jupyter_dlc.runtime.bootstrap", script, *spec.args,
@@ -81,7 +89,7 @@ def cgroup_base() -> str | None:
     mounted or not writable by us (then only the environment scan finds processes)."""
     global _cgroup_base
     if _cgroup_base is not False:
-        return _cgroup_base
+        return _cgroup_base if isinstance(_cgroup_base, str) else None
     _cgroup_base = None
     try:
         with open("/proc/self/mounts") as f:
@@ -155,7 +163,7 @@ def cgroup_jobs() -> set[str]:
 
 def kill_job(job_id: str, processes: dict[tuple[str, int], list[int]]) -> None:
     """SIGKILL every process of every attempt of the job (cgroups first, then the scan)."""
-    base = cgroup_base()
+    base = cgroup_base() or ""
     for name in (os.listdir(base) if base and os.path.isdir(base) else []):
         if name.rpartition(".")[0] == job_id:
             try:
@@ -193,8 +201,8 @@ def job_processes() -> dict[tuple[str, int], list[int]]:
     """(job id, attempt) → pids, for every process on this machine that belongs to a job:
     by cgroup where there is one, and by the job id in the environment."""
     found: dict[tuple[str, int], list[int]] = {}
-    for key, pids in _cgroup_members().items():
-        found[key] = sorted(pids)
+    for key, members in _cgroup_members().items():
+        found[key] = sorted(members)
     own = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == own:
@@ -234,10 +242,36 @@ def process_slots() -> tuple[int, str]:
     return cpu_limit, "8 per CPU core"
 
 
+def agent_summary_codes(attempt_dir: str, nodes: int) -> dict[int, int]:
+    """Exit codes of workers killed by a signal, from torchrun's failure summary in each
+    node's log (every engine whose node logs reach the job directory reads them so)."""
+    codes: dict[int, int] = {}
+    for node in range(nodes):
+        try:
+            with open(layout.node_log(attempt_dir, node), "rb") as f:
+                # The summary is what an agent prints last; this runs every tick.
+                f.seek(max(0, os.fstat(f.fileno()).st_size - _SUMMARY_TAIL))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        for rank, code in _SUMMARY_BLOCK.findall(text):
+            code = int(code)
+            # torchrun reports death by signal N as -N; the shell convention is 128 + N.
+            codes[int(rank)] = 128 - code if code < 0 else code
+    return codes
+
+
 class LocalBackend(Backend):
     name = "local"
 
     def capacity_error(self, spec: JobSpec) -> str | None:
+        wanted = spec.resources
+        if wanted.get("gpus") and wanted["gpus"] > visible_gpus():
+            return (f"resources.gpus: {wanted['gpus']} GPUs per node but this machine has "
+                    f"{visible_gpus()}; ask for fewer, or run on a cluster (--cluster NAME)")
+        if wanted.get("cpus") and wanted["cpus"] > (os.cpu_count() or 1):
+            return (f"resources.cpus: {wanted['cpus']} CPUs per node but this machine has "
+                    f"{os.cpu_count()}; ask for fewer, or run on a cluster (--cluster NAME)")
         if spec.nodes * spec.nproc_per_node > 1 and visible_gpus() and \
                 spec.nproc_per_node > visible_gpus():
             return (f"nproc_per_node: {spec.nproc_per_node} processes per node but this machine has "
@@ -334,21 +368,7 @@ class LocalBackend(Backend):
         return status
 
     def _agent_summary_codes(self, ctx: AttemptContext) -> dict[int, int]:
-        """Exit codes of workers killed by a signal, from torchrun's failure summary."""
-        codes: dict[int, int] = {}
-        for node in range(ctx.spec.nodes):
-            try:
-                with open(layout.node_log(ctx.attempt_dir, node), "rb") as f:
-                    # The summary is what an agent prints last; this runs every tick.
-                    f.seek(max(0, os.fstat(f.fileno()).st_size - _SUMMARY_TAIL))
-                    text = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            for rank, code in _SUMMARY_BLOCK.findall(text):
-                code = int(code)
-                # torchrun reports death by signal N as -N; the shell convention is 128 + N.
-                codes[int(rank)] = 128 - code if code < 0 else code
-        return codes
+        return agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
 
     def signal(self, ctx: AttemptContext, handle: dict[str, Any], sig: int,
                processes: dict[tuple[str, int], list[int]] | None = None) -> int:
@@ -370,6 +390,36 @@ class LocalBackend(Backend):
             except ProcessLookupError:
                 pass
         return count
+
+    # -- the engine contract over the methods above (see backends/__init__.py) -------------
+    snapshot: dict[tuple[str, int], list[int]] | None = None
+
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        return Capabilities(standby_agents=True, shared_filesystem=True, per_rank_signals=True)
+
+    def refresh(self) -> None:
+        self.snapshot = job_processes()
+
+    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
+        return self.start(ctx)
+
+    def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        processes = self.snapshot if self.snapshot is not None else job_processes()
+        status = self.poll(ctx, handle, processes)
+        status.alive = bool(processes.get((ctx.job_id, ctx.attempt)))
+        status.phase = "RUNNING" if status.alive or status.running else "ENDED"
+        return status
+
+    def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
+        self.signal(ctx, handle, TERM)
+
+    def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        self.signal(ctx, handle, KILL, self.snapshot)
+
+    def check(self, profile) -> dict[str, Any]:
+        gpus = visible_gpus()
+        return {"ok": True, "idle_nodes": 1, "gpus": gpus,
+                "detail": f"this machine: {os.cpu_count()} CPUs, {_available_memory() >> 30} GB free"}
 
 
 def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:

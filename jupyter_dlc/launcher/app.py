@@ -16,7 +16,7 @@ from typing import Any
 import tornado.web
 
 from .. import __version__, layout
-from ..backends import get_backend
+from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError
 from .alerts import rules_for
 from .storage import is_disk_full
@@ -130,6 +130,8 @@ def job_detail(store: Store, row) -> dict:
         item = {k: a[k] for k in ("attempt", "state", "started", "ended", "reason", "outcome",
                                   "resume_path", "restarts")}
         item["failure"] = json.loads(a["failure"]) if a["failure"] else None
+        # The engine's own id for the attempt (a Slurm job id), for views and for humans.
+        item["engine_id"] = json.loads(a["handle"] or "{}").get("engine_id")
         attempts.append(item)
     job["attempts"] = attempts
     checkpoints = store.checkpoints(row["id"])
@@ -153,9 +155,11 @@ class JobsHandler(BaseHandler):
             rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
-        refusal = get_backend(spec.backend).capacity_error(spec) if spec.backend == "local" else None
-        if spec.backend != "local":
-            refusal = f"backend: {spec.backend!r} is not available in this launcher; use 'local'"
+        try:
+            # A cluster profile names the engine; the engine checks what it can run.
+            refusal = get_backend(bind_cluster(spec).backend).capacity_error(spec)
+        except ValueError as error:  # SpecError, ClusterError, an engine that does not exist
+            refusal = str(error)
         if refusal:
             self.fail(400, refusal)
         if spec.script is not None and not os.path.isfile(spec.script):

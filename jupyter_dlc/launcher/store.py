@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 
-ACTIVE_STATES = ("QUEUED", "PREFLIGHT", "STARTING", "RUNNING", "RESTARTING", "STOPPING")
+ACTIVE_STATES = ("QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
 
 _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",

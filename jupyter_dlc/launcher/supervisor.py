@@ -21,7 +21,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import threading
 import time
@@ -29,7 +28,7 @@ import traceback
 from typing import Any
 
 from .. import layout, paths
-from ..backends import AttemptContext, get_backend
+from ..backends import AttemptContext, get_backend, refresh_backends
 from ..backends.local import (
     cgroup_jobs,
     job_processes,
@@ -98,6 +97,7 @@ class Supervisor(threading.Thread):
         _reap_children()
         if self.store.guard is not None:
             self.store.guard.check()
+        refresh_backends()
         processes = job_processes()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)
@@ -111,6 +111,7 @@ class Supervisor(threading.Thread):
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
                     self.kill_leftovers(row["id"], processes)
+                    self.release(row["id"])
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
         self.sweep_ended(processes)
@@ -119,7 +120,7 @@ class Supervisor(threading.Thread):
         """The QUEUED jobs that may start now: in submission order, while their ranks fit in
         the slots that jobs already past QUEUED leave free. The first that does not fit waits,
         and so does everything queued after it (no job overtakes another)."""
-        used = sum(_world_size(r) for r in rows if r["state"] != "QUEUED")
+        used = sum(_local_slots(r) for r in rows if r["state"] != "QUEUED")
         admitted: set[str] = set()
         blocked = False
         for row in rows:  # ordered by submission
@@ -127,7 +128,10 @@ class Supervisor(threading.Thread):
                 if row["state"] == "QUEUED":
                     admitted.add(row["id"])  # a stopped job only has to end
                 continue
-            need = _world_size(row)
+            need = _local_slots(row)
+            if need == 0:  # its engine queues it (Slurm's own queue), not this machine
+                admitted.add(row["id"])
+                continue
             if not blocked and used + need <= self.slots:
                 admitted.add(row["id"])
                 used += need
@@ -163,6 +167,14 @@ class Supervisor(threading.Thread):
         """A deleted job: whatever of it might still run goes with it."""
         self.kill_leftovers(job_id, job_processes())
 
+    def release(self, job_id: str) -> None:
+        """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
+        row = self.store.job_row(job_id)
+        arow = self.store.attempt_row(job_id, row["attempt"])
+        if arow and arow["handle"]:
+            ctx = self.context(row)
+            get_backend(ctx.spec.backend).cleanup(ctx, json.loads(arow["handle"]))
+
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
         """What an attempt runs with. `token` only when starting it: the store keeps a hash."""
@@ -195,7 +207,7 @@ class Supervisor(threading.Thread):
         state = row["state"]
         if state == "QUEUED":
             self.start_attempt(row)
-        elif state in ("STARTING", "RUNNING"):
+        elif state in ("STARTING", "PENDING", "RUNNING"):
             self.watch(row, processes, now)
         elif state == "STOPPING":
             self.finish_stop(row, processes, now)
@@ -244,9 +256,11 @@ class Supervisor(threading.Thread):
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)
-        handle = backend.start(ctx)
+        handle = backend.submit(ctx)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
+        if handle.get("engine_id"):
+            reason += f" as {backend.name} job {handle['engine_id']}"
         if resume_path:
             reason += f", resuming from {os.path.basename(resume_path)}"
         self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
@@ -270,12 +284,25 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(job_id, ctx.attempt)
         handle = json.loads(arow["handle"] or "{}")
         backend = get_backend(ctx.spec.backend)
-        status = backend.poll(ctx, handle, processes)
-        alive = bool(processes.get((job_id, ctx.attempt)))
+        status = backend.describe(ctx, handle)
+        alive = status.alive
         ranks = self.sync_ranks(ctx, status, alive)
+        if status.phase == "PENDING":
+            reason = f"waiting in {backend.name}: {status.reason}"
+            if row["state"] != "PENDING" or row["reason"] != reason:
+                self.store.transition(job_id, "PENDING", reason, expect=row["state"])
+            return
+        if status.reason:
+            # The engine ended the attempt (a scancel from outside, a time limit): its word
+            # is the reason, whatever the ranks said as they were taken down.
+            self.end_attempt(row, ctx, handle, "cancelled", status.reason, processes)
+            return
         started = all(rs.pid for rs in status.ranks.values())
-        if row["state"] == "STARTING" and started:
-            self.store.transition(job_id, "RUNNING", "every rank is up", expect="STARTING")
+        if row["state"] in ("STARTING", "PENDING") and started:
+            self.store.transition(job_id, "RUNNING", "every rank is up", expect=row["state"])
+        elif row["state"] == "PENDING":
+            self.store.transition(job_id, "STARTING", f"{backend.name} allocated the nodes; "
+                                  "ranks starting", expect="PENDING")
         codes = [rs.exit_code for rs in status.ranks.values()]
         # The first rank to fail, by time: the others usually die of its absence.
         failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),
@@ -306,7 +333,9 @@ class Supervisor(threading.Thread):
 
     def maybe_start_standby(self, row, ctx, ranks, processes) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
-        if not STANDBY_AGENTS or row["state"] != "RUNNING" or ctx.spec.backend != "local":
+        backend = get_backend(ctx.spec.backend)
+        if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
+                not backend.capabilities(ctx.spec).standby_agents:
             return
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
         if restarts >= ctx.spec.max_restarts or processes.get((row["id"], ctx.attempt + 1)):
@@ -316,7 +345,7 @@ class Supervisor(threading.Thread):
         nxt = self.context(row, ctx.attempt + 1)
         if os.path.exists(os.path.join(nxt.attempt_dir, "node-0.go.pid")):
             return  # started once already (and then died or was used)
-        get_backend(ctx.spec.backend).start_standby(nxt)
+        backend.start_standby(nxt)
 
     def preempted(self, job_id: str, attempt: int) -> bool:
         """Whether a rank of the attempt reported a preemption, which the runtime does only
@@ -374,7 +403,7 @@ class Supervisor(threading.Thread):
         for hook in self.hooks:
             hook(row, time.time(), final=True)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
-        backend.signal(ctx, handle, signal.SIGKILL, processes)
+        backend.kill(ctx, handle)
         diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
         if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
             # A rank killed by a signal has no end time of its own; the diagnosis knows it
@@ -390,7 +419,7 @@ class Supervisor(threading.Thread):
         def move(state: str, why: str, data: dict | None = None) -> None:
             # The row was read at the start of the tick: a stop may have come since. Then the
             # stop wins, and what was killed above was its end.
-            if not self.store.transition(job_id, state, why, data, expect=("STARTING", "RUNNING")):
+            if not self.store.transition(job_id, state, why, data, expect=("PENDING", "STARTING", "RUNNING")):
                 self.store.transition(job_id, "STOPPED", "stopped by the user", expect="STOPPING")
 
         fresh = self.store.job_row(job_id)
@@ -400,7 +429,7 @@ class Supervisor(threading.Thread):
         if outcome == "succeeded":
             move("SUCCEEDED", reason)
             return
-        if outcome == "timeout":
+        if outcome in ("timeout", "cancelled"):
             move("FAILED", reason)
             return
         arow = self.store.attempt_row(job_id, ctx.attempt)
@@ -448,11 +477,13 @@ class Supervisor(threading.Thread):
 
     def maybe_restart(self, row, processes, now: float) -> None:
         job_id = row["id"]
-        if processes.get((job_id, row["attempt"])):
-            ctx = self.context(row)
-            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
-            return
         arow = self.store.attempt_row(job_id, row["attempt"])
+        ctx = self.context(row)
+        handle = json.loads(arow["handle"] or "{}")
+        backend = get_backend(ctx.spec.backend)
+        if backend.describe(ctx, handle).alive:
+            backend.kill(ctx, handle)
+            return
         restarts = arow["restarts"] or 0
         preempted = arow["outcome"] == "preempted"
         spec = JobSpec.from_dict(json.loads(row["spec"]))
@@ -474,7 +505,7 @@ class Supervisor(threading.Thread):
         """Stop a job in whatever state it is; returns False if it had ended already.
 
         A job with nothing of its attempt running (QUEUED, PREFLIGHT, RESTARTING) is STOPPED
-        at once, and one still STARTING gets no grace: its script has not begun to train.
+        at once, and one still PENDING or STARTING gets no grace: its script has not begun to train.
         """
         with self.lifecycle:
             for _ in range(10):  # lost a race with the supervisor's own move: look again
@@ -491,15 +522,18 @@ class Supervisor(threading.Thread):
                         self.kill_leftovers(job_id, job_processes())
                         return True
                     continue
-                if state == "STARTING":
-                    grace = 0.0
+                if state in ("PENDING", "STARTING"):
+                    grace = 0.0  # its script has not begun to train
                 now = time.time()
                 ctx = self.context(row)
                 arow = self.store.attempt_row(job_id, ctx.attempt)
-                sig = signal.SIGKILL if grace == 0 else signal.SIGTERM
-                get_backend(spec.backend).signal(ctx, json.loads(arow["handle"] or "{}"), sig)
+                engine, handle = get_backend(spec.backend), json.loads(arow["handle"] or "{}")
+                if grace:
+                    engine.stop(ctx, handle, grace)
+                else:
+                    engine.kill(ctx, handle)
                 why = (f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s" if grace
-                       else f"{reason}: SIGKILL sent")
+                       else f"{reason}: killed at once")
                 if self.store.transition(job_id, "STOPPING", why, expect=state,
                                          stop_requested=now + grace):
                     self.wake.set()
@@ -518,16 +552,16 @@ class Supervisor(threading.Thread):
     def finish_stop(self, row, processes, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
-        pids = processes.get((job_id, ctx.attempt), [])
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        status = get_backend(ctx.spec.backend).poll(ctx, json.loads(arow["handle"] or "{}"), processes)
-        self.sync_ranks(ctx, status, bool(pids))
-        if pids and now < (row["stop_requested"] or 0):
+        handle = json.loads(arow["handle"] or "{}")
+        backend = get_backend(ctx.spec.backend)
+        status = backend.describe(ctx, handle)
+        self.sync_ranks(ctx, status, status.alive)
+        if status.alive and now < (row["stop_requested"] or 0):
             return
-        if pids:
-            get_backend(ctx.spec.backend).signal(ctx, {}, signal.SIGKILL, processes)
-            self.store.add_event(job_id, ctx.attempt, "state", f"grace over: SIGKILL to {len(pids)} "
-                                 "process(es)")
+        if status.alive:
+            backend.kill(ctx, handle)
+            self.store.add_event(job_id, ctx.attempt, "state", "grace over: killing what is left")
             return
         if job_id not in self._seen_gone:
             # A process caught mid-exec shows no environment for an instant; without a cgroup
@@ -566,8 +600,11 @@ def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
     return job_dir
 
 
-def _world_size(row) -> int:
+def _local_slots(row) -> int:
+    """The process slots of this machine a job takes: a cluster engine's ranks run elsewhere."""
     spec = json.loads(row["spec"])
+    if spec.get("backend", "local") != "local":
+        return 0
     return int(spec.get("nodes") or 1) * int(spec.get("nproc_per_node") or 1)
 
 

@@ -44,7 +44,7 @@ from .series import SystemData, TrainData
 
 STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c41",
                  "RUNNING": "#1565c0", "RESTARTING": "#ef6c00", "QUEUED": "#616161",
-                 "PREFLIGHT": "#616161", "STARTING": "#00838f"}
+                 "PREFLIGHT": "#616161", "STARTING": "#00838f", "PENDING": "#8e24aa"}
 FROM_START = -1         # the Resume dropdown's value when no step is committed
 FROM_START_LABEL = "no checkpoint: from the start"
 METRIC_PAGE = 5000      # a metrics answer this long may have more behind it
@@ -464,8 +464,10 @@ class JobView:
             extra.append(html.escape(f.note))
         if job.get("storage"):
             extra.append(f'<span class="dlc-storage" style="color:#c62828">{_text(job["storage"])}</span>')
-        if job["state"] in ("FAILED", "STOPPED", "RESTARTING") and job.get("reason"):
+        if state in ("FAILED", "STOPPED", "RESTARTING", "PENDING") and job.get("reason"):
             extra.append("reason: " + _text(job["reason"]))
+        if formatting.engine_text(job):
+            extra.append("engine: " + _text(formatting.engine_text(job)))
         if extra:
             text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
         return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'

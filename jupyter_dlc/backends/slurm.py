@@ -1,0 +1,394 @@
+"""Slurm engine: one `sbatch --parsable` per attempt, one torchrun agent per node via `srun`.
+
+Facts and where they come from:
+- phase and the engine's reason: `squeue --json` (PENDING with Slurm's reason: Resources,
+  Priority, QOS...; CANCELLED by a `scancel` from outside);
+- per-node exits: the `node-K.exit` file each node's task writes, per-rank exits and pids:
+  the ranks' records, both in the attempt directory, which the nodes must share with the
+  launcher (the profile says `shared_filesystem: true`; nothing else is supported yet);
+- Slurm forgets an ended job after MinJobAge, so the end state the launcher saw is kept in
+  the attempt directory (`slurm-state.json`), and a job Slurm no longer knows has ended.
+
+The handle stores the Slurm job id (`engine_id`), so a launcher killed with -9 re-adopts the
+job: it only ever asks Slurm about that id. The batch script is standalone (`dry_run`), and
+`render_sbatch` also writes the `job.sbatch` of every exported bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .. import layout
+from ..spec import JobSpec, network_env
+from . import (
+    AttemptContext,
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+)
+from .local import _read_int, _read_json, agent_summary_codes, torchrun_argv
+
+# How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
+# a rank's failure forces a fresh answer, so the engine's reason is never stale then.
+POLL_INTERVAL = 1.0
+_TIMEOUT = 30
+SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
+ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
+          "RESV_DEL_HOLD": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
+          "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SUSPENDED": "RUNNING",
+          "STOPPED": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
+          "RESIZING": "RUNNING"}
+# End states decided by Slurm (or an admin), not by the ranks: they name the attempt's end.
+ENGINE_ENDS = {"CANCELLED": "was cancelled outside the launcher (scancel)",
+               "TIMEOUT": "reached its Slurm time limit", "NODE_FAIL": "lost a node (NODE_FAIL)",
+               "PREEMPTED": "was preempted by Slurm", "BOOT_FAIL": "failed to boot its nodes",
+               "DEADLINE": "passed its deadline", "OUT_OF_MEMORY": "ran out of memory (Slurm)"}
+# Step variables an inner srun (or a library that reads SLURM_PROCID as the rank, like
+# Lightning's Slurm detection) would take for the ranks' own: torchrun owns rank and size.
+STEP_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEPID",
+             "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+             "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
+             "SLURM_NTASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS")
+
+
+def _profile(spec: JobSpec, lenient: bool = False):
+    """The job's Slurm profile; with `lenient`, defaults where it names none that is here
+    (an export, made where the profile may not exist)."""
+    from ..clusters import ClusterError, Profile, get_profile
+
+    default = Profile("slurm", "slurm", {})
+    if not spec.cluster:
+        return default
+    try:
+        profile = get_profile(spec.cluster)
+    except ClusterError:
+        if lenient:
+            return default
+        raise
+    return profile if profile.engine == "slurm" or not lenient else default
+
+
+def client_env(profile) -> dict[str, str]:
+    """The environment for sbatch/squeue/scancel: the profile's (SLURM_CONF...), and none of
+    the job variables of a Slurm job the launcher itself might run inside."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env.update(profile.env)
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str], check: bool = False) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=_TIMEOUT)
+    except FileNotFoundError:
+        raise RuntimeError(f"{argv[0]} is not installed on the launcher's host; install the Slurm "
+                           "client (Debian: slurm-client) or run the launcher on a login node") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{argv[0]} did not answer in {_TIMEOUT}s; is slurmctld up?") from None
+    if check and result.returncode != 0:
+        first = (result.stderr or result.stdout).strip().splitlines()
+        raise RuntimeError(f"{' '.join(argv[:2])}: {first[-1] if first else 'exit ' + str(result.returncode)}")
+    return result
+
+
+def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
+                      workdir: str | None) -> list[str]:
+    """The #SBATCH lines for a spec on a profile: one task (one torchrun agent) per node."""
+    res = spec.resources
+    lines = [f"--job-name={job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
+             f"--cpus-per-task={res.get('cpus') or spec.nproc_per_node}", f"--output={output}"]
+    if workdir:
+        lines.append(f"--chdir={workdir}")
+    if res.get("gpus"):
+        lines.append(f"--gres=gpu:{res['gpus']}")
+    elif profile.get("gres"):
+        lines.append(f"--gres={profile.get('gres')}")
+    if res.get("memory_mb"):
+        lines.append(f"--mem={res['memory_mb']}M")
+    for key in ("partition", "account", "qos", "time", "constraint"):
+        if profile.get(key):
+            lines.append(f"--{key}={profile.get(key)}")
+    lines.extend(profile.get("sbatch_args") or [])
+    return lines
+
+
+def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str], python: str,
+                  script: str, log_dir: str, port: str, preamble: str = "",
+                  bootstrap: bool = True) -> str:
+    """A batch script that runs the job's torchrun agents, one per node.
+
+    `exports` values, `python`, `script`, `log_dir` and `port` are shell words (quoted by the
+    caller: the export uses "$HERE/..." forms, the engine absolute paths). Without
+    `bootstrap` the ranks run the script as plain torchrun would (no jupyter-dlc needed).
+    """
+    node_log = layout.node_log(log_dir, "@NODE@").replace("@NODE@", "$node")
+    node_exit = layout.node_exit(log_dir, "@NODE@").replace("@NODE@", "$node")
+    argv = torchrun_argv(spec, "@NODE@", "@PORT@", "@SCRIPT@", "@PYTHON@", master_addr="@MASTER@")
+    if not bootstrap:
+        cut = argv.index("jupyter_dlc.runtime.bootstrap")
+        argv = argv[:cut - 1] + argv[cut + 1:]
+    agent = " ".join(shlex.quote(a) for a in argv)
+    agent = (agent.replace("@NODE@", '"$node"').replace("@MASTER@", '"$MASTER_ADDR"')
+             .replace("@PORT@", '"$MASTER_PORT"').replace("@SCRIPT@", script)
+             .replace("@PYTHON@", python))
+    task = "\n".join([
+        'node="$SLURM_NODEID"',
+        f"unset {' '.join(STEP_VARS)}",
+        'export DLC_NODE_RANK="$node"',
+        # Slurm ends a step (killing what is left) when its task exits: this shell must
+        # outlive the agent it runs, through the SIGTERM of a stop, for the ranks' grace.
+        # A handler, not an ignore: an ignored signal would stay ignored in the agent.
+        "trap : TERM",
+        f'{agent} >> {node_log} 2>&1',
+        "rc=$?",
+        f'echo "$rc" > {node_exit}',
+        'exit "$rc"',
+    ])
+    export_lines = "\n".join(f"export {key}={value}" for key, value in exports.items())
+    header = "\n".join(f"#SBATCH {line}" for line in directives)
+    return f"""#!/bin/bash
+{header}
+# One torchrun agent per node (srun, one task per node), static rendezvous at the first
+# node's address. Written by jupyter-dlc: {spec.nodes} node(s) x {spec.nproc_per_node} process(es).
+set -u
+{preamble}{export_lines}
+# Node names need not resolve: rendezvous at the head node's NodeAddr.
+head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+addr="$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n1)"
+export MASTER_ADDR="${{addr:-$head}}"
+export MASTER_PORT={port}
+mkdir -p {log_dir}
+# The batch step's task counts must not leak into srun's own request.
+unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
+srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
+    /bin/bash -c {shlex.quote(task)}
+"""
+
+
+def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
+    """The job's own variables (the env contract), as they go into the batch script; the
+    launcher's ambient environment and the token travel through sbatch's environment."""
+    net = network_env(ctx.spec.network, profile.get("interface"))
+    mine = {k: v for k, v in ctx.env.items()
+            if k.startswith(("DLC_", "EASYCKPT_")) or k in ctx.spec.env or k in net}
+    mine.pop("DLC_TOKEN", None)
+    mine.update(net)
+    if profile.get("interface"):
+        mine["GLOO_SOCKET_IFNAME"] = profile.get("interface")
+    mine.update(ctx.spec.env)  # the user's --env wins, as with the local engine
+    mine["PYTHONUNBUFFERED"] = "1"
+    return mine
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(self):
+        # job id -> (when asked, squeue's record or None when Slurm does not know it)
+        self._seen: dict[str, tuple[float, dict | None]] = {}
+        self._completing: dict[str, float] = {}  # job id -> when first seen COMPLETING, failing
+
+    # -- what it can do, and whether it can run this at all -------------------------------
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        shared = bool(_profile(spec).get("shared_filesystem", False))
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+
+    def capacity_error(self, spec: JobSpec) -> str | None:
+        profile = _profile(spec)
+        if not profile.get("shared_filesystem"):
+            return (f"cluster {profile.name}: the Slurm engine needs the nodes to see the launcher's "
+                    "job directory; mount it on the nodes and set shared_filesystem: true in the profile")
+        try:
+            nodes = self._partition_nodes(profile)
+        except RuntimeError as error:
+            return f"cluster {profile.name}: {error}"
+        if not nodes:
+            return f"cluster {profile.name}: partition {profile.get('partition') or '(default)'} has no nodes"
+        if spec.nodes > len(nodes):
+            return (f"nodes: {spec.nodes} nodes but partition {profile.get('partition') or '(default)'} "
+                    f"of cluster {profile.name} has {len(nodes)}; use --nodes {len(nodes)} or fewer")
+        res = spec.resources
+        for field_name, wanted, have, flag, unit in (
+                ("resources.cpus", res.get("cpus") or spec.nproc_per_node, max(n["cpus"] for n in nodes),
+                 "--cpus-per-node", ""),
+                ("resources.gpus", res.get("gpus") or 0, max(n["gpus"] for n in nodes),
+                 "--gpus-per-node", ""),
+                ("resources.memory", res.get("memory_mb") or 0, max(n["memory_mb"] for n in nodes),
+                 "--memory-per-node", "M")):
+            if wanted > have:
+                return (f"{field_name}: {wanted}{unit} per node but the largest node of cluster "
+                        f"{profile.name} has {have}{unit}; use {flag} {have}{unit} or less")
+        return None
+
+    def _partition_nodes(self, profile) -> list[dict[str, Any]]:
+        """One row per node of the profile's partition: state, CPUs, GPUs, memory (MB)."""
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%t|%c|%m|%G"]
+        if profile.get("partition"):
+            argv += ["-p", profile.get("partition")]
+        out = _run(argv, client_env(profile), check=True).stdout
+        rows = {}
+        for line in out.splitlines():
+            name, state, cpus, memory, gres = (line.split("|") + [""] * 5)[:5]
+            gpus = 0
+            for item in gres.split(","):
+                parts = item.split("(")[0].split(":")
+                if parts[0] == "gpu" and parts[-1].isdigit():
+                    gpus += int(parts[-1])
+            rows[name] = {"name": name, "state": state.rstrip("*~#!%$@^-"),
+                          "cpus": int(cpus or 0), "memory_mb": int(memory or 0), "gpus": gpus}
+        return list(rows.values())
+
+    def check(self, profile) -> dict[str, Any]:
+        try:
+            nodes = self._partition_nodes(profile)
+        except RuntimeError as error:
+            return {"ok": False, "detail": str(error)}
+        idle = sum(1 for n in nodes if n["state"] == "idle")
+        return {"ok": bool(nodes), "idle_nodes": idle, "gpus": sum(n["gpus"] for n in nodes),
+                "detail": f"{len(nodes)} node(s) in partition {profile.get('partition') or '(default)'}"}
+
+    # -- submit ---------------------------------------------------------------------------
+    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
+        profile = _profile(ctx.spec)
+        python = ctx.spec.python or profile.get("python") or sys.executable
+        directives = sbatch_directives(
+            ctx.spec, profile, f"dlc-{ctx.job_id}-a{ctx.attempt}",
+            os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
+        exports = {k: shlex.quote(v) for k, v in job_script_env(ctx, profile).items()}
+        script = render_sbatch(ctx.spec, directives, exports, shlex.quote(python), shlex.quote(ctx.script_path),
+                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500))
+        return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
+                "script": script}
+
+    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
+        profile = _profile(ctx.spec)
+        request = self.dry_run(ctx)
+        os.makedirs(ctx.attempt_dir, exist_ok=True)
+        path = os.path.join(ctx.attempt_dir, "job.sbatch")
+        with open(path, "w") as f:
+            f.write(request["script"])
+        env = dict(client_env(profile), DLC_TOKEN=ctx.env["DLC_TOKEN"],
+                   DLC_LAUNCHER_URL=ctx.env["DLC_LAUNCHER_URL"])
+        # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
+        # stays out of the script file.
+        out = _run(["sbatch", "--parsable", "--export=ALL", path], env, check=True).stdout
+        job_id = out.strip().split(";")[0]
+        return {"engine_id": job_id, "script": path, "submitted": time.time()}
+
+    # -- describe -------------------------------------------------------------------------
+    def _slurm_state(self, ctx: AttemptContext, job_id: str, fresh: bool) -> dict | None:
+        """squeue's record of the job, or the end state recorded before Slurm forgot it."""
+        record_path = os.path.join(ctx.attempt_dir, "slurm-state.json")
+        try:
+            with open(record_path) as f:
+                return json.load(f)  # ended: Slurm will not change its mind
+        except (OSError, ValueError):
+            pass
+        asked, known = self._seen.get(job_id, (0.0, None))
+        if fresh or time.monotonic() - asked >= POLL_INTERVAL:
+            result = _run(["squeue", "--json", f"--jobs={job_id}"], client_env(_profile(ctx.spec)))
+            jobs = json.loads(result.stdout).get("jobs", []) if result.returncode == 0 else []
+            match = [j for j in jobs if str(j.get("job_id")) == job_id]
+            if result.returncode != 0 and "Invalid job id" not in result.stderr:
+                return known or {"job_state": "RUNNING", "unreachable": result.stderr.strip()}
+            known = {"job_state": match[0].get("job_state"), "reason": match[0].get("state_reason"),
+                     "exit_code": match[0].get("exit_code"), "nodes": match[0].get("nodes")} \
+                if match else {"job_state": "GONE"}
+            self._seen[job_id] = (time.monotonic(), known)
+        if known and known["job_state"] not in ACTIVE:
+            layout.write_json_atomic(record_path, known)  # the launcher's own exit record
+            self._seen.pop(job_id, None)
+        return known
+
+    def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        job_id = str(handle.get("engine_id") or "")
+        status = AttemptStatus()
+        exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
+        records = {r: _read_json(layout.rank_json(ctx.attempt_dir, r)) or {}
+                   for r in range(ctx.spec.world_size)}
+        failing = any(c not in (None, 0) for c in exits.values()) or \
+            any(r.get("exit_code") not in (None, 0) for r in records.values())
+        slurm = (self._slurm_state(ctx, job_id, fresh=failing) if job_id else None) or {"job_state": "GONE"}
+        state = slurm["job_state"]
+        # Right after a scancel, squeue says COMPLETING for a moment before CANCELLED; the
+        # ranks it took down must not be judged as a failure of their own meanwhile.
+        withhold = failing and state == "COMPLETING" and \
+            time.monotonic() - self._completing.setdefault(job_id, time.monotonic()) < SETTLE
+        if withhold:
+            exits = dict.fromkeys(exits)
+            records = {r: dict(rec, exit_code=None) for r, rec in records.items()}
+        status.phase = ACTIVE.get(state, "ENDED")
+        status.alive = status.phase != "ENDED"
+        if status.phase == "PENDING":
+            status.reason = slurm.get("reason") if slurm.get("reason") not in (None, "None") else state
+        elif state in ENGINE_ENDS:
+            status.reason = f"Slurm job {job_id} {ENGINE_ENDS[state]}"
+        summary = {} if withhold else agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
+        for node, code in exits.items():
+            status.nodes.append(NodeStatus(node, status.phase == "RUNNING" and code is None, code))
+        for rank, record in records.items():
+            code = record.get("exit_code")
+            if code is None:
+                code = summary.get(rank)
+            if code is None and exits[rank // ctx.spec.nproc_per_node] == 0:
+                code = 0  # left with os._exit before its record; the agent saw it exit 0
+            pid = record.get("pid")
+            running = code is None and pid is not None and status.phase == "RUNNING"
+            status.ranks[rank] = RankStatus(rank, pid, running, code, record.get("start"),
+                                            record.get("end"))
+        return status
+
+    # -- stop, kill, cleanup --------------------------------------------------------------
+    def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
+        """SIGTERM to every process of the job's steps; the supervisor kills after `grace`.
+        Not `--full`: the batch shell must outlive its step, or Slurm would end the
+        allocation and cut the ranks' grace to its own KillWait."""
+        job_id = handle.get("engine_id")
+        if not job_id:
+            return
+        env = client_env(_profile(ctx.spec))
+        state = (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state")
+        self._seen.pop(str(job_id), None)
+        if ACTIVE.get(state or "") == "RUNNING":
+            _run(["scancel", "--signal=TERM", str(job_id)], env)
+        elif state in ACTIVE:
+            # Pending: nothing runs to be signalled (scancel --signal would retry for minutes).
+            _run(["scancel", str(job_id)], env)
+
+    def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        job_id = handle.get("engine_id")
+        if not job_id:
+            return
+        env = client_env(_profile(ctx.spec))
+        self._seen.pop(str(job_id), None)
+        _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
+        _run(["scancel", str(job_id)], env)
+
+    def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        if handle.get("engine_id") and self.describe(ctx, handle).alive:
+            self.kill(ctx, handle)
+
+
+def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:
+    """`job.sbatch` of an exported bundle, whichever engine ran the job: `sbatch job.sbatch`
+    from the bundle's directory runs it with plain torchrun on a Slurm cluster. Options come
+    from the job's Slurm profile when it has one here; else edit the #SBATCH lines."""
+    profile = _profile(spec, lenient=True)
+    directives = sbatch_directives(spec, profile, spec.name, "slurm-%j.out", None)
+    exports = {"DLC_JOB_DIR": '"$HERE"', "DLC_JOB_NAME": shlex.quote(spec.name),
+               "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
+               "DLC_ATTEMPT": '"${DLC_ATTEMPT-1}"',
+               "DLC_CHECKPOINT_DIR": '"${DLC_CHECKPOINT_DIR:-$HERE/checkpoints}"', **env}
+    preamble = ('# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch\n'
+                'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"\n')
+    python = f'"${{PYTHON:-{spec.python or profile.get("python") or "python3"}}}"'
+    return render_sbatch(spec, directives, exports, python, '"$HERE/script.py"', '"$HERE/logs"',
+                         '"${MASTER_PORT:-29500}"', preamble=preamble, bootstrap=False)

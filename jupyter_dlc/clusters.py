@@ -1,0 +1,206 @@
+"""Cluster profiles: named places a job can run, read from `dlc_clusters.yaml`.
+
+```yaml
+clusters:
+  local-slurm:
+    engine: slurm
+    partition: debug
+    time: 1h
+    env: {SLURM_CONF: /tmp/dlc-slurm/slurm.conf}
+```
+
+The file is `$DLC_CLUSTERS` when set, else the first `dlc_clusters.yaml` on Jupyter's config
+path (new profiles are written to Jupyter's config dir). Every error is one line naming the
+profile and the field. `python -m jupyter_dlc.clusters put NAME JSON | remove NAME` edits the
+file from scripts (scripts/local-slurm.sh writes its profile so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+FILE_NAME = "dlc_clusters.yaml"
+ENGINES = ("local", "slurm")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_STR_LIST = "a list of strings"
+
+# Options each engine understands: name -> (type check, what to write instead).
+_COMMON = {"engine": (str, "one of " + ", ".join(ENGINES)),
+           "env": (dict, "a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf}"),
+           "python": (str, "the Python with torch and jupyter-dlc on the nodes"),
+           "interface": (str, "a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME)"),
+           "description": (str, "a line of text")}
+ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
+    "local": {},
+    "slurm": {"partition": (str, "a partition name"), "account": (str, "an account name"),
+              "qos": (str, "a QOS name"), "time": (str, "a Slurm time limit like 1:00:00 or 60"),
+              "gres": (str, "a GRES string like gpu:8"), "constraint": (str, "a feature expression"),
+              "sbatch_args": (list, _STR_LIST),
+              "shared_filesystem": (bool, "true when the nodes see the launcher's job directory")},
+}
+
+
+class ClusterError(ValueError):
+    """One line: `<file>: <profile>.<field>: what is wrong; what to write`."""
+
+
+@dataclass
+class Profile:
+    name: str
+    engine: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.options.get("env") or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.options.get(key, default)
+
+
+def profiles_path(for_writing: bool = False) -> str:
+    if os.environ.get("DLC_CLUSTERS"):
+        return os.path.abspath(os.environ["DLC_CLUSTERS"])
+    from jupyter_core.paths import jupyter_config_dir, jupyter_config_path
+
+    if not for_writing:
+        for folder in jupyter_config_path():
+            candidate = os.path.join(folder, FILE_NAME)
+            if os.path.isfile(candidate):
+                return candidate
+    return os.path.join(jupyter_config_dir(), FILE_NAME)
+
+
+def _validate(name: str, data: Any, where: str) -> Profile:
+    if not _NAME.match(str(name)):
+        raise ClusterError(f"{where}: {name!r}: a profile name uses letters, digits, '.', '_' and '-'")
+    if not isinstance(data, dict):
+        raise ClusterError(f"{where}: {name}: expected a mapping of options, e.g. {{engine: slurm}}")
+    engine = data.get("engine")
+    if engine not in ENGINES:
+        raise ClusterError(f"{where}: {name}.engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    known = dict(_COMMON, **ENGINE_OPTIONS[engine])
+    for key, value in data.items():
+        if key not in known:
+            raise ClusterError(f"{where}: {name}.{key}: unknown option for engine {engine}; "
+                               f"known: {', '.join(sorted(known))}")
+        kind, expected = known[key]
+        if value is None:
+            continue
+        if key == "time" and isinstance(value, int) and not isinstance(value, bool):
+            value = data[key] = str(value)  # minutes, as Slurm reads a bare number
+        if not isinstance(value, kind) or (isinstance(value, list) and not all(isinstance(v, str) for v in value)):
+            raise ClusterError(f"{where}: {name}.{key}: expected {expected}, got {value!r}")
+        if key == "env" and isinstance(value, dict):
+            data[key] = {str(k): str(v) for k, v in value.items()}
+    return Profile(str(name), engine, {k: v for k, v in data.items() if k != "engine"})
+
+
+def _read(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as error:
+        raise ClusterError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("clusters", {}), dict):
+        raise ClusterError(f"{path}: expected `clusters:` with one mapping per profile name")
+    return data.get("clusters") or {}
+
+
+def load_profiles() -> dict[str, Profile]:
+    path = profiles_path()
+    return {name: _validate(name, dict(options or {}), path) for name, options in _read(path).items()}
+
+
+def get_profile(name: str) -> Profile:
+    profiles = load_profiles()
+    if name not in profiles:
+        known = ", ".join(sorted(profiles)) or f"none yet; add one to {profiles_path()}"
+        raise ClusterError(f"cluster: no profile named {name!r} (profiles: {known})")
+    return profiles[name]
+
+
+def put_profile(name: str, options: dict[str, Any]) -> str:
+    """Add or replace one profile; returns the file written."""
+    path = profiles_path(for_writing=True)
+    _validate(name, dict(options), path)
+    clusters = _read(path)
+    clusters[name] = options
+    _write(path, clusters)
+    return path
+
+
+def remove_profile(name: str) -> str:
+    path = profiles_path(for_writing=True)
+    clusters = _read(path)
+    if clusters.pop(name, None) is not None:
+        _write(path, clusters)
+    return path
+
+
+def _write(path: str, clusters: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write("# jupyter-dlc cluster profiles (see README, Clusters)\n")
+        yaml.safe_dump({"clusters": clusters}, f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def check_clusters() -> list[dict[str, Any]]:
+    """A live check of every profile, like `sky check`: reachable, idle nodes, GPUs."""
+    from .backends import get_backend
+
+    rows = []
+    for profile in load_profiles().values():
+        try:
+            result = get_backend(profile.engine).check(profile)
+        except Exception as error:  # noqa: BLE001 - one broken profile must not hide the rest
+            result = {"ok": False, "detail": f"{type(error).__name__}: {error}"}
+        rows.append(dict({"name": profile.name, "engine": profile.engine}, **result))
+    return rows
+
+
+def clusters_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"no cluster profiles (add them to {profiles_path(for_writing=True)})"
+    lines = [f"{'NAME':<16} {'ENGINE':<8} {'OK':<4} {'IDLE':>5} {'GPUS':>5}  DETAIL"]
+    for row in rows:
+        idle = "-" if row.get("idle_nodes") is None else str(row["idle_nodes"])
+        gpus = "-" if row.get("gpus") is None else str(row["gpus"])
+        lines.append(f"{row['name']:<16} {row['engine']:<8} {'yes' if row['ok'] else 'NO':<4} "
+                     f"{idle:>5} {gpus:>5}  {row.get('detail', '')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    usage = "usage: python -m jupyter_dlc.clusters put NAME JSON | remove NAME | path | check"
+    try:
+        if argv[:1] == ["put"] and len(argv) == 3:
+            print(put_profile(argv[1], json.loads(argv[2])))
+        elif argv[:1] == ["remove"] and len(argv) == 2:
+            print(remove_profile(argv[1]))
+        elif argv == ["path"]:
+            print(profiles_path())
+        elif argv == ["check"]:
+            print(clusters_table(check_clusters()))
+        else:
+            print(usage, file=sys.stderr)
+            return 2
+    except (ClusterError, ValueError) as error:
+        print(f"clusters: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,369 @@
+"""The Slurm engine on a real Slurm cluster: `scripts/local-slurm.sh` starts slurmctld and 4
+slurmd (nodes n1..n4 with addresses 127.0.0.11..14) on this machine, and the module's
+launcher submits with real sbatch, watches with real squeue, stops with real scancel.
+
+The emulated nodes share this machine's process table and filesystem: "no process on any
+node" is checked both in Slurm (squeue) and in /proc, which is every node's here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import LauncherEnv, wait_for
+from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_notebook import run_notebook, text
+from test_recovery import TRAIN, committed_beyond, final_params
+
+from jupyter_dlc import formatting
+from jupyter_dlc.backends.local import job_processes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
+CLUSTER = "local-slurm"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A private local Slurm cluster (own state dir, own ports, own profile file), up for
+    the module and down after it: nothing is left."""
+    root = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, DLC_SLURM_DIR=str(root / "cluster"), DLC_SLURM_PORT="16917",
+               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
+    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+    if up.returncode == 3:
+        pytest.skip(f"Slurm cannot be installed here: {up.stderr.strip().splitlines()[-1]}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    saved = os.environ.get("DLC_CLUSTERS")
+    os.environ["DLC_CLUSTERS"] = env["DLC_CLUSTERS"]
+    client_env = dict(env, SLURM_CONF=str(root / "cluster" / "slurm.conf"))
+    yield client_env
+    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    if saved is None:
+        os.environ.pop("DLC_CLUSTERS", None)
+    else:
+        os.environ["DLC_CLUSTERS"] = saved
+    assert down.returncode == 0, down.stderr
+    assert not os.path.exists(env["DLC_SLURM_DIR"])
+
+
+@pytest.fixture
+def launcher(slurm, tmp_path):
+    env = LauncherEnv(str(tmp_path))  # started after DLC_CLUSTERS is set: it sees the profile
+    yield env
+    env.close()
+
+
+def squeue_ids(slurm) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm, capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()
+
+
+def engine_id(client, job_id, attempt=-1) -> str | None:
+    return client.job(job_id)["attempts"][attempt].get("engine_id")
+
+
+def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
+    script = launcher.script("envjob.py", ENV_SCRIPT.replace(
+        '"argv":', '"SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "argv":'))
+    job = launcher.client.submit({
+        "script": script, "args": ["--lr", "0.1"], "nodes": 2, "nproc_per_node": 2,
+        "name": "envjob", "cluster": CLUSTER, "network": "tcp", "workdir": str(tmp_path),
+        "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}})
+    job = launcher.client.wait(job["id"], timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["spec"]["backend"] == "slurm"  # the profile named the engine
+    slurm_id = job["attempts"][0]["engine_id"]
+    assert slurm_id and slurm_id.isdigit()
+    envs = rank_env(launcher.client, job["id"], 4)
+    for rank, env in envs.items():
+        node = rank // 2
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == str(node) == env["DLC_NODE_RANK"]
+        # Rendezvous at the head node's own address (NodeAddr of n1), not loopback's default.
+        assert env["MASTER_ADDR"] == "127.0.0.11" and int(env["MASTER_PORT"]) > 0
+        assert env["SLURM_JOB_ID"] == slurm_id
+        assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
+        assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
+        assert env["DLC_LAUNCHER_URL"] == launcher.client.url
+        assert env["DLC_TOKEN"] and env["DLC_TOKEN"] != launcher.client.token
+        assert env["DLC_JOB_DIR"] == job["job_dir"]
+        assert env["DLC_CHECKPOINT_DIR"] == os.path.join(job["job_dir"], "checkpoints")
+        assert env["DLC_RESUME_PATH"] == env["EASYCKPT_RESUME_PATH"] == ""
+        assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
+        assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+        assert env["USER_VAR"] == "x" and env["sum"] == 6.0
+        assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(tmp_path)
+    # The batch script on record is what ran; the token is not in it.
+    with open(os.path.join(job["job_dir"], "attempt-1", "job.sbatch")) as f:
+        batch = f.read()
+    assert "#SBATCH --nodes=2" in batch and launcher.client.token not in batch
+    assert slurm_id not in squeue_ids(slurm)
+
+
+def test_scancel_from_outside_ends_the_job_with_that_reason(launcher, slurm):
+    script = launcher.script("sleeper.py", SLEEPER)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                  "cluster": CLUSTER, "max_restarts": 3})
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
+    slurm_id = engine_id(launcher.client, job["id"])
+    subprocess.run(["scancel", slurm_id], env=slurm, check=True)
+    final = launcher.client.wait(job["id"], timeout=60)
+    assert final["state"] == "FAILED"
+    assert final["reason"] == f"Slurm job {slurm_id} was cancelled outside the launcher (scancel)"
+    assert final["attempt"] == 1  # an operator's cancel is not a failure to retry
+    wait_for(lambda: slurm_id not in squeue_ids(slurm), 30, what="Slurm let the job go")
+    wait_for(lambda: not job_processes().get((job["id"], 1)), 30, what="no process left")
+
+
+def test_job_bigger_than_the_free_nodes_pends_with_slurms_reason_and_stops(launcher, slurm):
+    # Hold three of the four nodes with a job of our own, so that a 2-node job must wait.
+    blocker = subprocess.run(["sbatch", "--parsable", "-N3", "--exclusive", "--output=/dev/null",
+                              "--wrap", "sleep 600"],
+                             env=slurm, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        script = launcher.script("sleeper.py", SLEEPER)
+        job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                      "cluster": CLUSTER})
+        # Slurm says Priority or None for a moment, then Resources once it has tried.
+        def pending_for_resources():
+            now = launcher.client.job(job["id"])
+            return now["state"] == "PENDING" and now["reason"] == "waiting in slurm: Resources"
+
+        wait_for(pending_for_resources, 60, what="PENDING for Resources")
+        slurm_id = engine_id(launcher.client, job["id"])
+        shown = formatting.status_text(launcher.client.job(job["id"]))
+        assert "reason: waiting in slurm: Resources" in shown
+        assert f"engine: slurm job {slurm_id} on cluster local-slurm" in shown
+        assert slurm_id in squeue_ids(slurm)
+        launcher.client.stop(job["id"], grace=5)
+        stopped = launcher.client.wait(job["id"], timeout=60)
+        assert stopped["state"] == "STOPPED"
+        wait_for(lambda: slurm_id not in squeue_ids(slurm), 30, what="pending job cancelled")
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm, check=False)
+    wait_for(lambda: blocker not in squeue_ids(slurm), 30, what="blocker gone")
+
+
+def test_too_big_for_the_partition_is_refused_at_submit(launcher):
+    script = launcher.script("sleeper.py", SLEEPER)
+    for spec, message in (
+            ({"nodes": 5}, ("nodes: 5 nodes but partition debug of cluster local-slurm has 4; "
+                            "use --nodes 4 or fewer")),
+            ({"resources": {"gpus": 1}}, ("resources.gpus: 1 per node but the largest node of "
+                                          "cluster local-slurm has 0; use --gpus-per-node 0 or less")),
+            ({"resources": {"memory": "4G"}}, ("resources.memory: 4096M per node but the largest "
+                                               "node of cluster local-slurm has 2000M")),
+            ({"cluster": "nope"}, "cluster: no profile named 'nope' (profiles: local-slurm)")):
+        with pytest.raises(Exception) as error:
+            launcher.client.submit(dict({"script": script, "cluster": CLUSTER}, **spec))
+        assert message in str(error.value)
+
+
+def test_stop_leaves_no_process_on_any_node(launcher, slurm):
+    script = launcher.script("sleeper.py", SLEEPER)
+    polite = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
+                                     "cluster": CLUSTER})
+    stubborn = launcher.client.submit({"script": script, "args": ["--ignore-term"], "nodes": 2,
+                                       "nproc_per_node": 1, "stop_grace": 2, "cluster": CLUSTER})
+    for job in (polite, stubborn):
+        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
+                 what="RUNNING")
+    ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]
+    launcher.client.stop(polite["id"])
+    launcher.client.stop(stubborn["id"])
+    polite = launcher.client.wait(polite["id"], timeout=60)
+    stubborn = launcher.client.wait(stubborn["id"], timeout=60)
+    assert polite["state"] == stubborn["state"] == "STOPPED"
+    assert any("grace over" in (e["reason"] or "") for e in launcher.client.events(stubborn["id"]))
+    wait_for(lambda: not set(ids) & set(squeue_ids(slurm)), 30, what="Slurm jobs gone")
+    wait_for(lambda: launcher.own_processes() == [], 30, what="no process on any node")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_rank_resumes_as_a_new_slurm_job(launcher, slurm):
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    total = 60
+    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
+                           "nproc_per_node": 2, "name": "clean", "cluster": CLUSTER})
+    faulty = client.submit({"script": script, "args": [str(total), "0.1"], "nodes": 2,
+                            "nproc_per_node": 2, "name": "faulty", "cluster": CLUSTER,
+                            "max_restarts": 2, "heartbeat_interval": 1})
+    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 15 and
+             committed_beyond(client, faulty["id"], 0), 240, what="a committed checkpoint")
+    first_slurm_id = engine_id(client, faulty["id"])
+    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 3)
+    os.kill(victim["pid"], signal.SIGKILL)
+    clean = client.wait(clean["id"], timeout=300)
+    faulty = client.wait(faulty["id"], timeout=300)
+    assert clean["state"] == "SUCCEEDED", clean["reason"]
+    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
+    attempts = faulty["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
+    assert attempts[1]["engine_id"] != first_slurm_id  # a new sbatch
+    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
+    a, b = final_params(clean), final_params(faulty)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    wait_for(lambda: launcher.own_processes() == [], 30, what="no process left")
+
+
+def test_launcher_kill_9_then_readoption(launcher, slurm):
+    script = launcher.script("steps.py", """
+        import time
+        from jupyter_dlc import runtime
+        info = runtime.init()
+        for step in range(1, 41):
+            time.sleep(0.2)
+            runtime.log(step, loss=1.0 / step)
+        """)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                  "heartbeat_interval": 1, "cluster": CLUSTER})
+    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
+    slurm_id = engine_id(launcher.client, job["id"])
+    launcher.restart(kill=True)
+    final = launcher.client.wait(job["id"], timeout=120)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    assert final["attempt"] == 1 and engine_id(launcher.client, job["id"]) == slurm_id
+    assert final["last_step"] == 40  # the new launcher followed the same Slurm job to its end
+
+
+def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):
+    nb = run_notebook([
+        "%load_ext jupyter_dlc",
+        ("%%dlc --cluster local-slurm --nodes 2 --nproc-per-node 2 --name nbslurm --wait\n"
+         "import os, torch, torch.distributed as dist\n"
+         "dist.init_process_group('gloo')\n"
+         "t = torch.ones(1) * dist.get_rank()\n"
+         "dist.all_reduce(t)\n"
+         "print('SUM', t.item(), 'SLURM', os.environ['SLURM_JOB_ID'])\n"),
+        "%dlc status last",
+    ], str(tmp_path))
+    status = text(nb.cells[2])
+    assert "SUCCEEDED" in status, text(nb.cells[1]) + status
+    assert "engine: slurm job " in status
+    # The live view (widget state saved by nbclient) names the engine and its job id too.
+    assert "engine: slurm job " in json.dumps(nb.metadata.get("widgets", {}))
+    job = launcher.client.job("last")
+    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["backend"] == "slurm"
+    lines = [line["text"] for line in launcher.client.logs(job["id"])["lines"]]
+    assert sum(1 for t in lines if t.startswith("SUM 6.0 SLURM ")) == 4
+
+
+def test_clusters_command_checks_each_profile_live(slurm, launcher):
+    out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "clusters"], env=dict(
+        os.environ, DLC_CLUSTERS=slurm["DLC_CLUSTERS"]), capture_output=True, text=True, timeout=60,
+        check=False)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith(CLUSTER))
+    assert row.split()[:5] == [CLUSTER, "slurm", "yes", "4", "0"]
+    broken = json.dumps({"clusters": {"gone": {"engine": "slurm",
+                                               "env": {"SLURM_CONF": "/nonexistent/slurm.conf"}}}})
+    path = os.path.join(launcher.root, "broken.yaml")
+    with open(path, "w") as f:
+        f.write(broken)
+    out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "clusters"],
+                         env=dict(os.environ, DLC_CLUSTERS=path), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 1 and "gone" in out.stdout and " NO " in out.stdout
+
+
+def test_export_writes_a_job_sbatch_that_plain_sbatch_runs(launcher, slurm, tmp_path):
+    """A job the local engine ran, exported, then submitted by hand with plain sbatch."""
+    from jupyter_dlc.export import export_job
+
+    script = launcher.script("envjob.py", ENV_SCRIPT)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
+                                  "name": "exported", "env": {"USER_VAR": "y"}})
+    assert launcher.client.wait(job["id"], timeout=180)["state"] == "SUCCEEDED"
+    bundle = tmp_path / "bundle"
+    export_job(launcher.client, job["id"], str(bundle))
+    batch = (bundle / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in batch and "jupyter_dlc" not in batch
+    submitted = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=bundle, check=True,
+                               env=dict(slurm, PYTHON=sys.executable), capture_output=True,
+                               text=True).stdout.strip()
+    wait_for(lambda: submitted not in squeue_ids(slurm), 180, what="the exported job to end")
+    envs = {}
+    for node in (0, 1):
+        for line in (bundle / "logs" / f"node-{node}.log").read_text().splitlines():
+            if "ENV {" in line:
+                env = json.loads(line[line.index("ENV {") + 4:])
+                envs[int(env["RANK"])] = env
+    assert sorted(envs) == [0, 1, 2, 3], (bundle / "logs" / "node-0.log").read_text()[-2000:]
+    for env in envs.values():
+        assert env["sum"] == 6.0 and env["USER_VAR"] == "y"
+        assert env["DLC_JOB_DIR"] == str(bundle) and env["MASTER_ADDR"].startswith("127.0.0.1")
+        assert env["DLC_TOKEN"] is None and env["DLC_LAUNCHER_URL"] is None
+    assert [(bundle / "logs" / f"node-{n}.exit").read_text().strip() for n in (0, 1)] == ["0", "0"]
+
+
+def test_the_slurm_example_notebook_runs(launcher, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(ROOT, "examples", "slurm.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = {i: text(cell) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"}
+    joined = "\n".join(outputs.values())
+    assert "local-slurm" in joined and "SUCCEEDED" in joined, joined[-3000:]
+    assert "engine: slurm job " in joined and "step-60" in joined
+    assert "#SBATCH --nodes=2" in joined
+    job = launcher.client.job("last")
+    assert job["name"] == "slurm-demo" and job["spec"]["backend"] == "slurm"
+
+
+def test_local_slurm_script_is_idempotent_and_reports_status(slurm):
+    env = dict(slurm, PYTHON=sys.executable)
+    state = pathlib.Path(env["DLC_SLURM_DIR"])
+
+    def daemon_pids():
+        return sorted(path.read_text() for path in state.glob("*.pid"))
+
+    pids = daemon_pids()
+    assert len(pids) == 6
+    again = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert daemon_pids() == pids  # nothing restarted, nothing doubled
+    status = subprocess.run([SCRIPT, "status"], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert status.returncode == 0
+    assert status.stdout.count(": running (pid") == 6  # munged, slurmctld, 4 slurmd
+    assert all(f"n{k} " in status.stdout for k in range(1, 5))
+
+
+def test_stop_checkpoints_and_resume_is_a_new_slurm_job_from_that_step(launcher):
+    """Stop is SIGTERM through Slurm: the runtime checkpoints at the next step boundary (the
+    node's task shell must not end the step under it); resume submits a new sbatch."""
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["400", "0.05"], "nodes": 2, "nproc_per_node": 1,
+                         "heartbeat_interval": 1, "cluster": CLUSTER})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 13, 180, what="step 13")
+    first = engine_id(client, job["id"])
+    client.stop(job["id"], grace=30)
+    stopped = client.wait(job["id"], timeout=90)
+    assert stopped["state"] == "STOPPED" and "checkpoint committed" in stopped["reason"]
+    last = stopped["last_step"]
+    assert [c["step"] for c in client.checkpoints(job["id"])][-1] == last
+    client.resume(job["id"])
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", 180, what="resumed attempt")
+    attempt = client.job(job["id"])["attempts"][-1]
+    assert attempt["resume_path"].endswith(f"step-{last}") and attempt["engine_id"] != first
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) > last, 120, what="progress after resume")
+    client.stop(job["id"], grace=5)
+    assert client.wait(job["id"], timeout=90)["state"] == "STOPPED"

@@ -1,0 +1,178 @@
+"""The supervisor against a scripted engine: what it does with each answer of `describe`.
+
+A test double on purpose: these tests pin the supervisor's side of the engine contract
+(PENDING with the engine's reason, an engine-ended attempt, stop and kill through the
+engine, restarts as new submissions, standby agents only where declared) in milliseconds,
+without a cluster. The real engines are tested with real processes (test_jobs.py,
+test_recovery.py) and on a real Slurm cluster (test_slurm.py). The store is real SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from jupyter_dlc import backends
+from jupyter_dlc.backends import (
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+)
+from jupyter_dlc.launcher.store import Store
+from jupyter_dlc.launcher.supervisor import Supervisor, create_job_dir
+from jupyter_dlc.spec import JobSpec
+
+ENGINE = "kubernetes"  # a name the spec accepts and no real engine here claims
+
+
+class ScriptedEngine(Backend):
+    """Answers `describe` from a list set by the test; records every call."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+        self.answer = AttemptStatus(phase="PENDING", reason="Priority", alive=True)
+
+    def capabilities(self, spec):
+        return Capabilities(standby_agents=False, shared_filesystem=True)
+
+    def submit(self, ctx):
+        self.calls.append(("submit", ctx.attempt))
+        return {"engine_id": f"e{ctx.attempt}"}
+
+    def describe(self, ctx, handle):
+        return self.answer
+
+    def stop(self, ctx, handle, grace):
+        self.calls.append(("stop", ctx.attempt))
+
+    def kill(self, ctx, handle):
+        self.calls.append(("kill", ctx.attempt))
+
+    def cleanup(self, ctx, handle):
+        self.calls.append(("cleanup", ctx.attempt))
+
+    def start_standby(self, ctx):
+        self.calls.append(("standby", ctx.attempt))
+
+
+def running(codes=(None, None), alive=True, phase="RUNNING", reason=None):
+    return AttemptStatus(
+        nodes=[NodeStatus(0, alive and phase == "RUNNING")],
+        ranks={r: RankStatus(r, pid=100 + r, running=code is None and alive, exit_code=code,
+                             end=1.0 if code is not None else None)
+               for r, code in enumerate(codes)},
+        phase=phase, reason=reason, alive=alive)
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    engine = ScriptedEngine()
+    monkeypatch.setitem(backends._engines, ENGINE, engine)
+    store = Store(str(tmp_path / "store.sqlite"))
+    supervisor = Supervisor(store, str(tmp_path), "http://127.0.0.1:1")
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+
+    def submit(**fields):
+        spec = JobSpec.from_dict(dict({"script": str(script), "nproc_per_node": 2,
+                                       "backend": ENGINE, "restart_backoff": 0.01}, **fields))
+        job_dir = create_job_dir(str(tmp_path), "job-1", spec)
+        store.insert_job("job-1", spec.name, spec.to_dict(), "token", job_dir)
+        return "job-1"
+
+    class World:
+        pass
+
+    w = World()
+    w.engine, w.store, w.supervisor, w.submit = engine, store, supervisor, submit
+    w.job = lambda: store.job_row("job-1")
+    return w
+
+
+def test_pending_shows_the_engines_reason_then_runs_and_succeeds(world):
+    world.submit()
+    world.supervisor.tick()  # preflight, submit
+    assert world.engine.calls == [("submit", 1)] and world.job()["state"] == "STARTING"
+    assert "as scripted job e1" in world.job()["reason"]
+    world.supervisor.tick()
+    assert (world.job()["state"], world.job()["reason"]) == ("PENDING", "waiting in scripted: Priority")
+    world.engine.answer = running()
+    world.supervisor.tick()
+    assert world.job()["state"] == "RUNNING"
+    world.engine.answer = running(codes=(0, 0), alive=False, phase="ENDED")
+    world.supervisor.tick()
+    assert world.job()["state"] == "SUCCEEDED"
+    assert ("cleanup", 1) in world.engine.calls
+
+
+def test_allocated_but_not_all_ranks_up_leaves_pending_for_starting(world):
+    world.submit()
+    world.supervisor.tick()
+    world.supervisor.tick()
+    assert world.job()["state"] == "PENDING"
+    world.engine.answer = AttemptStatus(ranks={0: RankStatus(0), 1: RankStatus(1)}, alive=True)
+    world.supervisor.tick()
+    assert world.job()["state"] == "STARTING"
+
+
+def test_an_attempt_the_engine_ended_fails_with_its_reason_and_no_retry(world):
+    world.submit(max_restarts=3)
+    world.supervisor.tick()
+    world.engine.answer = running()
+    world.supervisor.tick()
+    world.engine.answer = running(codes=(143, None), phase="RUNNING",
+                                  reason="Slurm job 7 was cancelled outside the launcher (scancel)")
+    world.supervisor.tick()
+    job = world.job()
+    assert job["state"] == "FAILED" and job["attempt"] == 1
+    assert job["reason"] == "Slurm job 7 was cancelled outside the launcher (scancel)"
+    assert ("kill", 1) in world.engine.calls
+
+
+def test_a_failed_rank_restarts_as_a_new_submission_without_standbys(world):
+    world.submit(max_restarts=1)
+    world.supervisor.tick()
+    world.engine.answer = running()
+    world.supervisor.tick()
+    # Training (progress reported), where the local engine would start standby agents.
+    world.store.update_rank("job-1", 1, 0, last_progress=time.time())
+    world.supervisor.tick()
+    assert world.engine.calls == [("submit", 1)]  # no standby: the engine does not declare them
+    world.engine.answer = running(codes=(None, 1))
+    world.supervisor.tick()
+    assert world.job()["state"] == "RESTARTING" and ("kill", 1) in world.engine.calls
+    world.engine.answer = running(codes=(None, 1), alive=False, phase="ENDED")
+    world.supervisor.tick()  # the old attempt is gone: a new one is queued
+    world.supervisor.tick()  # ... and submitted
+    assert world.job()["attempt"] == 2 and ("submit", 2) in world.engine.calls
+
+
+@pytest.mark.parametrize("phase", ["PENDING", "RUNNING"])
+def test_stop_goes_through_the_engine_and_kills_after_the_grace(world, phase):
+    world.submit(stop_grace=0.01)
+    world.supervisor.tick()
+    world.engine.answer = running() if phase == "RUNNING" else AttemptStatus(
+        phase="PENDING", reason="Resources", alive=True)
+    world.supervisor.tick()
+    assert world.job()["state"] == phase
+    world.supervisor.request_stop("job-1", grace=0.0)
+    assert world.job()["state"] == "STOPPING" and ("stop", 1) in world.engine.calls
+    world.supervisor.tick()  # grace over, still alive: kill
+    assert ("kill", 1) in world.engine.calls and world.job()["state"] == "STOPPING"
+    world.engine.answer = AttemptStatus(phase="ENDED", alive=False)
+    world.supervisor.tick()
+    assert world.job()["state"] == "STOPPED"
+
+
+def test_stop_before_submission_never_reaches_the_engine(world):
+    world.submit()
+    world.supervisor.request_stop("job-1", grace=1.0)
+    world.supervisor.tick()
+    assert world.job()["state"] == "STOPPED" and world.engine.calls == []
+    assert not os.path.exists(os.path.join(world.job()["job_dir"], "attempt-1", "job.sbatch"))

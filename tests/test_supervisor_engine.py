@@ -161,12 +161,20 @@ def test_stop_goes_through_the_engine_and_kills_after_the_grace(world, phase):
         phase="PENDING", reason="Resources", alive=True)
     world.supervisor.tick()
     assert world.job()["state"] == phase
-    world.supervisor.request_stop("job-1", grace=0.0)
-    assert world.job()["state"] == "STOPPING" and ("stop", 1) in world.engine.calls
-    world.supervisor.tick()  # grace over, still alive: kill
+    world.supervisor.request_stop("job-1", grace=30.0)
+    if phase == "PENDING":  # nothing of the script runs yet: no grace, the engine kills
+        assert world.job()["state"] == "STOPPING" and ("kill", 1) in world.engine.calls
+        assert ("stop", 1) not in world.engine.calls
+    else:
+        assert world.job()["state"] == "STOPPING" and world.engine.calls[-1] == ("stop", 1)
+        world.supervisor.tick()  # within the grace: nothing more
+        assert ("kill", 1) not in world.engine.calls
+        world.store.update_job("job-1", stop_requested=time.time() - 1)  # the grace is over
+    world.supervisor.tick()  # still alive after the grace: kill
     assert ("kill", 1) in world.engine.calls and world.job()["state"] == "STOPPING"
     world.engine.answer = AttemptStatus(phase="ENDED", alive=False)
     world.supervisor.tick()
+    world.supervisor.tick()  # gone in two looks a tick apart is gone (supervisor.finish_stop)
     assert world.job()["state"] == "STOPPED"
 
 

@@ -18,8 +18,7 @@ from typing import Any, Iterator
 
 from . import paths
 from .spec import JobSpec
-
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+from .states import TERMINAL_STATES as TERMINAL
 
 
 class LauncherError(RuntimeError):

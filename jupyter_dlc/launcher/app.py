@@ -18,7 +18,8 @@ from .. import __version__, layout
 from ..backends import get_backend
 from ..spec import JobSpec, SpecError
 from .alerts import rules_for
-from .store import ACTIVE_STATES, TERMINAL_STATES, Store
+from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
+from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
 
@@ -399,7 +400,7 @@ class PrometheusHandler(BaseHandler):
         counts: dict[str, int] = {}
         for row in rows:
             counts[row["state"]] = counts.get(row["state"], 0) + 1
-        for state in (*ACTIVE_STATES, *TERMINAL_STATES):
+        for state in ALL_STATES:
             lines.append(f'dlc_jobs{{state="{state}"}} {counts.get(state, 0)}')
         lines += ["# HELP dlc_job_step Last step reported.", "# TYPE dlc_job_step gauge"]
         lines += [f'dlc_job_step{{job="{r["id"]}"}} {r["last_step"]}' for r in rows

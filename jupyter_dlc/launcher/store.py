@@ -52,8 +52,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 
-ACTIVE_STATES = ("QUEUED", "PREFLIGHT", "STARTING", "RUNNING", "RESTARTING", "STOPPING")
-TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 
 _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",
                 "last_step", "last_loss")

@@ -14,7 +14,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from . import paths
 from .spec import JobSpec
@@ -41,7 +42,7 @@ class LauncherClient:
 
     # -- finding or starting the launcher ---------------------------------------------------
     @classmethod
-    def from_connection_file(cls, path: str | None = None) -> "LauncherClient | None":
+    def from_connection_file(cls, path: str | None = None) -> LauncherClient | None:
         try:
             with open(path or paths.connection_file()) as f:
                 info = json.load(f)
@@ -50,7 +51,7 @@ class LauncherClient:
             return None
 
     @classmethod
-    def connect(cls, start: bool = True, timeout: float = 30.0) -> "LauncherClient":
+    def connect(cls, start: bool = True, timeout: float = 30.0) -> LauncherClient:
         client = cls.from_connection_file()
         if client is not None and client.alive():
             return client

@@ -128,7 +128,7 @@ class JobSpec:
     python: str | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         if not isinstance(data, dict):
             raise SpecError("spec", "expected a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -142,7 +142,7 @@ class JobSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def validate(self) -> "JobSpec":
+    def validate(self) -> JobSpec:
         if (self.script is None) == (self.code is None):
             raise SpecError("script", "give either a script path or the code to run, not both or neither")
         if self.code is not None and not str(self.code).strip():

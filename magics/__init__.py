@@ -103,7 +103,7 @@ class DLCMagics(Magics):
             except ValueError as error:
                 raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
-            return None
+            return
         try:
             job = self.client.submit(spec)
         except LauncherError as error:
@@ -115,7 +115,7 @@ class DLCMagics(Magics):
                 view.refresh_now()
             if job["state"] != "SUCCEEDED":
                 raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
-        return None
+        return
 
     def _capture(self, cell: str, args) -> tuple[str, dict, str, str]:
         from .capture import capture

@@ -17,8 +17,8 @@ import tornado.web
 from .. import __version__, layout
 from ..backends import get_backend
 from ..spec import JobSpec, SpecError
-from .alerts import rules_for
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
+from .alerts import rules_for
 from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import paths
-from .spec import JobSpec
+from .spec import JobSpec, resolve_paths
 from .states import TERMINAL_STATES as TERMINAL
 
 
@@ -112,7 +112,8 @@ class LauncherClient:
 
     # -- the API ------------------------------------------------------------------------
     def submit(self, spec: JobSpec | dict) -> dict:
-        data = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        # Relative paths mean the caller's directory, which only this side knows.
+        data = resolve_paths(spec.to_dict() if isinstance(spec, JobSpec) else dict(spec))
         if isinstance(spec, dict):
             JobSpec.from_dict(dict(data))  # the same one-line errors before the round trip
         return self._post("/api/jobs", data)

@@ -15,7 +15,6 @@ import urllib.request
 from urllib.parse import quote
 
 import pytest
-
 from conftest import wait_for
 
 

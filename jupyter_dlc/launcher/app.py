@@ -14,7 +14,7 @@ from typing import Any
 
 import tornado.web
 
-from .. import __version__, layout
+from .. import __version__, layout, openapi
 from ..backends import get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
@@ -475,6 +475,11 @@ class PrometheusHandler(BaseHandler):
         self.finish("\n".join(lines) + "\n")
 
 
+class OpenApiHandler(BaseHandler):
+    def get(self) -> None:
+        self.reply(openapi.document())
+
+
 class NotFoundHandler(BaseHandler):
     def get(self, *_: Any) -> None:
         self.fail(404, f"route: {self.request.path} does not exist")
@@ -488,6 +493,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
     return tornado.web.Application([
         (r"/healthz", HealthHandler, args),
         (r"/metrics", PrometheusHandler, args),
+        (r"/api/openapi.json", OpenApiHandler, args),
         (r"/api/stream", StreamHandler, args),
         (r"/api/jobs", JobsHandler, args),
         (job, JobHandler, args),

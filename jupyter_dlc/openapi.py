@@ -128,8 +128,9 @@ def _errors(*codes: int) -> dict:
     return {str(code): _json("Error", words[code]) for code in codes}
 
 
-def _body(schema_name: str, required: bool = False) -> dict:
-    return {"required": required,
+def _body(schema_name: str) -> dict:
+    # Required on every POST route: clients always send a JSON object, `{}` at the least.
+    return {"required": True,
             "content": {"application/json": {"schema": _ref(schema_name)}}}
 
 
@@ -160,7 +161,7 @@ PATHS: dict[str, dict[str, dict]] = {
     "/api/jobs": {
         "get": {"operationId": "listJobs", "responses": {"200": _json("JobList"),
                                                          **_errors(401)}},
-        "post": {"operationId": "submitJob", "requestBody": _body("JobSpec", True),
+        "post": {"operationId": "submitJob", "requestBody": _body("JobSpec"),
                  "responses": {"201": _json("JobDetail", "Queued"),
                                **_errors(400, 401, 413)}}},
     "/api/jobs/{job}": {

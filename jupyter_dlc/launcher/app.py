@@ -115,14 +115,13 @@ class BaseHandler(tornado.web.RequestHandler):
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
         raw = b"".join(self._chunks)
         if not raw.strip():
-            data: Any = {}
-        else:
-            try:
-                data = json.loads(raw)
-            except RecursionError:
-                self.fail(400, "body: JSON nested too deeply")
-            except ValueError:
-                self.fail(400, "body: not valid JSON (UTF-8)")
+            self.fail(400, "body: empty; send a JSON object ({} at the least)")
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            self.fail(400, "body: JSON nested too deeply")
+        except ValueError:
+            self.fail(400, "body: not valid JSON (UTF-8)")
         try:
             return bodies.check_body(data, schema or {"type": "object"})
         except SpecError as error:

@@ -50,6 +50,8 @@ SCHEMAS: dict[str, dict] = {
     "JobState": {"type": "string", "enum": [s.value for s in JobState],
                  "description": f"Active: {', '.join(ACTIVE_STATES)}. "
                                 f"Ended: {', '.join(TERMINAL_STATES)}."},
+    "TerminalState": {"type": "string", "enum": list(TERMINAL_STATES),
+                      "description": "The states a job ends in; only resume or clone leave them."},
     "Error": _obj({"error": _STR}, description="Every 4xx/5xx: one line, naming the field."),
     "JobSpec": {"type": "object", "additionalProperties": False,
                 "description": "What to run. Exactly one of script or code. Paths are absolute.",
@@ -105,7 +107,8 @@ SCHEMAS: dict[str, dict] = {
     "Checkpoints": _obj({"checkpoints": {"type": "array", "items": _ref("Checkpoint")}}),
     "Diagnoses": _obj({"diagnoses": {"type": "array", "items": {"allOf": [
         _ref("Diagnosis"), _obj({"attempt": _INT, "reason": _null(_STR)})]}}}),
-    "Alert": _obj({"active": {"type": "boolean"}}, {"since": _null(_NUM)}),
+    "Alert": _obj({"rule": _STR, "condition": _STR, "action": _STR, "active": {"type": "boolean"}},
+                  {"since": _null(_NUM), "url": _null(_STR)}),
     "Alerts": _obj({"alerts": {"type": "array", "items": _ref("Alert")},
                     "events": {"type": "array", "items": _ref("Event")}}),
     "Script": _obj({"script": _STR, "files": {"type": "array", "items": _STR}}),
@@ -232,3 +235,9 @@ def document() -> dict:
                 "query": {"type": "apiKey", "in": "query", "name": "token"}}},
         "security": [{"token": []}, {"query": []}],
     })
+
+
+if __name__ == "__main__":  # `python -m jupyter_dlc.openapi`: the document, as the panel's
+    import json             # type generation reads it (labextension/openapi.json)
+
+    print(json.dumps(document(), indent=1, sort_keys=True))

@@ -196,3 +196,26 @@ def test_panel_fixtures_are_real_launcher_payloads(contract):
         assert _shape(committed[name]) == _shape(payload), (
             f"the launcher's {name} payload changed shape; rerun with DLC_UPDATE_FIXTURES=1 and "
             "check the panel's parsers against it")
+
+
+LAB = os.path.join(ROOT, "labextension")
+
+
+def test_the_committed_document_is_current():
+    """labextension/openapi.json (what the panel's types are generated from) is the document."""
+    with open(os.path.join(LAB, "openapi.json")) as f:
+        committed = f.read()
+    assert committed == json.dumps(openapi.document(), indent=1, sort_keys=True) + "\n", (
+        "labextension/openapi.json is stale: run `npm run wire` in labextension and commit")
+
+
+def test_the_panel_types_are_generated_from_the_document():
+    """src/wire.ts is exactly what openapi-typescript makes of the document (`npm run wire`)."""
+    import subprocess
+
+    tool = os.path.join(LAB, "node_modules", ".bin", "openapi-typescript")
+    assert os.path.exists(tool), "run `npm ci` in labextension (scripts/setup.sh does)"
+    fresh = subprocess.run([tool, "openapi.json", "--enum-values"], cwd=LAB, capture_output=True,
+                           text=True, timeout=120, check=True).stdout
+    with open(os.path.join(LAB, "src", "wire.ts")) as f:
+        assert f.read() == fresh, "labextension/src/wire.ts is stale: run `npm run wire` and commit"

@@ -12,6 +12,7 @@ field is not a breaking change but renaming one fails the contract tests.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from . import __version__
@@ -238,6 +239,5 @@ def document() -> dict:
 
 
 if __name__ == "__main__":  # `python -m jupyter_dlc.openapi`: the document, as the panel's
-    import json             # type generation reads it (labextension/openapi.json)
-
+    # type generation reads it (labextension/openapi.json)
     print(json.dumps(document(), indent=1, sort_keys=True))

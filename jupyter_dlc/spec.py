@@ -219,6 +219,38 @@ def _text_map(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
+def _scalar(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(name, f"expected a finite number, got {show(value)}")
+        return value
+    return check_text(value, name, MAX_PATH, "a string, number, true, false or null")
+
+
+def _source_map(value: Any, name: str) -> dict[str, Any]:
+    """Where a job came from: flat values, or lists of them (a cell's line map), for views."""
+    if not isinstance(value, dict):
+        raise SpecError(name, f"expected a mapping, got {show(value)}")
+    if len(value) > 64:
+        raise SpecError(name, f"{len(value)} entries; at most 64 are allowed")
+    for key, item in value.items():
+        check_text(key, name, 255, "a name")
+        if isinstance(item, list):
+            if len(item) > 100_000:
+                raise SpecError(f"{name}.{key}", f"{len(item)} items; at most 100000 are allowed")
+            for index, part in enumerate(item):
+                _scalar(part, f"{name}.{key}[{index}]")
+        else:
+            _scalar(item, f"{name}.{key}")
+    return value
+
+
+_SCALAR_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_PATH}, {"type": "number"},
+                            {"type": "boolean"}, {"type": "null"}]}
+_SOURCE_SCHEMA = {"type": "object", "maxProperties": 64, "additionalProperties": {"anyOf": [
+    _SCALAR_SCHEMA, {"type": "array", "maxItems": 100_000, "items": _SCALAR_SCHEMA}]}}
 _TEXT_LIST_SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": MAX_TEXT},
                      "maxItems": MAX_LIST}
 _TEXT_MAP_SCHEMA = {"type": "object", "maxProperties": MAX_LIST,
@@ -251,7 +283,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
     "alerts": FieldRule(_text_list, _TEXT_LIST_SCHEMA),
     "default_alerts": FieldRule(_bool, {"type": "boolean"}),
     "files": FieldRule(_text_map, _TEXT_MAP_SCHEMA),
-    "source": FieldRule(_text_map, _TEXT_MAP_SCHEMA),
+    "source": FieldRule(_source_map, _SOURCE_SCHEMA),
     "python": _path_rule(),
 }
 

@@ -269,3 +269,27 @@ def test_relative_paths_are_resolved_by_the_client(api, tmp_path, monkeypatch):
     assert spec["workdir"] == str(tmp_path) and spec["script"] == api.quick
     wait_for(lambda: api.client.job(job["id"])["state"] in ("SUCCEEDED", "FAILED"), 120,
              what="the job to end")
+
+
+def test_every_spec_field_has_exactly_one_rule():
+    """A JobSpec field without a row in SPEC_FIELDS would be refused as unknown (and one with a
+    row but no field would never be set): adding a field is one row and one attribute."""
+    import dataclasses
+
+    from jupyter_dlc.spec import SPEC_FIELDS, JobSpec
+
+    assert list(SPEC_FIELDS) == [f.name for f in dataclasses.fields(JobSpec)]
+
+
+def test_cli_and_magic_options_resolve_relative_paths(tmp_path, monkeypatch):
+    """`jupyter-dlc run` and `%%dlc` build specs with spec_from_options: relative paths are
+    made absolute against the directory the user is in."""
+    from jupyter_dlc.cli import _parser
+    from jupyter_dlc.spec import spec_from_options
+
+    monkeypatch.chdir(tmp_path)
+    options, _ = _parser().parse_known_args(["run", "train.py", "--checkpoint-dir", "../ck",
+                                             "--workdir", "work"])
+    spec = spec_from_options(options, script="train.py")
+    assert spec.checkpoint_dir == str(tmp_path.parent / "ck")
+    assert spec.workdir == str(tmp_path / "work") and spec.script == str(tmp_path / "train.py")

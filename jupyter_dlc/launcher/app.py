@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tornado.web
@@ -48,6 +49,9 @@ class Launcher:
         self.data_dir = data_dir
         self.token = token
         self.started = time.time()
+        # Rank reports are stored on this thread, so that a large batch never holds up the
+        # event loop (/healthz, the panel); one thread keeps each job's reports in order.
+        self.report_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlc-reports")
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
@@ -131,7 +135,7 @@ class BaseHandler(tornado.web.RequestHandler):
         job_id = self.store.resolve_id(ref)
         row = self.store.job_row(job_id) if job_id else None
         if row is None:
-            self.fail(404, f"job: no job {ref!r}; `jupyter-dlc list` shows the jobs")
+            self.fail(404, f"job: no job {show(ref)}; `jupyter-dlc list` shows the jobs")
         return row
 
     def int_arg(self, name: str, default: int | None = None, low: int = 0,
@@ -265,13 +269,13 @@ class ReportHandler(BaseHandler):
         # The token is checked in post (the job's own token is accepted here too); the size now.
         self.check_body_size()
 
-    def post(self, ref: str) -> None:
+    async def post(self, ref: str) -> None:
         row = self.store.job_row(ref)
         token = self.presented_token()
         if row is None:
             if not self.allowed(token):
                 self.fail(401, "token: missing or wrong")
-            self.fail(404, f"job: no job {ref!r}")
+            self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or hmac.compare_digest(token, row["token"])):
             self.fail(401, "token: missing or wrong for this job")
         report = self.body(bodies.REPORT)
@@ -281,7 +285,8 @@ class ReportHandler(BaseHandler):
             # command (a "stop" would make it save into the checkpoints the new attempt writes).
             self.reply({"ok": True, "commands": [], "stale": True})
             return
-        self.store.record_report(row["id"], attempt, report)
+        await asyncio.get_running_loop().run_in_executor(
+            self.launcher.report_writer, self.store.record_report, row["id"], attempt, report)
         self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],
                                                                                report.get("rank", 0))})
 

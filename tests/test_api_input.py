@@ -293,3 +293,9 @@ def test_cli_and_magic_options_resolve_relative_paths(tmp_path, monkeypatch):
     spec = spec_from_options(options, script="train.py")
     assert spec.checkpoint_dir == str(tmp_path.parent / "ck")
     assert spec.workdir == str(tmp_path / "work") and spec.script == str(tmp_path / "train.py")
+
+
+@pytest.mark.parametrize("method,suffix", [("GET", ""), ("POST", "/report"), ("GET", "/logs")])
+def test_a_long_job_ref_is_not_echoed_back(api, method, suffix):
+    status, text = raw(api, method, f"/api/jobs/{'x' * 20000}{suffix}", b"{}" if method == "POST" else None)
+    one_line_error(status, text, 404, "job")

@@ -5,17 +5,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
 
 from . import formatting, paths
 from .client import TERMINAL, LauncherClient, LauncherError
-from .spec import JOB_OPTIONS, SpecError, spec_from_options
+from .commands import add_commands
+from .spec import SpecError, spec_from_options
+
+# ESC sequences (CSI, OSC up to BEL or ST, and two-byte ones) and every other control
+# character but tab and newline: a job's output must not retitle, recolour or rewrite the
+# user's terminal, nor hide lines from it.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|"
+                      r"\x9b[0-?]*[ -/]*[@-~]|\x9d[^\x07\x9c]*[\x07\x9c]?")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def neutralise(text: str) -> str:
+    """`text` safe to print: escape sequences dropped, other controls shown as \\xNN."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", _ESCAPES.sub("", text))
+
+
+def _show_line(line: dict, rank: int | None, raw: bool) -> str:
+    text = line["text"] if raw else neutralise(line["text"])
+    return f"[rank {line['rank']}] {text}" if rank is None else text
 
 
 def follow_logs(client: LauncherClient, job_id: str, rank: int | None, tail: int | None,
-                out=sys.stdout, poll: float = 0.5) -> dict:
+                out=sys.stdout, poll: float = 0.5, raw: bool = False) -> dict:
     """Print log lines as they come until the job ends; returns the final job."""
     cursor = None
     attempt = None
@@ -28,52 +47,22 @@ def follow_logs(client: LauncherClient, job_id: str, rank: int | None, tail: int
         answer = client.logs(job_id, rank=rank, tail=tail if cursor is None else None, cursor=cursor)
         cursor = answer["cursor"]
         for line in answer["lines"]:
-            print(f"[rank {line['rank']}] {line['text']}" if rank is None else line["text"], file=out)
+            print(_show_line(line, rank, raw), file=out)
         out.flush()
         if job["state"] in TERMINAL:
             return job
         time.sleep(poll)
 
 
-def print_logs(client: LauncherClient, job_id: str, rank: int | None, tail: int | None) -> None:
+def print_logs(client: LauncherClient, job_id: str, rank: int | None, tail: int | None,
+               raw: bool = False) -> None:
     for line in client.logs(job_id, rank=rank, tail=tail)["lines"]:
-        print(f"[rank {line['rank']}] {line['text']}" if rank is None else line["text"])
+        print(_show_line(line, rank, raw))
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jupyter-dlc", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a script as a torchrun job",
-                         usage="jupyter-dlc run SCRIPT [SCRIPT_ARGS...] [options] [-- SCRIPT_ARGS...]")
-    run.add_argument("script")
-    for flags, kwargs in JOB_OPTIONS:
-        run.add_argument(*flags, **kwargs)
-    run.add_argument("--wait", action="store_true", help="follow the job; exit 0 only if it succeeded")
-    sub.add_parser("list", help="every job the launcher knows")
-    for name, help_text in (("status", "one job in detail"), ("stop", "stop a job (SIGTERM, grace, SIGKILL)"),
-                            ("why", "why a job failed: the first error and what to do"),
-                            ("checkpoints", "committed checkpoints of a job"),
-                            ("clone", "a new job from the same spec"), ("delete", "delete an ended job")):
-        cmd = sub.add_parser(name, help=help_text)
-        cmd.add_argument("job")
-        if name == "status":
-            cmd.add_argument("--json", action="store_true")
-        if name == "stop":
-            cmd.add_argument("--grace", type=float, default=None, help="seconds before SIGKILL")
-    logs = sub.add_parser("logs", help="a job's logs")
-    logs.add_argument("job")
-    logs.add_argument("--rank", type=int, default=None)
-    logs.add_argument("--tail", type=int, default=None)
-    logs.add_argument("--follow", "-f", action="store_true")
-    resume = sub.add_parser("resume", help="resume an ended job from a committed checkpoint")
-    resume.add_argument("job")
-    resume.add_argument("--step", type=int, default=None, help="default: the newest committed step")
-    export = sub.add_parser("export", help="write a bundle that runs with plain torchrun")
-    export.add_argument("job")
-    export.add_argument("dir")
-    sub.add_parser("clusters", help="cluster profiles, each with a live check (reachable, idle nodes, GPUs)")
-    launcher = sub.add_parser("launcher", help="the launcher service")
-    launcher.add_argument("action", choices=["start", "stop", "status"])
+    add_commands(parser, "cli")
     return parser
 
 
@@ -125,12 +114,14 @@ def _dispatch(options, script_args: list[str]) -> int:
         job = follow_logs(client, job["id"], None, None, out=sys.stderr)
         print(formatting.status_line(job), file=sys.stderr)
         return 0 if job["state"] == "SUCCEEDED" else 1
-    if command == "status" and options.json:
-        print(json.dumps(client.job(options.job), indent=1))
-    elif command == "clone":
+    if command == "clone":
         print(client.clone(options.job)["id"])
     elif command == "resume":
         print(formatting.status_line(client.resume(options.job, options.step)))
+    elif command == "wait":
+        job = client.wait(client.job(options.job)["id"])
+        print(formatting.status_line(job))
+        return 0 if job["state"] == "SUCCEEDED" else 1
     else:
         run_text_command(client, options)
     return 0
@@ -141,15 +132,17 @@ def run_text_command(client: LauncherClient, options) -> None:
     command = options.command
     if command == "list":
         print(formatting.jobs_table(client.jobs()))
+    elif command == "status" and options.json:
+        print(json.dumps(client.job(options.job), indent=1))
     elif command == "status":
         print(formatting.status_text(client.job(options.job)))
     elif command == "logs":
         if options.follow:
-            follow_logs(client, options.job, options.rank, options.tail)
+            follow_logs(client, options.job, options.rank, options.tail, raw=options.raw)
         else:
-            print_logs(client, options.job, options.rank, options.tail)
+            print_logs(client, options.job, options.rank, options.tail, raw=options.raw)
     elif command == "stop":
-        print(formatting.status_line(client.stop(options.job, getattr(options, "grace", None))))
+        print(formatting.status_line(client.stop(options.job, options.grace)))
     elif command == "delete":
         client.delete(options.job)
         print(f"deleted {options.job}")

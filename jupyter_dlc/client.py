@@ -14,12 +14,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from . import paths
-from .spec import JobSpec
-
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+from .spec import JobSpec, resolve_paths
+from .states import TERMINAL_STATES as TERMINAL
 
 
 class LauncherError(RuntimeError):
@@ -42,7 +42,7 @@ class LauncherClient:
 
     # -- finding or starting the launcher ---------------------------------------------------
     @classmethod
-    def from_connection_file(cls, path: str | None = None) -> "LauncherClient | None":
+    def from_connection_file(cls, path: str | None = None) -> LauncherClient | None:
         try:
             with open(path or paths.connection_file()) as f:
                 info = json.load(f)
@@ -51,7 +51,7 @@ class LauncherClient:
             return None
 
     @classmethod
-    def connect(cls, start: bool = True, timeout: float = 30.0) -> "LauncherClient":
+    def connect(cls, start: bool = True, timeout: float = 30.0) -> LauncherClient:
         client = cls.from_connection_file()
         if client is not None and client.alive():
             return client
@@ -112,7 +112,8 @@ class LauncherClient:
 
     # -- the API ------------------------------------------------------------------------
     def submit(self, spec: JobSpec | dict) -> dict:
-        data = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        # Relative paths mean the caller's directory, which only this side knows.
+        data = resolve_paths(spec.to_dict() if isinstance(spec, JobSpec) else dict(spec))
         if isinstance(spec, dict):
             JobSpec.from_dict(dict(data))  # the same one-line errors before the round trip
         return self._post("/api/jobs", data)

@@ -7,8 +7,10 @@ value gets the same message wherever it came from.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,32 +23,54 @@ RENDEZVOUS_VARS = frozenset(
      "MASTER_PORT", "DLC_JOB_ID", "DLC_ATTEMPT", "DLC_TOKEN", "DLC_LAUNCHER_URL"}
 )
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+# Limits a spec must stay within; far above any real job, low enough that one request cannot
+# make the launcher copy, store or pass to execve more than it can handle.
+MAX_DURATION = 366 * 86400.0
+MAX_PATH = 4096
+MAX_TEXT = 4096
+MAX_CODE = 4 << 20
+MAX_LIST = 1024
+MAX_ENV_VARS = 1024
+MAX_ENV_BYTES = 256 << 10
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value for an error message: repr, cut short, so that a 1 MB input is not echoed."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
 class SpecError(ValueError):
     """A one-line, user-facing error: `field: what is wrong; how to fix it`."""
 
     def __init__(self, field_name: str, message: str):
+        field_name = show(field_name)[1:-1] if len(field_name) > 60 or "\n" in field_name else field_name
         self.field = field_name
         super().__init__(f"{field_name}: {message}")
 
 
 def parse_duration(value: Any, field_name: str) -> float:
-    """Seconds from 90, "90", "90s", "15m", "2h", "1d" or "250ms"."""
-    if isinstance(value, bool):
-        raise SpecError(field_name, f"expected a duration like 90s, 15m or 2h, got {value!r}")
-    if isinstance(value, (int, float)):
+    """Seconds from 90, "90", "90s", "15m", "2h", "1d" or "250ms"; finite, positive, at most a year."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(field_name, f"expected a duration like 90s, 15m or 2h, got {show(value)}")
+    if isinstance(value, int) and abs(value) > MAX_DURATION:
+        seconds = math.inf  # float() of a 400-digit int would raise
+    elif isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
+        match = _DURATION.fullmatch(value) if len(value) < 40 else None
         if not match:
-            raise SpecError(field_name, f"expected a duration like 90s, 15m or 2h, got {value!r}")
+            raise SpecError(field_name, f"expected a duration like 90s, 15m or 2h, got {show(value)}")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise SpecError(field_name, f"must be positive, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SpecError(field_name, f"must be a positive, finite duration, got {show(value)}")
+    if seconds > MAX_DURATION:
+        raise SpecError(field_name, f"must be at most {format_duration(MAX_DURATION)}, got {show(value)}")
     return seconds
 
 
@@ -65,41 +89,265 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def check_text(value: Any, field_name: str, limit: int = MAX_TEXT, what: str = "a string") -> str:
+    """A string without NUL bytes (no path, argv or environment can hold one), at most `limit`."""
+    if not isinstance(value, str):
+        raise SpecError(field_name, f"expected {what}, got {show(value)}")
+    if "\0" in value:
+        raise SpecError(field_name, "contains a NUL byte, which no path, argument or variable can hold")
+    if len(value) > limit:
+        raise SpecError(field_name, f"is {len(value)} characters long; at most {limit} are allowed")
+    return value
+
+
 def parse_env(items: list[str] | dict[str, Any] | None, field_name: str = "env") -> dict[str, str]:
     """`["K=V", ...]` or a dict → dict; names checked, rendezvous variables refused."""
-    if not items:
+    if items is None:
         return {}
     pairs: list[tuple[str, Any]]
     if isinstance(items, dict):
         pairs = list(items.items())
-    else:
+    elif isinstance(items, list):
         pairs = []
-        for item in items:
-            if "=" not in str(item):
-                raise SpecError(field_name, f"expected K=V, got {item!r}; write e.g. --env LR=0.1")
-            key, _, value = str(item).partition("=")
+        for item in items[:MAX_ENV_VARS + 1]:
+            if not isinstance(item, str) or "=" not in item:
+                raise SpecError(field_name, f"expected K=V, got {show(item)}; write e.g. --env LR=0.1")
+            key, _, value = item.partition("=")
             pairs.append((key.strip(), value))
+    else:
+        raise SpecError(field_name, f"expected a mapping of NAME to value, got {show(items)}")
+    if len(pairs) > MAX_ENV_VARS:
+        raise SpecError(field_name, f"{len(items)} variables; at most {MAX_ENV_VARS} are allowed")
     env = {}
     for key, value in pairs:
-        if not _ENV_NAME.match(key):
-            raise SpecError(field_name, f"{key!r} is not a valid variable name")
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise SpecError(field_name, f"{show(key)} is not a valid variable name")
         if key in RENDEZVOUS_VARS:
             raise SpecError(field_name, f"{key} is set by torchrun and the launcher; it cannot be overridden")
-        env[key] = str(value)
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SpecError(field_name, f"{key}: expected a string value, got {show(value)}")
+        env[key] = check_text(str(value), f"{field_name}.{key}", MAX_ENV_BYTES)
+    if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+        raise SpecError(field_name, f"the variables add up to more than {MAX_ENV_BYTES >> 10} KiB")
     return env
 
 
 def _int(value: Any, field_name: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SpecError(field_name, f"expected a whole number, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise SpecError(field_name, f"expected a whole number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field_name, f"expected a whole number, got {show(value)}")
+    number = value
     if number < low or (high is not None and number > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise SpecError(field_name, f"must be {bound}, got {number}")
+        raise SpecError(field_name, f"must be {bound}, got {show(number)}")
     return number
+
+
+# -- one checker per spec field ------------------------------------------------------------
+# Each row: how the field is checked (value, name → normalised value) and its JSON Schema,
+# which the launcher's OpenAPI document is built from. A new field is one row here.
+@dataclass(frozen=True)
+class FieldRule:
+    check: Callable[[Any, str], Any]
+    schema: dict[str, Any]
+    nullable: bool = False
+
+    def apply(self, value: Any, name: str) -> Any:
+        if value is None and self.nullable:
+            return None
+        return self.check(value, name)
+
+    def json_schema(self) -> dict[str, Any]:
+        if not self.nullable:
+            return self.schema
+        return {"anyOf": [self.schema, {"type": "null"}]}
+
+
+def _int_rule(low: int, high: int) -> FieldRule:
+    return FieldRule(lambda v, n: _int(v, n, low, high),
+                     {"type": "integer", "minimum": low, "maximum": high})
+
+
+def _text_rule(limit: int = MAX_TEXT, nullable: bool = False, pattern: str | None = None) -> FieldRule:
+    schema: dict[str, Any] = {"type": "string", "maxLength": limit}
+    if pattern:
+        schema["pattern"] = pattern
+    return FieldRule(lambda v, n: check_text(v, n, limit), schema, nullable)
+
+
+def _path_rule(nullable: bool = True) -> FieldRule:
+    def check(value: Any, name: str) -> str:
+        value = check_text(value, name, MAX_PATH, "a path")
+        if not value:
+            raise SpecError(name, "is empty; give a path")
+        return value
+    return FieldRule(check, {"type": "string", "minLength": 1, "maxLength": MAX_PATH,
+                             "description": "an absolute path (the client resolves relative ones)"},
+                     nullable)
+
+
+def _choice_rule(options: tuple[str, ...], nullable: bool = False) -> FieldRule:
+    def check(value: Any, name: str) -> str:
+        if value not in options or not isinstance(value, str):
+            raise SpecError(name, f"expected one of {', '.join(options)}, got {show(value)}")
+        return value
+    return FieldRule(check, {"type": "string", "enum": list(options)}, nullable)
+
+
+def _duration_rule(nullable: bool = False) -> FieldRule:
+    return FieldRule(parse_duration, {"anyOf": [
+        {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION},
+        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$", "maxLength": 39}]},
+        nullable)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(name, f"expected true or false, got {show(value)}")
+    return value
+
+
+def _text_list(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list):
+        raise SpecError(name, f"expected a list of strings, got {show(value)}")
+    if len(value) > MAX_LIST:
+        raise SpecError(name, f"{len(value)} items; at most {MAX_LIST} are allowed")
+    return [check_text(item, f"{name}[{i}]") for i, item in enumerate(value)]
+
+
+def _text_map(value: Any, name: str) -> dict[str, Any]:
+    """A flat mapping of short strings to strings or null (files, source)."""
+    if not isinstance(value, dict):
+        raise SpecError(name, f"expected a mapping of names to strings, got {show(value)}")
+    if len(value) > MAX_LIST:
+        raise SpecError(name, f"{len(value)} entries; at most {MAX_LIST} are allowed")
+    for key, item in value.items():
+        check_text(key, name, 255, "a name")
+        if item is not None:
+            check_text(item, f"{name}.{key}", MAX_PATH)
+    return value
+
+
+def _scalar(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(name, f"expected a finite number, got {show(value)}")
+        return value
+    return check_text(value, name, MAX_PATH, "a string, number, true, false or null")
+
+
+def _source_map(value: Any, name: str) -> dict[str, Any]:
+    """Where a job came from: flat values, or lists of them (a cell's line map), for views."""
+    if not isinstance(value, dict):
+        raise SpecError(name, f"expected a mapping, got {show(value)}")
+    if len(value) > 64:
+        raise SpecError(name, f"{len(value)} entries; at most 64 are allowed")
+    for key, item in value.items():
+        check_text(key, name, 255, "a name")
+        if isinstance(item, list):
+            if len(item) > 100_000:
+                raise SpecError(f"{name}.{key}", f"{len(item)} items; at most 100000 are allowed")
+            for index, part in enumerate(item):
+                _scalar(part, f"{name}.{key}[{index}]")
+        else:
+            _scalar(item, f"{name}.{key}")
+    return value
+
+
+_SCALAR_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_PATH}, {"type": "number"},
+                            {"type": "boolean"}, {"type": "null"}]}
+_SOURCE_SCHEMA = {"type": "object", "maxProperties": 64, "additionalProperties": {"anyOf": [
+    _SCALAR_SCHEMA, {"type": "array", "maxItems": 100_000, "items": _SCALAR_SCHEMA}]}}
+_TEXT_LIST_SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": MAX_TEXT},
+                     "maxItems": MAX_LIST}
+_TEXT_MAP_SCHEMA = {"type": "object", "maxProperties": MAX_LIST,
+                    "additionalProperties": {"type": ["string", "null"], "maxLength": MAX_PATH}}
+
+def _resources(value: Any, name: str) -> dict[str, int]:
+    """Per node: {"gpus", "cpus", "memory_mb"}; "memory" may be given as a size like 16G."""
+    if not isinstance(value, dict):
+        raise SpecError(name, "expected a mapping like {gpus: 8, cpus: 32, memory: 256G}")
+    resources: dict[str, int] = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        if key == "gpus":
+            resources["gpus"] = _int(item, f"{name}.gpus", 0, 64)
+        elif key == "cpus":
+            resources["cpus"] = _int(item, f"{name}.cpus", 1, 4096)
+        elif key in ("memory", "memory_mb"):
+            resources["memory_mb"] = parse_memory_mb(item, f"{name}.{key}")
+        else:
+            raise SpecError(f"{name}.{check_text(key, name, 40, 'a name')}",
+                            "unknown resource; use gpus, cpus or memory")
+    return resources
+
+
+_RESOURCES_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "gpus": {"type": ["integer", "null"], "minimum": 0, "maximum": 64},
+    "cpus": {"type": ["integer", "null"], "minimum": 1, "maximum": 4096},
+    "memory": {"type": ["string", "integer", "null"], "maxLength": 20,
+               "description": "a size like 16G or 2000M (megabytes when a bare number)"},
+    "memory_mb": {"type": ["integer", "null"], "minimum": 1}}}
+
+
+SPEC_FIELDS: dict[str, FieldRule] = {
+    "name": _text_rule(63, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,62})?$"),
+    "script": _path_rule(),
+    "code": _text_rule(MAX_CODE, nullable=True),
+    "args": FieldRule(_text_list, _TEXT_LIST_SCHEMA),
+    "nodes": _int_rule(1, 1024),
+    "nproc_per_node": _int_rule(1, 64),
+    "env": FieldRule(parse_env, {"anyOf": [
+        {"type": "object", "maxProperties": MAX_ENV_VARS,
+         "additionalProperties": {"type": "string", "maxLength": MAX_TEXT}},
+        {"type": "array", "maxItems": MAX_ENV_VARS, "items": {"type": "string", "pattern": "="}}]}),
+    "network": _choice_rule(NETWORKS, nullable=True),
+    "workdir": _path_rule(),
+    "backend": _choice_rule(BACKENDS),
+    "max_runtime": _duration_rule(nullable=True),
+    "max_restarts": _int_rule(0, 100),
+    "restart_backoff": _duration_rule(),
+    "stop_grace": _duration_rule(),
+    "heartbeat_interval": _duration_rule(),
+    "heartbeat_misses": _int_rule(1, 100),
+    "progress_timeout": _duration_rule(),
+    "collective_timeout": _duration_rule(),
+    "checkpoint_dir": _path_rule(),
+    "keep_last": _int_rule(1, 1000),
+    "alerts": FieldRule(_text_list, _TEXT_LIST_SCHEMA),
+    "default_alerts": FieldRule(_bool, {"type": "boolean"}),
+    "files": FieldRule(_text_map, _TEXT_MAP_SCHEMA),
+    "source": FieldRule(_source_map, _SOURCE_SCHEMA),
+    "python": _path_rule(),
+    "cluster": _text_rule(63, nullable=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+    "resources": FieldRule(_resources, _RESOURCES_SCHEMA),
+}
+
+# The paths a spec may hold; the client makes them absolute against the user's directory.
+PATH_FIELDS = ("script", "workdir", "checkpoint_dir", "python")
+
+
+def resolve_paths(data: dict[str, Any], base: str | None = None) -> dict[str, Any]:
+    """`data` with relative (and ~) PATH_FIELDS made absolute against `base` (default: cwd),
+    the directory the user meant; the launcher and the ranks run elsewhere."""
+    base = base or os.getcwd()
+    out = dict(data)
+    for name in PATH_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str) and value and "\0" not in value:
+            out[name] = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+    return out
+
+
+def require_absolute_paths(spec: JobSpec) -> None:
+    """The launcher's rule: it never guesses whose working directory a relative path meant."""
+    for name in PATH_FIELDS:
+        value = getattr(spec, name)
+        if value is not None and not os.path.isabs(value):
+            raise SpecError(name, f"{show(value)} is relative; give an absolute path "
+                                  "(jupyter-dlc and %%dlc resolve it against your directory)")
 
 
 @dataclass
@@ -140,13 +388,12 @@ class JobSpec:
     resources: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         if not isinstance(data, dict):
             raise SpecError("spec", "expected a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(key) for key in set(data) - set(SPEC_FIELDS))
         if unknown:
-            raise SpecError(unknown[0], f"unknown field; known fields are {', '.join(sorted(known))}")
+            raise SpecError(unknown[0], f"unknown field; known fields are {', '.join(SPEC_FIELDS)}")
         spec = cls(**data)
         spec.validate()
         return spec
@@ -154,61 +401,25 @@ class JobSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def validate(self) -> "JobSpec":
+    def validate(self) -> JobSpec:
+        """Every field's type and range (SPEC_FIELDS), then the rules between fields."""
+        for name, rule in SPEC_FIELDS.items():
+            setattr(self, name, rule.apply(getattr(self, name), name))
         if (self.script is None) == (self.code is None):
             raise SpecError("script", "give either a script path or the code to run, not both or neither")
-        if self.code is not None and not str(self.code).strip():
+        if self.code is not None and not self.code.strip():
             raise SpecError("code", "the cell is empty; write the training code in the cell")
-        if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
-            raise SpecError("args", "expected a list of strings")
-        self.nodes = _int(self.nodes, "nodes", 1, 1024)
-        self.nproc_per_node = _int(self.nproc_per_node, "nproc_per_node", 1, 64)
-        self.env = parse_env(self.env)
-        if self.network is not None and self.network not in NETWORKS:
-            raise SpecError("network", f"expected one of {', '.join(NETWORKS)}, got {self.network!r}")
-        if self.backend not in BACKENDS:
-            raise SpecError("backend", f"expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.max_runtime is not None:
-            self.max_runtime = parse_duration(self.max_runtime, "max_runtime")
-        self.max_restarts = _int(self.max_restarts, "max_restarts", 0, 100)
-        self.keep_last = _int(self.keep_last, "keep_last", 1, 1000)
-        self.heartbeat_misses = _int(self.heartbeat_misses, "heartbeat_misses", 1, 100)
-        for name in ("restart_backoff", "stop_grace", "heartbeat_interval", "progress_timeout",
-                     "collective_timeout"):
-            setattr(self, name, parse_duration(getattr(self, name), name))
         self._check_timeout_order()
-        if not isinstance(self.alerts, list) or not all(isinstance(a, str) for a in self.alerts):
-            raise SpecError("alerts", "expected a list of rule strings like 'loss is nan -> stop'")
-        if not isinstance(self.files, dict):
-            raise SpecError("files", "expected a mapping of name to staged path")
         for name, path in self.files.items():
-            if "/" in name or name.startswith(".") or not os.path.isfile(path):
-                raise SpecError("files", f"{name!r} → {path!r} is not a plain name and a readable file")
-        self._validate_placement()
+            if "/" in name or name.startswith(".") or not isinstance(path, str) or not os.path.isfile(path):
+                raise SpecError("files", f"{show(name)} → {show(path)} is not a plain name and a readable file")
         if not self.name:
             self.name = os.path.splitext(os.path.basename(self.script))[0] if self.script else "cell"
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", self.name):
-            raise SpecError("name", f"{self.name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
+            if not _JOB_NAME.fullmatch(self.name):
+                self.name = "script"  # a file name that is no job name: the user did not pick it
+        if not _JOB_NAME.fullmatch(self.name):
+            raise SpecError("name", f"{show(self.name)}: use letters, digits, '.', '_' and '-' (at most 63)")
         return self
-
-    def _validate_placement(self) -> None:
-        if self.cluster is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", str(self.cluster)):
-            raise SpecError("cluster", f"{self.cluster!r} is not a profile name; see `jupyter-dlc clusters`")
-        if not isinstance(self.resources, dict):
-            raise SpecError("resources", "expected a mapping like {gpus: 8, cpus: 32, memory: 256G}")
-        resources = {}
-        for key, value in self.resources.items():
-            if value is None:
-                continue
-            if key == "gpus":
-                resources["gpus"] = _int(value, "resources.gpus", 0, 64)
-            elif key == "cpus":
-                resources["cpus"] = _int(value, "resources.cpus", 1, 4096)
-            elif key in ("memory", "memory_mb"):
-                resources["memory_mb"] = parse_memory_mb(value, f"resources.{key}")
-            else:
-                raise SpecError(f"resources.{key}", "unknown resource; use gpus, cpus or memory")
-        self.resources = resources
 
     def _check_timeout_order(self) -> None:
         # A missed-heartbeat verdict must come before the stall alert, which must come before
@@ -276,14 +487,18 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 def spec_from_options(options: Any, **fields: Any) -> JobSpec:
-    """A validated JobSpec from parsed JOB_OPTIONS plus `fields` (script or code, source...)."""
-    return JobSpec.from_dict(dict(
+    """A validated JobSpec from parsed JOB_OPTIONS plus `fields` (script or code, source...).
+
+    Relative paths are resolved here, against the directory the user is in now: the launcher
+    and the ranks run in other directories and would each read them differently.
+    """
+    return JobSpec.from_dict(resolve_paths(dict(
         name=options.name or "", nodes=options.nodes, nproc_per_node=options.nproc_per_node,
         env=parse_env(options.env), network=options.network, max_runtime=options.max_runtime,
-        workdir=os.path.abspath(options.workdir) if options.workdir else os.getcwd(),
+        workdir=options.workdir or os.getcwd(),
         max_restarts=options.max_restarts, checkpoint_dir=options.checkpoint_dir,
         keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
         progress_timeout=options.progress_timeout, alerts=list(options.alert),
         default_alerts=not options.no_default_alerts, backend=options.backend,
         cluster=options.cluster, resources={"gpus": options.gpus_per_node, "cpus": options.cpus_per_node,
-                                            "memory": options.memory_per_node}, **fields))
+                                            "memory": options.memory_per_node}, **fields)))

@@ -15,6 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .. import formatting
 from ..client import LauncherClient, LauncherError
+from ..commands import add_commands
 from ..spec import JOB_OPTIONS, SpecError, spec_from_options
 
 
@@ -38,21 +39,7 @@ class _LineParser:
                 raise UsageError(message or "%dlc: see %dlc --help")
 
         self.parser = Parser(prog="%dlc", add_help=False)
-        sub = self.parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-        sub.add_parser("list")
-        for name in ("status", "stop", "attach", "why", "checkpoints", "clone", "delete", "wait"):
-            sub.add_parser(name).add_argument("job")
-        logs = sub.add_parser("logs")
-        logs.add_argument("job")
-        logs.add_argument("--rank", type=int)
-        logs.add_argument("--tail", type=int)
-        logs.add_argument("--follow", "-f", action="store_true")
-        resume = sub.add_parser("resume")
-        resume.add_argument("job")
-        resume.add_argument("--step", type=int)
-        export = sub.add_parser("export")
-        export.add_argument("job")
-        export.add_argument("dir")
+        add_commands(self.parser, "magic", parser_class=Parser)
 
     def parse(self, line: str):
         return self.parser.parse_args(shlex.split(line))
@@ -103,7 +90,7 @@ class DLCMagics(Magics):
             except ValueError as error:
                 raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
-            return None
+            return
         try:
             job = self.client.submit(spec)
         except LauncherError as error:
@@ -115,7 +102,7 @@ class DLCMagics(Magics):
                 view.refresh_now()
             if job["state"] != "SUCCEEDED":
                 raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
-        return None
+        return
 
     def _capture(self, cell: str, args) -> tuple[str, dict, str, str, dict]:
         from .capture import capture
@@ -132,9 +119,10 @@ class DLCMagics(Magics):
 
     @line_magic("dlc")
     def dlc_line(self, line):
-        """%dlc list | status JOB | wait JOB | logs JOB [--rank R] [--tail N] [--follow] | stop JOB |
-        attach JOB | resume JOB [--step N] | checkpoints JOB | why JOB | clone JOB |
-        delete JOB | export JOB DIR"""
+        """%dlc list | status JOB [--json] | wait JOB | attach JOB |
+        logs JOB [--rank R] [--tail N] [--follow] [--raw] | stop JOB [--grace S] |
+        resume JOB [--step N] | why JOB | checkpoints JOB | clone JOB | delete JOB |
+        export JOB DIR | clusters  (the subcommands of jupyter-dlc, from jupyter_dlc/commands.py)"""
         options = _LineParser().parse(line)
         try:
             return self._run_line(options)
@@ -144,8 +132,13 @@ class DLCMagics(Magics):
     def _run_line(self, options):
         from ..cli import run_text_command
 
-        client = self.client
         command = options.command
+        if command == "clusters":  # profiles and their live checks; no launcher involved
+            from ..clusters import check_clusters, clusters_table
+
+            print(clusters_table(check_clusters()))
+            return
+        client = self.client
         if command == "wait":
             job = client.wait(options.job)
             print(formatting.status_line(job))

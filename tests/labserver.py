@@ -78,7 +78,7 @@ def running_lab(prefix: str, base_url: str, token: str, *, timeout: float = 90,
              "--ip=127.0.0.1", f"--ServerApp.token={token}", f"--ServerApp.base_url={base_url}",
              f"--ServerApp.root_dir={tmp / 'root'}",
              "--ServerApp.jpserver_extensions={'jupyter_dlc': True}",
-             f"--LabApp.extra_labextensions_path=['{tmp / 'labext'}']"],
+             f"--LabApp.extra_labextensions_path={tmp / 'labext'}"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             def up():

@@ -11,16 +11,19 @@ import os
 import shutil
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tornado.web
 
-from .. import __version__, layout
+from .. import __version__, layout, openapi
 from ..backends import bind_cluster, get_backend
-from ..spec import JobSpec, SpecError
+from ..spec import JobSpec, SpecError, require_absolute_paths, show
+from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
+from . import bodies
 from .alerts import rules_for
 from .storage import is_disk_full
-from .store import ACTIVE_STATES, TERMINAL_STATES, Store
+from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
 # The longest a delete waits for a stop in flight to end.
@@ -51,13 +54,40 @@ class Launcher:
         self.data_dir = data_dir
         self.token = token
         self.started = time.time()
+        # Rank reports are stored on this thread, so that a large batch never holds up the
+        # event loop (/healthz, the panel); one thread keeps each job's reports in order.
+        self.report_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlc-reports")
 
 
+# Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
+# refused before it is buffered or parsed, and the event loop stays free for /healthz.
+BODY_LIMIT = 64 << 10
+SUBMIT_LIMIT = 8 << 20      # a cell body of up to 4 MB, with room for JSON escaping
+REPORT_LIMIT = 2 << 20      # the runtime's largest batch is well under 1 MB
+SEQ_MAX = 2**63 - 1         # SQLite's INTEGER range
+
+
+@tornado.web.stream_request_body
 class BaseHandler(tornado.web.RequestHandler):
     launcher: Launcher
+    body_limit = BODY_LIMIT
 
     def initialize(self, launcher: Launcher) -> None:
         self.launcher = launcher
+        self._chunks: list[bytes] = []
+        self._received = 0
+
+    def check_body_size(self) -> None:
+        """413 from the declared length; a chunked body is cut by the connection at the cap."""
+        length = self.request.headers.get("Content-Length")
+        if length and (not length.isdigit() or int(length) > self.body_limit):
+            self.fail(413, f"body: larger than this route's limit of {self.body_limit} bytes")
+        self.request.connection.set_max_body_size(self.body_limit)
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._received <= self.body_limit:
+            self._chunks.append(chunk)
 
     @property
     def store(self) -> Store:
@@ -77,6 +107,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def prepare(self) -> None:
         if not self.allowed(self.presented_token()):
             self.fail(401, "token: missing or wrong; read it from the launcher's connection file")
+        self.check_body_size()
 
     def fail(self, status: int, message: str) -> None:
         self.set_status(status)
@@ -89,32 +120,40 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(_clean(data), default=_json_default))
 
-    def body(self) -> dict:
-        if not self.request.body:
-            return {}
+    def body(self, schema: dict | None = None) -> dict:
+        """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
+        raw = b"".join(self._chunks)
+        if not raw.strip():
+            self.fail(400, "body: empty; send a JSON object ({} at the least)")
         try:
-            data = json.loads(self.request.body)
+            data = json.loads(raw)
+        except RecursionError:
+            self.fail(400, "body: JSON nested too deeply")
         except ValueError:
-            self.fail(400, "body: not valid JSON")
-        if not isinstance(data, dict):
-            self.fail(400, "body: expected a JSON object")
-        return data
+            self.fail(400, "body: not valid JSON (UTF-8)")
+        try:
+            return bodies.check_body(data, schema or {"type": "object"})
+        except SpecError as error:
+            self.fail(400, str(error))
 
     def job_or_404(self, ref: str):
         job_id = self.store.resolve_id(ref)
         row = self.store.job_row(job_id) if job_id else None
         if row is None:
-            self.fail(404, f"job: no job {ref!r}; `jupyter-dlc list` shows the jobs")
+            self.fail(404, f"job: no job {show(ref)}; `jupyter-dlc list` shows the jobs")
         return row
 
-    def int_arg(self, name: str, default: int | None = None) -> int | None:
+    def int_arg(self, name: str, default: int | None = None, low: int = 0,
+                high: int = SEQ_MAX) -> int | None:
         raw = self.get_query_argument(name, None)
         if raw in (None, ""):
             return default
-        try:
-            return int(raw)
-        except ValueError:
-            self.fail(400, f"{name}: expected a whole number, got {raw!r}")
+        if not (raw.isascii() and raw.lstrip("-").isdigit()):
+            self.fail(400, f"{name}: expected a whole number, got {show(raw)}")
+        value = int(raw) if len(raw) <= 24 else None
+        if value is None or not low <= value <= high:
+            self.fail(400, f"{name}: must be between {low} and {high}, got {show(raw)}")
+        return value
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
@@ -146,12 +185,15 @@ class HealthHandler(BaseHandler):
 
 
 class JobsHandler(BaseHandler):
+    body_limit = SUBMIT_LIMIT
+
     def get(self) -> None:
         self.reply({"jobs": [self.store.summary(r) for r in self.store.job_rows()]})
 
     def post(self) -> None:
         try:
             spec = JobSpec.from_dict(self.body())
+            require_absolute_paths(spec)
             rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
@@ -212,14 +254,12 @@ class JobHandler(BaseHandler):
 class ActionHandler(BaseHandler):
     def post(self, ref: str, action: str) -> None:
         row = self.job_or_404(ref)
-        body = self.body()
+        body = self.body(ACTION_BODIES.get(action, bodies.EMPTY))
         supervisor = self.launcher.supervisor
         if action == "stop":
             if row["state"] in TERMINAL_STATES:
                 self.fail(409, f"job: {row['id']} already ended ({row['state']})")
             grace = body.get("grace")
-            if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
-                self.fail(400, "grace: expected seconds >= 0")
             supervisor.request_stop(row["id"], grace)
         elif action == "resume":
             if row["state"] not in TERMINAL_STATES:
@@ -229,7 +269,7 @@ class ActionHandler(BaseHandler):
                 spec = json.loads(row["spec"])
                 ckpt_dir = spec.get("checkpoint_dir") or layout.default_checkpoint_dir(row["job_dir"])
                 steps = [c["step"] for c in layout.committed_steps(ckpt_dir)]
-                if not isinstance(step, int) or step not in steps:
+                if step not in steps:
                     self.fail(400, f"step: {step!r} is not a committed checkpoint; committed steps: "
                               f"{', '.join(map(str, steps)) or 'none'}")
             supervisor.resume(row["id"], step)
@@ -245,59 +285,87 @@ class ActionHandler(BaseHandler):
         self.reply(job_detail(self.store, self.store.job_row(row["id"])))
 
 
-class ReportHandler(BaseHandler):
-    def prepare(self) -> None:
-        pass  # checked in post: the job's own token is accepted here too
+ACTION_BODIES = {"stop": bodies.STOP, "resume": bodies.RESUME, "clone": bodies.EMPTY}
 
-    def post(self, ref: str) -> None:
+
+class ReportHandler(BaseHandler):
+    body_limit = REPORT_LIMIT
+
+    def prepare(self) -> None:
+        # The token is checked in post (the job's own token is accepted here too); the size now.
+        self.check_body_size()
+
+    async def post(self, ref: str) -> None:
         row = self.store.job_row(ref)
         token = self.presented_token()
         if row is None:
             if not self.allowed(token):
                 self.fail(401, "token: missing or wrong")
-            self.fail(404, f"job: no job {ref!r}")
+            self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        report = self.body()
-        attempt = int(report.get("attempt") or row["attempt"])
+        report = self.body(bodies.REPORT)
+        attempt = report.get("attempt") or row["attempt"]
         if attempt != row["attempt"]:
             # A straggler of an attempt that already ended: accepted, not stored, and given no
             # command (a "stop" would make it save into the checkpoints the new attempt writes).
             self.reply({"ok": True, "commands": [], "stale": True})
             return
-        self.store.record_report(row["id"], attempt, report)
+        await asyncio.get_running_loop().run_in_executor(
+            self.launcher.report_writer, self.store.record_report, row["id"], attempt, report)
         self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],
-                                                                               int(report.get("rank", 0)))})
+                                                                               report.get("rank", 0))})
 
 
 class LogsHandler(BaseHandler):
     def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        rank = self.int_arg("rank")
-        tail = self.int_arg("tail")
-        attempt = self.int_arg("attempt", row["attempt"])
-        raw_cursor = self.get_query_argument("cursor", "")
-        try:
-            cursor = json.loads(base64.urlsafe_b64decode(raw_cursor)) if raw_cursor else {}
-        except ValueError:
-            self.fail(400, "cursor: not a cursor this launcher returned")
-        if cursor.get("attempt") not in (None, attempt):
-            cursor = {}
         spec = json.loads(row["spec"])
         world = spec["nodes"] * spec["nproc_per_node"]
+        rank = self.int_arg("rank")
+        if rank is not None and rank >= world:
+            self.fail(400, f"rank: rank {rank} does not exist in a world of {world} "
+                           f"(ranks 0-{world - 1})")
+        tail = self.int_arg("tail", high=1 << 20)
+        attempt = self.int_arg("attempt", row["attempt"], low=1, high=1 << 30)
+        raw_cursor = self.get_query_argument("cursor", "")
+        cursor = self.cursor_arg(raw_cursor, world)
+        if cursor.get("attempt") not in (None, attempt):
+            cursor = {}
         ranks = [rank] if rank is not None else list(range(world))
         offsets = cursor.get("offsets", {})
         lines = []
         attempt_dir = layout.attempt_dir(row["job_dir"], attempt)
         for r in ranks:
             path = layout.rank_log(attempt_dir, r)
-            start = int(offsets.get(str(r), 0))
+            start = offsets.get(str(r), 0)
             text, end = read_log(path, start, tail if not raw_cursor else None)
             offsets[str(r)] = end
             lines.extend({"rank": r, "attempt": attempt, "text": line} for line in text)
         new_cursor = base64.urlsafe_b64encode(json.dumps(
             {"attempt": attempt, "offsets": offsets}).encode()).decode()
         self.reply({"lines": lines, "cursor": new_cursor, "attempt": attempt})
+
+    def cursor_arg(self, raw: str, world: int) -> dict:
+        """A cursor this launcher returned: {"attempt": n, "offsets": {"rank": byte offset}}."""
+        if not raw:
+            return {}
+        try:
+            if len(raw) > 64 + 40 * world:
+                raise ValueError
+            cursor = json.loads(base64.urlsafe_b64decode(raw.encode("ascii")))
+            bodies.check(cursor, CURSOR, "cursor")
+            if not all(key.isdigit() and int(key) < world for key in cursor.get("offsets", {})):
+                raise ValueError
+        except (ValueError, RecursionError, SpecError):
+            self.fail(400, "cursor: not a cursor this launcher returned; leave it out to start over")
+        return cursor
+
+
+CURSOR = {"type": "object", "additionalProperties": False, "properties": {
+    "attempt": {"type": "integer", "minimum": 1, "maximum": 1 << 30},
+    "offsets": {"type": "object", "additionalProperties": {
+        "type": "integer", "minimum": 0, "maximum": SEQ_MAX}}}}
 
 
 def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> tuple[list[str], int]:
@@ -425,7 +493,7 @@ class PrometheusHandler(BaseHandler):
         counts: dict[str, int] = {}
         for row in rows:
             counts[row["state"]] = counts.get(row["state"], 0) + 1
-        for state in (*ACTIVE_STATES, *TERMINAL_STATES):
+        for state in ALL_STATES:
             lines.append(f'dlc_jobs{{state="{state}"}} {counts.get(state, 0)}')
         lines += ["# HELP dlc_job_step Last step reported.", "# TYPE dlc_job_step gauge"]
         lines += [f'dlc_job_step{{job="{r["id"]}"}} {r["last_step"]}' for r in rows
@@ -435,6 +503,11 @@ class PrometheusHandler(BaseHandler):
                   if r["last_loss"] is not None]
         self.set_header("Content-Type", "text/plain; version=0.0.4")
         self.finish("\n".join(lines) + "\n")
+
+
+class OpenApiHandler(BaseHandler):
+    def get(self) -> None:
+        self.reply(openapi.document())
 
 
 class NotFoundHandler(BaseHandler):
@@ -450,6 +523,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
     return tornado.web.Application([
         (r"/healthz", HealthHandler, args),
         (r"/metrics", PrometheusHandler, args),
+        (r"/api/openapi.json", OpenApiHandler, args),
         (r"/api/stream", StreamHandler, args),
         (r"/api/jobs", JobsHandler, args),
         (job, JobHandler, args),

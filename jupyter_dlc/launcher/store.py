@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from .storage import DiskGuard, is_disk_full
 
 SCHEMA = """
@@ -57,8 +58,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 
-ACTIVE_STATES = ("QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING")
-TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
 
 _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",
                 "last_step", "last_loss")

@@ -5,7 +5,25 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { Action, JobSummary, SseParser, backoffMs } from './store';
+import { Action, JobDetail, Schemas, SseParser, backoffMs, streamAction } from './store';
+
+/** `GET /api/jobs/{job}/<what>` → its answer, as the launcher's OpenAPI document types it. */
+export interface SubRoutes {
+  metrics: Schemas['Metrics'];
+  logs: Schemas['Logs'];
+  events: Schemas['Events'];
+  checkpoints: Schemas['Checkpoints'];
+  diagnosis: Schemas['Diagnoses'];
+  alerts: Schemas['Alerts'];
+  script: Schemas['Script'];
+}
+
+/** `POST /api/jobs/{job}/<what>` → its body. */
+export interface ActionBodies {
+  stop: Schemas['StopBody'];
+  resume: Schemas['ResumeBody'];
+  clone: Schemas['EmptyBody'];
+}
 
 export class DlcError extends Error {
   constructor(
@@ -37,7 +55,7 @@ export class DlcApi {
     return url;
   }
 
-  async request<T = any>(
+  async request<T>(
     method: string,
     path: string,
     body?: unknown,
@@ -58,32 +76,36 @@ export class DlcApi {
       return undefined as unknown as T;
     }
     const text = await resp.text();
-    let data: any = undefined;
+    let data: unknown = undefined;
     try {
       data = text ? JSON.parse(text) : undefined;
     } catch {
       data = { error: text.slice(0, 200) };
     }
     if (!resp.ok) {
-      const msg = data?.error ?? data?.message ?? resp.statusText;
-      throw new DlcError(resp.status, String(msg));
+      const err = (data ?? {}) as { error?: unknown; message?: unknown };
+      throw new DlcError(resp.status, String(err.error ?? err.message ?? resp.statusText));
     }
     return data as T;
   }
 
-  jobs(): Promise<{ jobs: JobSummary[] }> {
+  jobs(): Promise<Schemas['JobList']> {
     return this.request('GET', 'api/jobs');
   }
 
-  job(id: string): Promise<any> {
+  job(id: string): Promise<JobDetail> {
     return this.request('GET', `api/jobs/${encodeURIComponent(id)}`);
   }
 
-  sub(id: string, what: string, params?: Record<string, string | number | undefined>): Promise<any> {
+  sub<K extends keyof SubRoutes>(
+    id: string,
+    what: K,
+    params?: Record<string, string | number | undefined>
+  ): Promise<SubRoutes[K]> {
     return this.request('GET', `api/jobs/${encodeURIComponent(id)}/${what}`, undefined, params);
   }
 
-  action(id: string, what: 'stop' | 'resume' | 'clone', body: unknown = {}): Promise<any> {
+  action<K extends keyof ActionBodies>(id: string, what: K, body: ActionBodies[K]): Promise<JobDetail> {
     return this.request('POST', `api/jobs/${encodeURIComponent(id)}/${what}`, body);
   }
 
@@ -114,6 +136,14 @@ export class DlcApi {
       throw new DlcError(resp.status, msg);
     }
     return resp.body.getReader();
+  }
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
   }
 }
 
@@ -233,24 +263,14 @@ export class LiveFeed {
           break;
         }
         for (const ev of parser.feed(decoder.decode(value, { stream: true }))) {
-          let data: any;
-          try {
-            data = JSON.parse(ev.data);
-          } catch {
-            continue;
-          }
-          if (ev.event === 'job' && data && typeof data.id === 'string') {
-            if (data.deleted) {
-              this.dispatch({ type: 'removed', id: data.id });
-            } else {
-              this.dispatch({ type: 'job', job: data });
+          const action = streamAction(ev.event, ev.data);
+          if (action) {
+            this.dispatch(action);
+          } else if (ev.event === 'launcher') {
+            const data = safeJson(ev.data) as { state?: string; reason?: string } | null;
+            if (data?.state === 'down') {
+              reason = `Launcher down or restarting (${data.reason ?? 'stream ended'}); reconnecting…`;
             }
-          } else if (ev.event === 'deleted' || ev.event === 'job_deleted') {
-            this.dispatch({ type: 'removed', id: data.id ?? data.job_id });
-          } else if (ev.event === 'alert' || ev.event === 'alert_resolved') {
-            this.dispatch({ type: 'alert', alert: data });
-          } else if (ev.event === 'launcher' && data?.state === 'down') {
-            reason = `Launcher down or restarting (${data.reason ?? 'stream ended'}); reconnecting…`;
           }
         }
       }

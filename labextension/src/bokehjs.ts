@@ -34,7 +34,7 @@ export function bokehUrl(baseUrl: string, bundle: string): string {
 }
 
 function bokehDefined(): boolean {
-  return typeof (window as any).Bokeh !== 'undefined';
+  return typeof (window as Window & { Bokeh?: unknown }).Bokeh !== 'undefined';
 }
 
 function markLoaded(): void {

@@ -2,19 +2,10 @@
  * Plain SVG line charts for the detail view, and the grouping of launcher metric points
  * into series. No JupyterLab imports (jest-tested).
  */
+import { components } from './wire';
 
-export interface MetricPoint {
-  seq: number;
-  t: number;
-  attempt: number;
-  rank: number | null;
-  node: number | null;
-  step: number | null;
-  kind: 'train' | 'system' | string;
-  name: string;
-  value: number;
-  device: string | null;
-}
+/** A point of `GET /api/jobs/{job}/metrics` (generated from the launcher's OpenAPI document). */
+export type MetricPoint = components['schemas']['MetricPoint'];
 
 export interface Series {
   label: string;

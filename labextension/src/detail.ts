@@ -9,7 +9,20 @@ import { Widget } from '@lumino/widgets';
 import { DlcApi, DlcError } from './api';
 import { MetricSeries, lineChart } from './charts';
 import { stateClass } from './listview';
-import { JobEntry, age, isActive } from './store';
+import { JobDetail, JobEntry, age, isActive } from './store';
+import {
+  Alert,
+  Checkpoint,
+  Diagnosis,
+  LogLine,
+  RANK_COLUMNS,
+  Rank,
+  alertLine,
+  checkpointLabel,
+  diagnosisParts,
+  logText,
+  rankCells
+} from './views';
 
 const LOG_TAIL = 200;
 const REFRESH_MS = 2000;
@@ -48,7 +61,7 @@ function fmtTime(t: number | null | undefined): string {
 
 class PickerBody extends Widget implements Dialog.IBodyWidget<number | null> {
   private select: HTMLSelectElement;
-  constructor(checkpoints: any[]) {
+  constructor(checkpoints: Checkpoint[]) {
     super();
     this.addClass('dlc-resume-picker');
     const label = el('label', '', 'Resume from ');
@@ -59,7 +72,7 @@ class PickerBody extends Widget implements Dialog.IBodyWidget<number | null> {
     this.select.appendChild(latest);
     const sorted = [...checkpoints].sort((a, b) => b.step - a.step);
     for (const c of sorted) {
-      const o = el('option', '', `step ${c.step} · ${fmtTime(c.time)} · world ${c.world_size ?? '?'}`);
+      const o = el('option', '', checkpointLabel(c, fmtTime));
       o.value = String(c.step);
       this.select.appendChild(o);
     }
@@ -255,7 +268,7 @@ export class DetailView {
       const [job, metrics, logs, alerts, diagnosis] = await Promise.all([
         api.job(id),
         api.sub(id, 'metrics', { since: this.metrics.lastSeq }),
-        api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank }),
+        api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank === '' ? undefined : this.logRank }),
         api.sub(id, 'alerts'),
         api.sub(id, 'diagnosis')
       ]);
@@ -263,12 +276,12 @@ export class DetailView {
         return;
       }
       this.lastFullRev = entry.rev;
-      this.metrics.add(metrics.points ?? []);
+      this.metrics.add(metrics.points);
       this.renderCharts();
-      this.renderRanks(job.ranks ?? []);
-      this.renderLogs(logs.lines ?? [], job.ranks ?? []);
-      this.renderAlerts(alerts.alerts ?? []);
-      this.renderDiagnosis(diagnosis.diagnoses ?? []);
+      this.renderRanks(job.ranks);
+      this.renderLogs(logs.lines, job.ranks);
+      this.renderAlerts(alerts.alerts);
+      this.renderDiagnosis(diagnosis.diagnoses);
     } catch (e) {
       if (e instanceof DlcError && e.status === 404) {
         this.host.removed(id);
@@ -297,10 +310,10 @@ export class DetailView {
     }
   }
 
-  private renderRanks(ranks: any[]): void {
+  private renderRanks(ranks: Rank[]): void {
     const table = el('table', 'dlc-rank-table');
     const head = el('tr');
-    for (const h of ['rank', 'node', 'local', 'pid', 'state', 'exit', 'step', 'heartbeat']) {
+    for (const h of RANK_COLUMNS) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
@@ -308,18 +321,8 @@ export class DetailView {
     for (const r of ranks) {
       const tr = el('tr');
       tr.dataset.rank = String(r.rank);
-      const cells = [
-        r.rank,
-        r.node,
-        r.local_rank,
-        r.pid ?? '',
-        r.state ?? '',
-        r.exit_code ?? '',
-        r.last_step ?? '',
-        r.last_heartbeat ? `${age(r.last_heartbeat, now)} ago` : ''
-      ];
-      for (const c of cells) {
-        tr.appendChild(el('td', '', String(c)));
+      for (const c of rankCells(r, now)) {
+        tr.appendChild(el('td', '', c));
       }
       if (r.state) {
         (tr.children[4] as HTMLElement).className = stateClass(String(r.state));
@@ -330,7 +333,7 @@ export class DetailView {
     this.parts.ranks.appendChild(ranks.length ? table : el('div', 'dlc-muted', 'No ranks yet.'));
   }
 
-  private renderLogs(lines: any[], ranks: any[]): void {
+  private renderLogs(lines: LogLine[], ranks: Rank[]): void {
     const sel = this.parts.logRank as HTMLSelectElement;
     const want = ['', ...ranks.map(r => String(r.rank))];
     const have = Array.from(sel.options).map(o => o.value);
@@ -345,15 +348,13 @@ export class DetailView {
     }
     const pre = this.parts.logs;
     const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    pre.textContent = lines
-      .map(l => (this.logRank === '' ? `[${l.rank}] ${l.text}` : String(l.text)))
-      .join('\n');
+    pre.textContent = logText(lines, this.logRank !== '');
     if (atBottom) {
       pre.scrollTop = pre.scrollHeight;
     }
   }
 
-  private renderAlerts(alerts: any[]): void {
+  private renderAlerts(alerts: Alert[]): void {
     const box = this.parts.alerts;
     box.textContent = '';
     if (!alerts.length) {
@@ -362,17 +363,12 @@ export class DetailView {
     // The launcher lists every rule of the job with whether an episode is open now.
     box.appendChild(el('div', 'dlc-section-title', 'Alert rules'));
     for (const a of alerts) {
-      const firing = a.active === true;
-      const row = el('div', `dlc-alert ${firing ? 'dlc-alert-firing' : 'dlc-alert-quiet'}`);
-      const rule = a.condition ?? a.text ?? 'alert';
-      const since =
-        firing && a.since ? ` · firing since ${new Date(a.since * 1000).toLocaleTimeString()}` : '';
-      row.textContent = `${rule} → ${a.action ?? 'notify'}${since}`;
-      box.appendChild(row);
+      const { text, firing } = alertLine(a);
+      box.appendChild(el('div', `dlc-alert ${firing ? 'dlc-alert-firing' : 'dlc-alert-quiet'}`, text));
     }
   }
 
-  private renderDiagnosis(diagnoses: any[]): void {
+  private renderDiagnosis(diagnoses: Diagnosis[]): void {
     const box = this.parts.diagnosis;
     box.textContent = '';
     if (!diagnoses.length) {
@@ -380,25 +376,15 @@ export class DetailView {
     }
     box.appendChild(el('div', 'dlc-section-title', 'Diagnosis'));
     for (const d of diagnoses) {
+      const { head, line, hint } = diagnosisParts(d);
       const item = el('div', 'dlc-diag');
-      const head = [
-        d.attempt !== undefined ? `attempt ${d.attempt}` : '',
-        d.category ?? d.kind ?? d.cause ?? '',
-        d.rank !== undefined && d.rank !== null ? `rank ${d.rank}` : ''
-      ]
-        .filter(Boolean)
-        .join(' · ');
+      item.dataset.class = d.class;
       item.appendChild(el('div', 'dlc-diag-head', head));
-      const text = d.summary ?? d.message ?? d.reason;
-      if (text) {
-        item.appendChild(el('div', 'dlc-diag-text', String(text)));
+      if (line) {
+        item.appendChild(el('div', 'dlc-diag-text', line));
       }
-      const hint = d.hint ?? d.suggestion ?? d.fix ?? d.advice;
       if (hint) {
-        item.appendChild(el('div', 'dlc-diag-hint', String(hint)));
-      }
-      if (!text && !hint) {
-        item.appendChild(el('pre', 'dlc-diag-raw', JSON.stringify(d, null, 1)));
+        item.appendChild(el('div', 'dlc-diag-hint', hint));
       }
       box.appendChild(item);
     }
@@ -412,7 +398,7 @@ export class DetailView {
   private async resume(): Promise<void> {
     const id = this.id!;
     const { checkpoints } = await this.host.api.sub(id, 'checkpoints');
-    const body = new PickerBody(checkpoints ?? []);
+    const body = new PickerBody(checkpoints);
     const result = await showDialog({
       title: `Resume ${this.entry?.job.name ?? id}`,
       body,
@@ -426,8 +412,8 @@ export class DetailView {
   }
 
   private async clone(): Promise<void> {
-    const job = await this.host.api.action(this.id!, 'clone', {});
-    if (job?.id) {
+    const job: JobDetail = await this.host.api.action(this.id!, 'clone', {});
+    if (job.id) {
       Notification.info(`DLC: cloned as ${job.name} (${job.id})`, { autoClose: 4000 });
       this.host.select(job.id);
     }

@@ -89,7 +89,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     feed.start();
     // for tests and debugging in the browser console
-    (window as any).jupyterDlc = { getState: () => state, dispatch };
+    (window as Window & { jupyterDlc?: unknown }).jupyterDlc = { getState: () => state, dispatch };
     void labShell;
   }
 };

@@ -26,7 +26,7 @@ export function stateClass(state: string): string {
   return 'dlc-state-' + state.toLowerCase().replace(/[^a-z]/g, '');
 }
 
-function fmtLoss(x: number | null | undefined): string {
+function fmtLoss(x: number | string | null | undefined): string {
   if (typeof x !== 'number' || !isFinite(x)) {
     return x === null || x === undefined ? '' : String(x);
   }

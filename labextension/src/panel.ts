@@ -8,19 +8,13 @@ import { Message } from '@lumino/messaging';
 import { DlcApi } from './api';
 import { DetailView } from './detail';
 import { JobListView } from './listview';
-import { Action, State, stateCounts } from './store';
+import { Action, JOB_STATES, State, stateCounts } from './store';
 
-const FILTER_STATES = [
+// Every state of the launcher's JobState enum (src/wire.ts), as the filter offers them.
+const FILTER_STATES: [string, string][] = [
   ['', 'All states'],
   ['active', 'Active'],
-  ['QUEUED', 'Queued'],
-  ['PREFLIGHT', 'Preflight'],
-  ['STARTING', 'Starting'],
-  ['RUNNING', 'Running'],
-  ['RESTARTING', 'Restarting'],
-  ['SUCCEEDED', 'Succeeded'],
-  ['FAILED', 'Failed'],
-  ['STOPPED', 'Stopped']
+  ...JOB_STATES.map((s): [string, string] => [s, s.charAt(0) + s.slice(1).toLowerCase()])
 ];
 
 export interface PanelHost {

@@ -3,40 +3,16 @@
  * returns a new state plus the notices the action calls for; the panel renders from the
  * state and turns the notices into JupyterLab notifications. jest tests this module.
  */
+import { components, jobStateValues, terminalStateValues } from './wire';
 
-export type JobState =
-  | 'QUEUED'
-  | 'PREFLIGHT'
-  | 'STARTING'
-  | 'RUNNING'
-  | 'RESTARTING'
-  | 'SUCCEEDED'
-  | 'FAILED'
-  | 'STOPPED'
-  | string;
-
-export interface JobSource {
-  kind: 'notebook' | 'cli' | string;
-  path: string;
-}
-
-/** The launcher's job summary (ARCHITECTURE.md). */
-export interface JobSummary {
-  id: string;
-  name: string;
-  state: JobState;
-  attempt: number;
-  nodes: number;
-  nproc_per_node: number;
-  created: number | null;
-  started: number | null;
-  ended: number | null;
-  reason: string | null;
-  last_step: number | null;
-  last_loss: number | null;
-  backend?: string;
-  source?: JobSource | null;
-}
+/** The wire types, generated from the launcher's OpenAPI document (`npm run wire`). */
+export type Schemas = components['schemas'];
+export type JobState = Schemas['JobState'];
+export type JobSource = Schemas['Source'];
+/** The launcher's job summary, as `GET /api/jobs` and the `job` stream event send it. */
+export type JobSummary = Schemas['JobSummary'];
+export type JobDetail = Schemas['JobDetail'];
+export type Diagnosis = Schemas['Diagnoses']['diagnoses'][number];
 
 export interface LossPoint {
   step: number;
@@ -102,7 +78,8 @@ export type Action =
   | { type: 'filter'; state?: string; search?: string }
   | { type: 'select'; id: string | null };
 
-export const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'STOPPED']);
+export const TERMINAL: ReadonlySet<string> = new Set(terminalStateValues);
+export const JOB_STATES: readonly JobState[] = jobStateValues;
 export const HISTORY_LIMIT = 60;
 
 export function isActive(state: JobState): boolean {
@@ -457,6 +434,33 @@ export function age(t: number | null | undefined, nowMs: number): string {
  * Server-sent events, parsed incrementally: feed text chunks as they arrive, get whole
  * events back.
  */
+/**
+ * The store action for one event of the launcher's stream (`event: job|deleted|alert|...`),
+ * or null for events the store does not keep. A `job` event carries a JobSummary.
+ */
+export function streamAction(event: string, data: string): Action | null {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(data);
+  } catch {
+    return null;
+  }
+  if (!parsed || typeof parsed !== 'object') {
+    return null;
+  }
+  const d = parsed as Record<string, unknown>;
+  if (event === 'job' && typeof d.id === 'string') {
+    return d.deleted ? { type: 'removed', id: d.id } : { type: 'job', job: parsed as JobSummary };
+  }
+  if (event === 'deleted' && typeof (d.id ?? d.job_id) === 'string') {
+    return { type: 'removed', id: String(d.id ?? d.job_id) };
+  }
+  if (event === 'alert' || event === 'alert_resolved') {
+    return { type: 'alert', alert: parsed };
+  }
+  return null;
+}
+
 export class SseParser {
   private buf = '';
   private event = '';

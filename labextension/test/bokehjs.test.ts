@@ -1,5 +1,7 @@
 import { BOKEH_BUNDLES, LOADED_CLASS, bokehUrl, loadBokehJS } from '../src/bokehjs';
 
+type WithBokeh = Window & { Bokeh?: { version: string } };
+
 // jsdom does not fetch scripts: the test plays the browser, firing load/error on each tag.
 function tags(): HTMLScriptElement[] {
   return Array.from(document.querySelectorAll<HTMLScriptElement>('script[data-dlc-bokehjs]'));
@@ -21,7 +23,7 @@ async function loadEach(fail?: string): Promise<void> {
       return;
     }
     if (i === 0) {
-      (window as any).Bokeh = { version: 'test' };
+      (window as WithBokeh).Bokeh = { version: 'test' };
     }
     tag.dispatchEvent(new Event('load'));
   }
@@ -31,7 +33,7 @@ beforeEach(() => {
   jest.resetModules();
   document.head.innerHTML = '';
   document.body.className = '';
-  delete (window as any).Bokeh;
+  delete (window as WithBokeh).Bokeh;
 });
 
 test('the URL is under {baseUrl}dlc/static/bokeh/', () => {
@@ -72,7 +74,7 @@ test('a failed file rejects with the route, and a later call retries', async () 
 });
 
 test('an existing window.Bokeh from elsewhere is used as is', async () => {
-  (window as any).Bokeh = { version: 'other' };
+  (window as WithBokeh).Bokeh = { version: 'other' };
   await loadBokehJS('/');
   expect(tags()).toHaveLength(0);
   expect(document.body.classList.contains(LOADED_CLASS)).toBe(true);

@@ -31,6 +31,8 @@ function job(id: string, over: Partial<JobSummary> = {}): JobSummary {
     last_loss: null,
     backend: 'local',
     source: { kind: 'cli', path: '/tmp/train.py' },
+    job_dir: `/data/jobs/${id}`,
+    stop_requested: null,
     ...over
   };
 }

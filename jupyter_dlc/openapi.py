@@ -1,0 +1,243 @@
+"""The launcher's wire contract: an OpenAPI 3 document of every route, body and enum.
+
+Served at `GET /api/openapi.json`; the panel's TypeScript types are generated from it
+(labextension/src/wire.d.ts) and the API fuzz test runs against it. Request bodies come from
+the same tables the launcher checks them with (spec.SPEC_FIELDS, launcher/bodies.py) and the
+job states from states.JobState, so the document cannot promise what the launcher refuses.
+Responses are described here; tests/test_openapi.py validates real responses against them.
+Response objects list the fields clients rely on as required and allow more, so that adding a
+field is not a breaking change but renaming one fails the contract tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from . import __version__
+from .launcher import bodies
+from .spec import BACKENDS, SPEC_FIELDS
+from .states import ACTIVE_STATES, TERMINAL_STATES, JobState
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None,
+         description: str = "") -> dict:
+    out = {"type": "object", "required": list(required),
+           "properties": {**required, **(optional or {})}}
+    if description:
+        out["description"] = description
+    return out
+
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_ANY_OBJ = {"type": "object"}
+
+
+def _null(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+# A loss can be "nan" or "inf" as a string: JSON has no NaN.
+_LOSS = {"anyOf": [_NUM, _STR, {"type": "null"}]}
+
+SCHEMAS: dict[str, dict] = {
+    "JobState": {"type": "string", "enum": [s.value for s in JobState],
+                 "description": f"Active: {', '.join(ACTIVE_STATES)}. "
+                                f"Ended: {', '.join(TERMINAL_STATES)}."},
+    "TerminalState": {"type": "string", "enum": list(TERMINAL_STATES),
+                      "description": "The states a job ends in; only resume or clone leave them."},
+    "Error": _obj({"error": _STR}, description="Every 4xx/5xx: one line, naming the field."),
+    "JobSpec": {"type": "object", "additionalProperties": False,
+                "description": "What to run. Exactly one of script or code. Paths are absolute.",
+                "properties": {name: rule.json_schema() for name, rule in SPEC_FIELDS.items()}},
+    "StopBody": bodies.STOP,
+    "ResumeBody": bodies.RESUME,
+    "EmptyBody": bodies.EMPTY,
+    "Report": bodies.REPORT,
+    "Source": {"type": "object", "properties": {"kind": _null(_STR), "path": _null(_STR)},
+               "description": "Where a job came from: kind notebook|cli and a path."},
+    "JobSummary": _obj({
+        "id": _STR, "name": _STR, "state": _ref("JobState"), "attempt": _INT,
+        "created": _NUM, "started": _null(_NUM), "ended": _null(_NUM), "reason": _null(_STR),
+        "last_step": _null(_INT), "last_loss": _LOSS, "nodes": _INT, "nproc_per_node": _INT,
+        "backend": {"type": "string", "enum": list(BACKENDS)}, "source": _ref("Source"),
+        "job_dir": _STR, "stop_requested": _null(_NUM)}),
+    "Rank": _obj({"rank": _INT, "node": _null(_INT), "local_rank": _null(_INT),
+                  "state": _STR, "pid": _null(_INT), "exit_code": _null(_INT),
+                  "last_step": _null(_INT), "last_progress": _null(_NUM),
+                  "last_heartbeat": _null(_NUM)}),
+    "Diagnosis": _obj(
+        {"class": _STR, "line": _null(_STR), "suggestion": _null(_STR)},
+        {"rank": _null(_INT), "node": _null(_INT), "time": _null(_NUM), "exit_code": _null(_INT),
+         "context": _null({"type": "array", "items": _STR})},
+        "The first error of an attempt: its class, the line, what to do."),
+    "Attempt": _obj({"attempt": _INT, "state": _ref("JobState"), "started": _null(_NUM),
+                     "ended": _null(_NUM), "reason": _null(_STR), "outcome": _null(_STR),
+                     "resume_path": _null(_STR), "restarts": _INT,
+                     "failure": _null(_ref("Diagnosis"))}),
+    "Checkpoint": _obj({"step": _INT, "path": _null(_STR)},
+                       {"time": _null(_NUM), "size": _null(_INT), "world_size": _null(_INT),
+                        "seconds": _null(_NUM), "attempt": _null(_INT)}),
+    "JobDetail": {"allOf": [_ref("JobSummary"), _obj({
+        "spec": _ANY_OBJ, "ranks": {"type": "array", "items": _ref("Rank")},
+        "attempts": {"type": "array", "items": _ref("Attempt")},
+        "last_checkpoint": _null(_ref("Checkpoint"))})]},
+    "JobList": _obj({"jobs": {"type": "array", "items": _ref("JobSummary")}}),
+    "LogLine": _obj({"rank": _INT, "attempt": _INT, "text": _STR}),
+    "Logs": _obj({"lines": {"type": "array", "items": _ref("LogLine")}, "cursor": _STR,
+                  "attempt": _INT}, description="Pass cursor back to get only new lines."),
+    "MetricPoint": _obj({"seq": _INT, "t": _NUM, "kind": {"type": "string",
+                                                          "enum": ["train", "system"]},
+                         "name": _STR, "value": _null(_NUM), "step": _null(_INT),
+                         "rank": _null(_INT)},
+                        {"attempt": _null(_INT), "node": _null(_INT), "device": _null(_STR)}),
+    "Metrics": _obj({"points": {"type": "array", "items": _ref("MetricPoint")},
+                     "last_seq": _INT}),
+    "Event": _obj({"seq": _INT, "job_id": _STR, "t": _NUM, "type": _STR,
+                   "reason": _null(_STR)},
+                  {"attempt": _null(_INT), "state": _null(_ref("JobState")),
+                   "data": _null(_ANY_OBJ)}),
+    "Events": _obj({"events": {"type": "array", "items": _ref("Event")}}),
+    "Checkpoints": _obj({"checkpoints": {"type": "array", "items": _ref("Checkpoint")}}),
+    "Diagnoses": _obj({"diagnoses": {"type": "array", "items": {"allOf": [
+        _ref("Diagnosis"), _obj({"attempt": _INT, "reason": _null(_STR)})]}}}),
+    "Alert": _obj({"rule": _STR, "condition": _STR, "action": _STR, "active": {"type": "boolean"}},
+                  {"since": _null(_NUM), "url": _null(_STR)}),
+    "Alerts": _obj({"alerts": {"type": "array", "items": _ref("Alert")},
+                    "events": {"type": "array", "items": _ref("Event")}}),
+    "Script": _obj({"script": _STR, "files": {"type": "array", "items": _STR}}),
+    "ReportAnswer": _obj({"ok": {"type": "boolean"}, "commands": {"type": "array"}},
+                         {"stale": {"type": "boolean"}}),
+    "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
+                    "started": _NUM}),
+}
+
+
+def _json(schema_name: str, description: str = "OK") -> dict:
+    return {"description": description,
+            "content": {"application/json": {"schema": _ref(schema_name)}}}
+
+
+def _errors(*codes: int) -> dict:
+    words = {400: "Bad input: the field and how to fix it", 401: "Missing or wrong token",
+             404: "No such job", 409: "Not possible in the job's state",
+             413: "Body over this route's size limit"}
+    return {str(code): _json("Error", words[code]) for code in codes}
+
+
+def _body(schema_name: str) -> dict:
+    # Required on every POST route: clients always send a JSON object, `{}` at the least.
+    return {"required": True,
+            "content": {"application/json": {"schema": _ref(schema_name)}}}
+
+
+def _query(name: str, description: str, schema: dict | None = None) -> dict:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema or {"type": "integer", "minimum": 0}}
+
+
+_JOB = {"name": "job", "in": "path", "required": True,
+        "description": "A job id, a unique prefix of one, or `last`.", "schema": _STR}
+_ON_JOB = (401, 404)
+
+# Path template → {method: operation}. The tornado routes in launcher/app.py map onto these
+# one to one (tests/test_openapi.py checks it).
+PATHS: dict[str, dict[str, Any]] = {
+    "/healthz": {"get": {"operationId": "health", "responses": {
+        "200": _json("Health"), **_errors(401)}}},
+    "/metrics": {"get": {"operationId": "prometheus", "responses": {
+        "200": {"description": "Prometheus text format",
+                "content": {"text/plain": {"schema": _STR}}}, **_errors(401)}}},
+    "/api/openapi.json": {"get": {"operationId": "openapi", "responses": {
+        "200": {"description": "This document",
+                "content": {"application/json": {"schema": _ANY_OBJ}}}, **_errors(401)}}},
+    "/api/stream": {"get": {"operationId": "stream", "x-streaming": True, "responses": {
+        "200": {"description": "Server-sent events: `job` (a JobSummary), `deleted` ({id}), "
+                               "`alert`, `alert_resolved`, `diagnosis` (an Event).",
+                "content": {"text/event-stream": {"schema": _STR}}}, **_errors(401)}}},
+    "/api/jobs": {
+        "get": {"operationId": "listJobs", "responses": {"200": _json("JobList"),
+                                                         **_errors(401)}},
+        "post": {"operationId": "submitJob", "requestBody": _body("JobSpec"),
+                 "responses": {"201": _json("JobDetail", "Queued"),
+                               **_errors(400, 401, 413)}}},
+    "/api/jobs/{job}": {
+        "parameters": [_JOB],
+        "get": {"operationId": "getJob", "responses": {"200": _json("JobDetail"),
+                                                       **_errors(*_ON_JOB)}},
+        "delete": {"operationId": "deleteJob", "responses": {
+            "204": {"description": "Deleted"}, **_errors(*_ON_JOB, 409)}}},
+    "/api/jobs/{job}/stop": {"parameters": [_JOB], "post": {
+        "operationId": "stopJob", "requestBody": _body("StopBody"),
+        "responses": {"200": _json("JobDetail"), **_errors(400, *_ON_JOB, 409, 413)}}},
+    "/api/jobs/{job}/resume": {"parameters": [_JOB], "post": {
+        "operationId": "resumeJob", "requestBody": _body("ResumeBody"),
+        "responses": {"200": _json("JobDetail"), **_errors(400, *_ON_JOB, 409, 413)}}},
+    "/api/jobs/{job}/clone": {"parameters": [_JOB], "post": {
+        "operationId": "cloneJob", "requestBody": _body("EmptyBody"),
+        "responses": {"201": _json("JobDetail", "The new job"),
+                      **_errors(400, *_ON_JOB, 413)}}},
+    "/api/jobs/{job}/report": {"parameters": [_JOB], "post": {
+        "operationId": "report", "description": "From a rank's runtime; the job token works too.",
+        "requestBody": _body("Report"),
+        "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413)}}},
+    "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {
+        "operationId": "jobLogs", "parameters": [
+            _query("rank", "one rank (default: all); must exist in the job's world"),
+            _query("tail", "the last N lines", {"type": "integer", "minimum": 0,
+                                                "maximum": 1 << 20}),
+            _query("attempt", "an earlier attempt", {"type": "integer", "minimum": 1,
+                                                     "maximum": 1 << 30}),
+            _query("cursor", "from a previous answer: only newer lines", _STR)],
+        "responses": {"200": _json("Logs"), **_errors(400, *_ON_JOB)}}},
+    "/api/jobs/{job}/metrics": {"parameters": [_JOB], "get": {
+        "operationId": "jobMetrics", "parameters": [
+            _query("since", "points after this seq", {"type": "integer", "minimum": 0,
+                                                      "maximum": 2**63 - 1})],
+        "responses": {"200": _json("Metrics"), **_errors(400, *_ON_JOB)}}},
+    "/api/jobs/{job}/events": {"parameters": [_JOB], "get": {
+        "operationId": "jobEvents", "parameters": [
+            _query("since", "events after this seq", {"type": "integer", "minimum": 0,
+                                                      "maximum": 2**63 - 1})],
+        "responses": {"200": _json("Events"), **_errors(400, *_ON_JOB)}}},
+    "/api/jobs/{job}/checkpoints": {"parameters": [_JOB], "get": {
+        "operationId": "jobCheckpoints",
+        "responses": {"200": _json("Checkpoints"), **_errors(*_ON_JOB)}}},
+    "/api/jobs/{job}/diagnosis": {"parameters": [_JOB], "get": {
+        "operationId": "jobDiagnosis",
+        "responses": {"200": _json("Diagnoses"), **_errors(*_ON_JOB)}}},
+    "/api/jobs/{job}/alerts": {"parameters": [_JOB], "get": {
+        "operationId": "jobAlerts", "responses": {"200": _json("Alerts"), **_errors(*_ON_JOB)}}},
+    "/api/jobs/{job}/script": {"parameters": [_JOB], "get": {
+        "operationId": "jobScript", "responses": {"200": _json("Script"), **_errors(*_ON_JOB)}}},
+}
+
+
+def document() -> dict:
+    """The OpenAPI 3.1 document (a fresh copy: callers may change it)."""
+    return copy.deepcopy({
+        "openapi": "3.1.0",
+        "info": {"title": "jupyter-dlc launcher", "version": __version__,
+                 "description": "Loopback HTTP API of the jupyter-dlc launcher. Every route "
+                                "needs the token from the launcher's connection file."},
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "token": {"type": "apiKey", "in": "header", "name": "Authorization",
+                          "description": "`token <TOKEN>` or `Bearer <TOKEN>`"},
+                "query": {"type": "apiKey", "in": "query", "name": "token"}}},
+        "security": [{"token": []}, {"query": []}],
+    })
+
+
+if __name__ == "__main__":  # `python -m jupyter_dlc.openapi`: the document, as the panel's
+    # type generation reads it (labextension/openapi.json)
+    print(json.dumps(document(), indent=1, sort_keys=True))

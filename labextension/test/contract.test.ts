@@ -1,0 +1,115 @@
+/**
+ * The wire contract, from the panel's side: REAL launcher payloads, captured by
+ * tests/test_openapi.py from a real launcher after a real job that succeeded (good.py: six
+ * steps, a checkpoint at step 4) and one that failed (bad.py: rank 1 raises ValueError), go
+ * through the panel's parsers. A field the launcher renames makes one of these fail.
+ * Refresh the fixtures with: DLC_UPDATE_FIXTURES=1 pytest tests/test_openapi.py -k fixtures
+ */
+import * as fs from 'fs';
+import * as path from 'path';
+
+import { MetricSeries } from '../src/charts';
+import {
+  JOB_STATES,
+  JobDetail,
+  JobSummary,
+  Schemas,
+  TERMINAL,
+  initialState,
+  noticeFor,
+  reduce,
+  streamAction
+} from '../src/store';
+import { alertLine, checkpointLabel, diagnosisParts, logText, rankCells } from '../src/views';
+
+interface Fixtures {
+  jobs: Schemas['JobList'];
+  job_succeeded: JobDetail;
+  job_failed: JobDetail;
+  stream_job: JobSummary;
+  diagnosis_failed: Schemas['Diagnoses'];
+  checkpoints: Schemas['Checkpoints'];
+  logs: Schemas['Logs'];
+  metrics: Schemas['Metrics'];
+  events: Schemas['Events'];
+  alerts: Schemas['Alerts'];
+  script: Schemas['Script'];
+  error: Schemas['Error'];
+}
+
+const fx = JSON.parse(
+  fs.readFileSync(path.join(__dirname, 'fixtures', 'launcher.json'), 'utf8')
+) as Fixtures;
+
+describe('real launcher payloads through the panel', () => {
+  it('job states are the enum of the document, and terminal ones are known', () => {
+    for (const job of [fx.job_succeeded, fx.job_failed, ...fx.jobs.jobs]) {
+      expect(JOB_STATES).toContain(job.state);
+    }
+    expect(fx.job_succeeded.state).toBe('SUCCEEDED');
+    expect(TERMINAL.has(fx.job_succeeded.state)).toBe(true);
+    expect(TERMINAL.has(fx.job_failed.state)).toBe(true);
+  });
+
+  it('the job list and a stream event reach the store', () => {
+    const { state } = reduce(initialState(), { type: 'snapshot', jobs: fx.jobs.jobs });
+    const good = state.jobs.get(fx.job_succeeded.id);
+    expect(good?.job.name).toBe('good');
+    expect(good?.job.last_step).toBe(6);
+    expect(good?.job.nodes).toBe(1);
+    expect(good?.job.nproc_per_node).toBe(2);
+    expect(good?.job.backend).toBe('local');
+    const action = streamAction('job', JSON.stringify(fx.stream_job));
+    expect(action).toEqual({ type: 'job', job: fx.stream_job });
+  });
+
+  it('a failure becomes an error notice with its reason', () => {
+    const before = { ...fx.job_failed, state: 'RUNNING' as const, reason: null };
+    const notice = noticeFor(before, fx.job_failed);
+    expect(notice?.kind).toBe('error');
+    expect(notice?.message).toContain(fx.job_failed.reason ?? 'no reason sent');
+    expect(fx.job_failed.reason).toBeTruthy();
+  });
+
+  it('the diagnosis shows the class, the first error line and the suggestion', () => {
+    const [d] = fx.diagnosis_failed.diagnoses;
+    const parts = diagnosisParts(d);
+    expect(parts.head).toContain('attempt 1');
+    expect(parts.head).toContain('user_exception');
+    expect(parts.head).toContain('rank 1');
+    expect(parts.line).toContain('ValueError: the learning rate must be positive');
+    expect(parts.hint.length).toBeGreaterThan(10);
+    // The same diagnosis is the failed attempt's `failure` in the job detail.
+    expect(fx.job_failed.attempts[0].failure?.class).toBe('user_exception');
+  });
+
+  it('ranks render every column', () => {
+    const cells = fx.job_failed.ranks.map(r => rankCells(r, Date.now()));
+    expect(cells.map(c => c[0])).toEqual(['0', '1']);
+    const failed = cells[1];
+    expect(failed[3]).toMatch(/^\d+$/); // pid
+    expect(failed[4]).not.toBe(''); // state
+    expect(failed[5]).toBe('1'); // exit code
+  });
+
+  it('logs, alerts, checkpoints and metrics read their fields', () => {
+    expect(logText(fx.logs.lines, false)).toMatch(/^\[\d\] /m);
+    expect(logText(fx.logs.lines, false)).toContain('done at step 6');
+    expect(fx.logs.cursor.length).toBeGreaterThan(0);
+    const rule = alertLine(fx.alerts.alerts[0]);
+    expect(rule.text).toMatch(/ → \w+/);
+    expect(rule.text.startsWith('undefined')).toBe(false);
+    const [ckpt] = fx.checkpoints.checkpoints;
+    expect(checkpointLabel(ckpt, () => 'T')).toBe('step 4 · T · world 2');
+    expect(fx.job_succeeded.last_checkpoint?.step).toBe(4);
+    const series = new MetricSeries();
+    series.add(fx.metrics.points);
+    expect(series.charts()).toContain('loss');
+    expect(series.lastSeq).toBe(fx.metrics.last_seq);
+    expect(series.get('loss').map(s => s.label).sort()).toEqual(['rank 0', 'rank 1']);
+  });
+
+  it('errors are one line naming the field', () => {
+    expect(fx.error.error).toMatch(/^rank: rank 9 does not exist in a world of 2/);
+  });
+});

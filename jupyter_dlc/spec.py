@@ -249,7 +249,13 @@ def _source_map(value: Any, name: str) -> dict[str, Any]:
             if len(item) > 100_000:
                 raise SpecError(f"{name}.{key}", f"{len(item)} items; at most 100000 are allowed")
             for index, part in enumerate(item):
-                _scalar(part, f"{name}.{key}[{index}]")
+                if isinstance(part, list):  # a row of a line map: [script line, cell, line, ...]
+                    if len(part) > 16:
+                        raise SpecError(f"{name}.{key}[{index}]", f"{len(part)} items; at most 16")
+                    for column, cell in enumerate(part):
+                        _scalar(cell, f"{name}.{key}[{index}][{column}]")
+                else:
+                    _scalar(part, f"{name}.{key}[{index}]")
         else:
             _scalar(item, f"{name}.{key}")
     return value
@@ -258,7 +264,8 @@ def _source_map(value: Any, name: str) -> dict[str, Any]:
 _SCALAR_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_PATH}, {"type": "number"},
                             {"type": "boolean"}, {"type": "null"}]}
 _SOURCE_SCHEMA = {"type": "object", "maxProperties": 64, "additionalProperties": {"anyOf": [
-    _SCALAR_SCHEMA, {"type": "array", "maxItems": 100_000, "items": _SCALAR_SCHEMA}]}}
+    _SCALAR_SCHEMA, {"type": "array", "maxItems": 100_000, "items": {"anyOf": [
+        _SCALAR_SCHEMA, {"type": "array", "maxItems": 16, "items": _SCALAR_SCHEMA}]}}]}}
 _TEXT_LIST_SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": MAX_TEXT},
                      "maxItems": MAX_LIST}
 _TEXT_MAP_SCHEMA = {"type": "object", "maxProperties": MAX_LIST,

@@ -444,7 +444,7 @@ export interface components {
             restart_backoff?: number | string;
             script?: string | null;
             source?: {
-                [key: string]: (string | number | boolean | null) | (string | number | boolean | null)[];
+                [key: string]: (string | number | boolean | null) | ((string | number | boolean | null) | (string | number | boolean | null)[])[];
             };
             stop_grace?: number | string;
             workdir?: string | null;

@@ -8,7 +8,7 @@ acted on, at the same step on every rank (agreement.py).
 
 import math
 
-from . import control
+from . import control, tensorboard
 from .agreement import StepAgreement
 from .dist_init import job_store
 from .env import rank_info
@@ -47,6 +47,7 @@ def log(step, **metrics):
     reporter = get_reporter()
     if reporter and values:
         reporter.metric(step, values)
+    tensorboard.write(step, values)  # no-op unless tensorboard is installed and wanted
     if non_finite:
         _stop_non_finite(step, *non_finite, reporter)
     should_stop(step)

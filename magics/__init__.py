@@ -11,7 +11,7 @@ import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import formatting
 from ..client import LauncherClient, LauncherError
@@ -69,8 +69,10 @@ class DLCMagics(Magics):
     def dlc(self, line, cell):
         """Run this cell as a torchrun job: %%dlc --nodes 2 --nproc-per-node 2"""
         try:
-            args = parse_argstring(self.dlc, line)
-        except UsageError as error:
+            # Split as a shell would (IPython's parse_argstring keeps the quotes around
+            # `--alert "loss is nan -> stop"` in the value), as the CLI gets it.
+            args = self.dlc.parser.parse_args(shlex.split(line))
+        except (UsageError, ValueError) as error:
             raise UsageError(f"%%dlc: {error}") from None
         try:
             script, files, summary, captured, where = self._capture(cell, args)

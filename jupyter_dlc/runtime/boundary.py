@@ -10,7 +10,7 @@ import math
 import numbers
 import operator
 
-from . import control
+from . import control, tensorboard
 from .agreement import StepAgreement
 from .dist_init import job_store
 from .env import rank_info
@@ -49,6 +49,7 @@ def log(step, **metrics):
     reporter = get_reporter()
     if reporter and values:
         reporter.metric(step, values)
+    tensorboard.write(step, values)  # no-op unless tensorboard is installed and wanted
     if non_finite:
         _stop_non_finite(step, *non_finite, reporter)
     should_stop(step)

@@ -444,7 +444,7 @@ class JobView:
             if loss is not None:
                 parts.append(f'loss <b class="dlc-loss">{_number(loss)}</b>')
         rate = f.train.steps_per_s()
-        if rate is not None and not (state in TERMINAL):
+        if rate is not None and state not in TERMINAL:
             parts.append(f"{rate:.1f} steps/s")
         elif rate is not None:
             parts.append(f"{rate:.1f} steps/s (at the end)")

@@ -1,0 +1,67 @@
+"""Kubernetes engine: one TrainJob, PyTorchJob or Indexed Job (+ headless Service) per attempt.
+
+The manifests come from `k8s_manifests.build` (pure dicts); this module adds what needs the
+cluster profile and the attempt's files. The ranks do not share the launcher's filesystem:
+the script and pushed values travel in a ConfigMap (or on the profile's PVC), checkpoints go
+to the PVC, and the ranks report to the launcher by URL (`launcher_url` in the profile).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .. import k8s_manifests
+from ..spec import JobSpec
+from . import AttemptContext, Backend, Capabilities
+
+
+def profile_of(spec: JobSpec, lenient: bool = False):
+    from ..clusters import engine_profile
+
+    return engine_profile(spec.cluster, "kubernetes", lenient)
+
+
+def read_job_files(job_dir: str) -> dict[str, bytes]:
+    folder = os.path.join(job_dir, "files")
+    if not os.path.isdir(folder):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
+    """The env contract as the pods get it: the launcher's DLC_* and EASYCKPT_* for this
+    attempt, the launcher's URL as pods reach it; never the token (a Secret carries it)."""
+    env = {k: v for k, v in ctx.env.items()
+           if k.startswith(("DLC_", "EASYCKPT_")) and k != "DLC_TOKEN"}
+    if profile.get("launcher_url"):
+        env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
+    resume = env.get("EASYCKPT_RESUME_PATH")
+    if resume and ctx.spec.checkpoint_dir and resume.startswith(ctx.spec.checkpoint_dir):
+        # The launcher's checkpoint dir is the PVC's root in the pods.
+        env["EASYCKPT_RESUME_PATH"] = k8s_manifests.CKPT_DIR + resume[len(ctx.spec.checkpoint_dir):]
+    return env
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
+
+    def token_secret(self, ctx: AttemptContext) -> str:
+        return k8s_manifests.resource_name(ctx.job_id, ctx.attempt) + "-token"
+
+    def dry_run(self, ctx: AttemptContext, kind: str | None = None) -> dict[str, Any]:
+        profile = profile_of(ctx.spec)
+        with open(ctx.script_path) as f:
+            script = f.read()
+        manifests = k8s_manifests.build(
+            ctx.spec, ctx.job_id, ctx.attempt, attempt_env(ctx, profile), script,
+            read_job_files(ctx.job_dir), profile.options, kind=kind,
+            token_secret=self.token_secret(ctx))
+        return {"backend": "kubernetes", "cluster": profile.name, "manifests": manifests}

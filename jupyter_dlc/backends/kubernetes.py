@@ -65,3 +65,40 @@ class KubernetesBackend(Backend):
             read_job_files(ctx.job_dir), profile.options, kind=kind,
             token_secret=self.token_secret(ctx))
         return {"backend": "kubernetes", "cluster": profile.name, "manifests": manifests}
+
+
+def export_manifests(spec: JobSpec, script: str, files: dict[str, str]) -> dict[str, str]:
+    """`k8s/*.yaml` of an exported bundle, whichever engine ran the job: `kubectl apply -f k8s/`
+    runs it with plain torchrun (no launcher: no token, no launcher URL). Options come from
+    the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
+    import yaml
+
+    from ..spec import network_env
+
+    profile = profile_of(spec, lenient=True)
+    options = dict(profile.options)
+    env = {"DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
+           "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
+           **network_env(spec.network, profile.get("interface"))}
+    pushed = {}
+    for name, path in files.items():
+        with open(path, "rb") as f:
+            pushed[name] = f.read()
+    job_id = spec.name or "job"
+    name = k8s_manifests.resource_name(job_id, 1)
+    notes = [f"# jupyter-dlc export of job {spec.name!r}: kubectl apply -f k8s/ (in file order)."]
+    if not profile.options:
+        notes.append(f"# Defaults to edit: namespace {k8s_manifests.DEFAULT_NAMESPACE!r}, image "
+                     f"{k8s_manifests.DEFAULT_IMAGE!r} (needs torch), PVC 'dlc-checkpoints'.")
+    try:
+        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+    except k8s_manifests.ManifestError:
+        options["files"] = "pvc"  # too big for a ConfigMap: the files go on the PVC
+        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+        notes.append(f"# script.py and files/ are too big for a ConfigMap: copy them to the PVC "
+                     f"at jobs/{name}/ before applying.")
+    namespace = options.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
+    manifests.insert(0, k8s_manifests.pvc(options.get("pvc") or "dlc-checkpoints", namespace))
+    header = "\n".join(notes) + "\n"
+    return {f"k8s/{i:02d}-{m['kind'].lower()}.yaml": header + yaml.safe_dump(m, sort_keys=False)
+            for i, m in enumerate(manifests)}

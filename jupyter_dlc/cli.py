@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("dir")
     sub.add_parser("clusters", help="cluster profiles, each with a live check (reachable, idle nodes, GPUs)")
     launcher = sub.add_parser("launcher", help="the launcher service")
-    launcher.add_argument("action", choices=["start", "stop", "status"])
+    launcher.add_argument("action", choices=["start", "stop", "status", "manifest"])
+    launcher.add_argument("--namespace", default="default", help="manifest: the namespace")
+    launcher.add_argument("--image", default=None, help="manifest: an image with jupyter-dlc")
     return parser
 
 
@@ -103,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(options, script_args: list[str]) -> int:
     command = options.command
+    if command == "launcher" and options.action == "manifest":
+        from .k8s_launcher import render
+
+        print(render(options.namespace, **({"image": options.image} if options.image else {})), end="")
+        return 0
     if command == "launcher":
         return _launcher(options.action)
     if command == "clusters":

@@ -9,7 +9,7 @@ What is built, by `kind` (a profile's `kind`, else what the cluster serves):
 - `Job`        an Indexed batch/v1 Job with a headless Service: node K is completion index K,
                node 0 answers at `<name>-0.<name>`.
 Always: a ConfigMap with the cell's script and pushed values, mounted at /dlc/job (or, where
-they do not fit, the PVC), a /dev/shm emptyDir, the PVC for checkpoints at /dlc/ckpt.
+they do not fit, the PVC), a /dev/shm emptyDir, the PVC at /dlc/pvc (checkpoints under jobs/<job>/checkpoints).
 
 The env contract: the operator's variables (PET_*, MASTER_ADDR) stand; torchrun reads PET_<FLAG>
 as that flag's default, so the command names only --nproc-per-node; DLC_* and
@@ -30,7 +30,7 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_RUNTIME = "torch-distributed"
 PORT = 29500
 JOB_DIR = "/dlc/job"
-CKPT_DIR = "/dlc/ckpt"
+PVC_DIR = "/dlc/pvc"  # the shared claim; each job keeps its checkpoints under jobs/<job>/
 # A ConfigMap holds at most 1 MiB (etcd's object limit) with its metadata.
 CONFIGMAP_LIMIT = 900 * 1024
 MANAGED_BY = "jupyter-dlc"
@@ -65,13 +65,19 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _env(spec: JobSpec, env: dict[str, str], token_secret: str | None,
+def checkpoint_dir(job_id: str) -> str:
+    """Where a job's checkpoints live in its pods (on the PVC), the same for every attempt."""
+    return f"{PVC_DIR}/jobs/{_DNS.sub('-', job_id.lower())}/checkpoints"
+
+
+def _env(spec: JobSpec, job_id: str, env: dict[str, str], token_secret: str | None,
          rank_from_index: bool) -> list[dict[str, Any]]:
     """DLC_* and the user's variables; the operator's own (PET_*, MASTER_*) are not set here
     except for the Indexed Job, which has no operator."""
     mine = {k: v for k, v in env.items() if k not in ("DLC_TOKEN", "DLC_NODE_RANK")
             and not k.startswith(("PET_", "MASTER_"))}
-    mine.update({"DLC_JOB_DIR": JOB_DIR, "DLC_CHECKPOINT_DIR": CKPT_DIR, "PYTHONUNBUFFERED": "1"})
+    mine.update({"DLC_JOB_DIR": JOB_DIR, "DLC_CHECKPOINT_DIR": checkpoint_dir(job_id),
+                 "PYTHONUNBUFFERED": "1"})
     mine.update(spec.env)
     out = [{"name": k, "value": str(v)} for k, v in mine.items()]
     if token_secret:
@@ -96,7 +102,7 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
 def _volumes(names: dict[str, str], files_on_pvc: bool) -> tuple[list, list]:
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
                {"name": "ckpt", "persistentVolumeClaim": {"claimName": names["pvc"]}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "ckpt", "mountPath": CKPT_DIR}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "ckpt", "mountPath": PVC_DIR}]
     if files_on_pvc:
         mounts.append({"name": "ckpt", "mountPath": JOB_DIR, "subPath": f"jobs/{names['base']}"})
     else:
@@ -150,7 +156,7 @@ def build(spec: JobSpec, job_id: str, attempt: int, env: dict[str, str], script:
     pod_spec["terminationGracePeriodSeconds"] = int(spec.stop_grace)
     image = options.get("image") or DEFAULT_IMAGE
     container = {"image": image, "command": _command(spec, bootstrap),
-                 "env": _env(spec, env, token_secret, kind == "Job"),
+                 "env": _env(spec, job_id, env, token_secret, kind == "Job"),
                  "resources": _resources(spec), "volumeMounts": mounts}
     out = [] if files_on_pvc else [config_map(base + "-files", namespace, meta_labels, script, files)]
     meta = {"name": base, "namespace": namespace, "labels": top_labels}

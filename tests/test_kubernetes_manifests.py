@@ -98,7 +98,8 @@ def test_every_kind_validates_strictly_and_keeps_the_token_out(profiles, tmp_pat
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"name": "ckpt", "persistentVolumeClaim": {"claimName": "team-ckpt"}} in pod["volumes"]
     # The env contract: DLC_* and the resume path (on the PVC) added, the token from a Secret.
-    assert env["EASYCKPT_RESUME_PATH"]["value"] == "/dlc/ckpt/step-5"
+    assert env["EASYCKPT_RESUME_PATH"]["value"] == "/dlc/pvc/jobs/j1a/checkpoints/step-5"
+    assert env["DLC_CHECKPOINT_DIR"]["value"] == "/dlc/pvc/jobs/j1a/checkpoints"
     assert env["DLC_LAUNCHER_URL"]["value"] == "http://jupyter-dlc.ml:8787"
     assert env["DLC_TOKEN"]["valueFrom"]["secretKeyRef"]["name"].endswith("-token")
     assert env["MY_VAR"]["value"] == "x"

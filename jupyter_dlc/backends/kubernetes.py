@@ -42,8 +42,9 @@ def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
         env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
     resume = env.get("EASYCKPT_RESUME_PATH")
     if resume and ctx.spec.checkpoint_dir and resume.startswith(ctx.spec.checkpoint_dir):
-        # The launcher's checkpoint dir is the PVC's root in the pods.
-        env["EASYCKPT_RESUME_PATH"] = k8s_manifests.CKPT_DIR + resume[len(ctx.spec.checkpoint_dir):]
+        # The same step, in the job's checkpoint directory on the PVC as the pods see it.
+        env["EASYCKPT_RESUME_PATH"] = (k8s_manifests.checkpoint_dir(ctx.job_id)
+                                       + resume[len(ctx.spec.checkpoint_dir):])
     return env
 
 

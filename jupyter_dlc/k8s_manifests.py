@@ -95,7 +95,8 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     module = "-m jupyter_dlc.runtime.bootstrap " if bootstrap else ""
     line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; '
             f"exec python -m torch.distributed.run --nproc-per-node={spec.nproc_per_node} "
-            f'--max-restarts=0 {module}{JOB_DIR}/script.py "$@"')
+            # --tee 3: each line in the pod log carries its rank's [default<local rank>]: prefix.
+            f'--max-restarts=0 --tee=3 {module}{JOB_DIR}/script.py "$@"')
     return ["/bin/sh", "-c", line, "dlc"] + list(spec.args)
 
 

@@ -130,7 +130,7 @@ def test_the_command_runs_torchrun_with_the_operators_topology(profiles, tmp_pat
     line = command[2].replace("exec python", 'echo "rank=$DLC_NODE_RANK" python')
     out = subprocess.run(["/bin/sh", "-c", line, *command[3:]], env={"PET_NODE_RANK": "2", "PATH": os.environ["PATH"]},
                          capture_output=True, text=True, check=True).stdout
-    assert out.startswith("rank=2 python -m torch.distributed.run --nproc-per-node=4 ")
+    assert out.startswith("rank=2 python -m torch.distributed.run --nproc-per-node=4 --max-restarts=0 --tee=3 ")
     assert out.rstrip().endswith("/dlc/job/script.py --lr 0.1 0.2")
 
 

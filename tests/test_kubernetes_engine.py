@@ -1,0 +1,151 @@
+"""The Kubernetes engine through the official `kubernetes` client (kubeconfig) against the API
+stand-in in tests/k8s_standin.py, started on loopback: a stand-in, because no API server can
+run on these machines. It keeps the API's semantics (201/409/404, resourceVersion, label
+selectors, pod logs) and plays the operator and kubelet (pods with the operator's names and
+env, phases, exit codes, OOMKilled, Unschedulable, eviction, preemption). What a real cluster
+would add: real scheduling and containers (torchrun really running in the image), admission
+webhooks (Kueue, Volcano, the operators' defaulting), CEL validation, garbage collection by
+owner references and the kubelet's real grace period; scripts/k8s-smoke.sh covers those."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from k8s_standin import Standin
+
+from jupyter_dlc import clusters, layout
+from jupyter_dlc.backends import AttemptContext
+from jupyter_dlc.backends.kubernetes import KubernetesBackend
+from jupyter_dlc.spec import JobSpec
+
+pytest.importorskip("kubernetes")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A stand-in serving Kubeflow Trainer and the Training Operator, and a profile for it."""
+    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
+    with Standin(groups=("trainer.kubeflow.org", "kubeflow.org")) as standin:
+        standin.profile = lambda **options: clusters.put_profile("my-k8s", dict(
+            {"engine": "kubernetes", "namespace": "ml", "kubeconfig": standin.kubeconfig(
+                str(tmp_path / "kubeconfig")), "launcher_url": "http://launcher:8787"}, **options))
+        standin.profile()
+        yield standin
+
+
+def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
+    spec = JobSpec(name="t", code="x", nodes=nodes, nproc_per_node=2, cluster="my-k8s",
+                   backend="kubernetes", resources={"memory": "8G"})
+    spec.validate()
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(exist_ok=True)
+    (job_dir / "script.py").write_text("print('hi')\n")
+    return AttemptContext("J7", attempt, spec, str(job_dir), str(job_dir / f"attempt-{attempt}"),
+                          str(job_dir / "script.py"), {"DLC_TOKEN": "tok-123", "DLC_JOB_ID": "J7"}, 0)
+
+
+@pytest.mark.parametrize(("groups", "kind", "pods"), [
+    (("trainer.kubeflow.org", "kubeflow.org"), "TrainJob", ["dlc-j7-a1-node-0-0-", "dlc-j7-a1-node-0-1-"]),
+    (("kubeflow.org",), "PyTorchJob", ["dlc-j7-a1-master-0", "dlc-j7-a1-worker-0"]),
+    ((), "Job", ["dlc-j7-a1-0-", "dlc-j7-a1-1-"]),
+])
+def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp_path, groups, kind, pods):
+    cluster.groups = set(groups) | {"batch"}
+    engine, ctx = KubernetesBackend(), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    assert handle["kind"] == kind and handle["engine_id"] == f"{kind}/dlc-j7-a1"
+    secret = cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]
+    assert secret["stringData"] == {"token": "tok-123"}
+    assert "tok-123" not in repr(cluster.objects[("configmaps", "ml", "dlc-j7-a1-files")])
+    names = [p["metadata"]["name"] for p in cluster.pods("dlc-j7-a1")]
+    assert [n[:len(prefix)] for n, prefix in zip(names, pods)] == pods
+    # Submitting the same attempt again (a launcher killed mid-submit) meets 409s and goes on.
+    assert engine.submit(ctx)["name"] == "dlc-j7-a1"
+
+    status = engine.describe(ctx, handle)
+    assert status.phase == "PENDING" and status.alive and "2 of 2 pod(s) pending" in status.reason
+    assert engine.logs(ctx, handle, rank=3) == (
+        [f"(node 1: pod {names[1]} is pending; its log starts when it runs)"], -1)
+    assert engine.logs(ctx, handle, rank=3, offset=-1) == ([], -1)
+
+    cluster.run("dlc-j7-a1")
+    status = engine.describe(ctx, handle)
+    assert status.phase == "RUNNING" and status.reason is None
+    assert sorted(status.ranks) == [0, 1, 2, 3] and all(r.pid and r.running for r in status.ranks.values())
+    lines, offset = engine.logs(ctx, handle, rank=3, offset=-1)
+    assert lines == ["[rank 3] node 1 line 1"] and offset > 0
+    assert engine.logs(ctx, handle, rank=3, offset=offset) == ([], offset)
+    assert engine.logs(ctx, handle)[0] == ["[node 0] [default0]:node 0 line 0", "[node 0] [default1]:node 0 line 1"]
+    # The launcher's views read the rank logs from the attempt directory.
+    with open(layout.rank_log(ctx.attempt_dir, 2)) as f:
+        assert f.read() == "node 1 line 0\n"
+
+    cluster.finish("dlc-j7-a1")
+    status = engine.describe(ctx, handle)
+    assert status.phase == "ENDED" and not status.alive and status.reason is None
+    assert [r.exit_code for r in status.ranks.values()] == [0, 0, 0, 0]
+
+
+def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_path):
+    engine = KubernetesBackend()
+    ctx = _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    cluster.run(handle["name"])
+    cluster.oom(handle["name"], node=1)
+    status = engine.describe(ctx, handle)
+    assert status.reason.startswith(f"OOMKilled: node 1 (pod {handle['name']}-node-0-1-")
+    assert "ran out of memory; raise resources.memory" in status.reason
+    assert status.ranks[2].exit_code == 137
+
+    ctx2 = _ctx(tmp_path, attempt=2)
+    handle = engine.submit(ctx2)
+    cluster.run(handle["name"])
+    cluster.evict(handle["name"], node=0)
+    assert engine.describe(ctx2, handle).reason.endswith("The node was low on resource: memory.")
+    assert engine.describe(ctx2, handle).reason.startswith("Evicted: node 0")
+
+    ctx3 = _ctx(tmp_path, attempt=3)
+    handle = engine.submit(ctx3)
+    cluster.run(handle["name"])
+    cluster.evict(handle["name"], node=1, preempted=True)
+    assert engine.describe(ctx3, handle).reason.startswith("Preempted: node 1")
+
+    ctx4 = _ctx(tmp_path, attempt=4)
+    handle = engine.submit(ctx4)
+    cluster.image_pull_backoff(handle["name"])
+    status = engine.describe(ctx4, handle)
+    assert status.phase == "PENDING" and status.reason.startswith("ImagePullBackOff: node 0")
+
+
+def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(cluster, tmp_path):
+    engine, ctx = KubernetesBackend(), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    cluster.unschedulable(handle["name"], message)
+    status = engine.describe(ctx, handle)
+    assert (status.phase, status.reason) == ("PENDING", f"Unschedulable: {message}")
+    engine.stop(ctx, handle, 30)
+    asked = cluster.deletes[-1]
+    assert (asked["name"], asked["propagationPolicy"], asked["gracePeriodSeconds"]) == (
+        handle["name"], "Foreground", 30)
+    status = engine.describe(ctx, handle)
+    assert status.phase == "ENDED" and not status.alive and status.reason is None
+    engine.cleanup(ctx, handle)
+    assert ("secrets", "ml", f"{handle['name']}-token") not in cluster.objects
+    assert ("configmaps", "ml", f"{handle['name']}-files") not in cluster.objects
+
+
+def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_by_labels(cluster, tmp_path):
+    engine = KubernetesBackend()
+    first = engine.submit(_ctx(tmp_path, attempt=1))
+    second = engine.submit(_ctx(tmp_path, attempt=2))
+    # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
+    found = KubernetesBackend().adopt(_ctx(tmp_path).spec, "J7")
+    assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
+    cluster._remove("trainjobs", "ml", second["name"])
+    for pod in cluster.pods(second["name"]):
+        cluster._remove("pods", "ml", pod["metadata"]["name"])
+    status = KubernetesBackend().describe(_ctx(tmp_path, attempt=2), second)
+    assert status.phase == "ENDED" and status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
+    assert os.path.isdir(tmp_path / "job")

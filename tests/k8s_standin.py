@@ -35,6 +35,17 @@ _PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))/namespa
 HISTORY = 200  # watch events kept; older resourceVersions answer 410 Gone
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away mid-answer (a launcher shutting down) is not an error here.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class Standin:
     def __init__(self, groups=("batch",)):
         self.groups = set(groups) | {"batch"}
@@ -44,8 +55,7 @@ class Standin:
         self.logs: dict[tuple, str] = {}  # (ns, pod) -> text
         self.rv = 1000
         self.lock = threading.Condition()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

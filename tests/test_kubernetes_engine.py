@@ -149,3 +149,76 @@ def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_b
     status = KubernetesBackend().describe(_ctx(tmp_path, attempt=2), second)
     assert status.phase == "ENDED" and status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
     assert os.path.isdir(tmp_path / "job")
+
+
+@pytest.fixture
+def k8s_launcher(cluster, tmp_path):
+    """A real launcher (its own process, real SQLite) whose cluster profile points at the
+    stand-in: started after the profile exists, so it reads it."""
+    from conftest import LauncherEnv
+
+    env = LauncherEnv(str(tmp_path / "launcher"))
+    yield env
+    env.close()
+
+
+def _workload(cluster, job_id):
+    """The name of the job's TrainJob in the stand-in, once the launcher created it."""
+    return next((name for (plural, _, name), obj in list(cluster.objects.items()) if plural == "trainjobs"
+                 and obj["metadata"]["labels"]["dlc.jupyter.org/job-id"] == job_id.lower()), None)
+
+
+def test_through_the_launcher_pending_running_succeeded_then_oom_fails_with_why(cluster, k8s_launcher, tmp_path):
+    """Stand-in cluster, real launcher: submit -> PENDING (pods pending) -> RUNNING -> SUCCEEDED;
+    a second job whose pod is OOMKilled -> FAILED with that reason, and the rank logs the
+    views read come from the pod log API. A real cluster would run the ranks, which would
+    also report progress and checkpoints to the launcher through DLC_LAUNCHER_URL."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
+    wait_for(lambda: client.job(job["id"])["state"] == "PENDING", what="PENDING")
+    assert client.job(job["id"])["reason"] == "waiting in kubernetes: 2 of 2 pod(s) pending; logs start when they run"
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name, lines_per_pod=1)  # one process per node: one rank's line per pod
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    wait_for(lambda: [line["text"] for line in client.logs(job["id"], rank=1)["lines"]] == ["node 1 line 0"],
+             what="rank 1's log from its pod")
+    cluster.finish(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    wait_for(lambda: ("secrets", "ml", f"{name}-token") not in cluster.objects, what="cleanup")
+
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the second TrainJob")
+    cluster.run(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    cluster.oom(name, node=1)
+    wait_for(lambda: client.job(job["id"])["state"] == "FAILED", what="FAILED")
+    assert client.job(job["id"])["reason"].startswith(f"OOMKilled: node 1 (pod {name}-node-0-1-")
+    from jupyter_dlc import formatting
+
+    why = formatting.diagnosis_text(client.diagnosis(job["id"]), client.job(job["id"]))  # `%dlc why`
+    assert "OOMKilled: node 1" in why and "raise resources.memory" in why, why
+
+
+def test_through_the_launcher_unschedulable_then_stop(cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: the scheduler's message is the PENDING reason; stop
+    deletes the TrainJob (foreground, the job's grace). A real cluster would also send the
+    ranks SIGTERM and wait out the grace before removing the pods."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
+                         "stop_grace": 20})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    message = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu. preemption: 0/8 nodes are available"
+    cluster.unschedulable(name, message)
+    wait_for(lambda: client.job(job["id"])["reason"] == f"waiting in kubernetes: Unschedulable: {message}",
+             what="the scheduler's message")
+    assert client.job(job["id"])["state"] == "PENDING"
+    client.stop(job["id"])
+    wait_for(lambda: client.job(job["id"])["state"] in ("STOPPED", "CANCELLED"), what="stopped")
+    asked = next(d for d in cluster.deletes if d["name"] == name)
+    assert (asked["propagationPolicy"], asked["gracePeriodSeconds"]) == ("Foreground", 20)

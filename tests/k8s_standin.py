@@ -106,7 +106,7 @@ class Standin:
         meta["namespace"] = ns
         if (plural, ns, meta.get("name")) in self.objects:
             return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         obj = self._put(plural, body, "ADDED")
         if body.get("kind") in WORKLOADS:
             self._operator(body)
@@ -142,7 +142,7 @@ class Standin:
             patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
             template = patch["template"]["spec"]["template"]
             template = {"metadata": template["metadata"], "spec": {
-                "containers": [{"name": "node", "env": spec["trainer"]["env"]}]}}
+                "containers": [{"name": "node", "image": spec["trainer"]["image"], "env": spec["trainer"]["env"]}]}}
             nodes = spec["trainer"]["numNodes"]
             pods = [(f"{name}-node-0-{i}-{uuid.uuid4().hex[:5]}", i,
                      {"jobset.sigs.k8s.io/jobset-name": name, "batch.kubernetes.io/job-completion-index": str(i)},
@@ -154,8 +154,10 @@ class Standin:
             container = template["spec"]["containers"][0]
             pod = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                                "uid": str(uuid.uuid4()), "ownerReferences": [{"kind": kind, "name": name}]},
-                   "spec": {"containers": [{"name": container["name"], "env": list(container.get("env", []))
+                                "uid": str(uuid.uuid4()), "ownerReferences": [{
+                                    "apiVersion": workload["apiVersion"], "kind": kind, "name": name,
+                                    "uid": workload["metadata"]["uid"], "controller": True}]},
+                   "spec": {"containers": [{"name": container["name"], "image": container["image"], "env": list(container.get("env", []))
                                             + [{"name": k, "value": v} for k, v in env.items()]}]},
                    "status": {"phase": "Pending", "conditions": []}}
             self._put("pods", pod, "ADDED")
@@ -172,8 +174,9 @@ class Standin:
         self._put("pods", pod, "MODIFIED")
 
     def _container(self, pod: dict, state: dict) -> list[dict]:
-        return [{"name": pod["spec"]["containers"][0]["name"], "state": state,
-                 "ready": "running" in state}]
+        container = pod["spec"]["containers"][0]
+        return [{"name": container["name"], "image": container["image"], "imageID": "",
+                 "restartCount": 0, "state": state, "ready": "running" in state}]
 
     def run(self, workload: str, lines_per_pod: int = 2) -> None:
         """Every pod scheduled and running, each writing lines its ranks would print."""
@@ -183,7 +186,7 @@ class Standin:
                 self.logs[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = "".join(
                     f"[default{r}]:node {node} line {r}\n" for r in range(lines_per_pod))
             self._pod_update(pod, "Running", containerStatuses=self._container(
-                pod, {"running": {"startedAt": "now"}}),
+                pod, {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}),
                 conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}])
         self._conditions(workload, "Running")
 

@@ -222,3 +222,42 @@ def test_through_the_launcher_unschedulable_then_stop(cluster, k8s_launcher):
     wait_for(lambda: client.job(job["id"])["state"] in ("STOPPED", "CANCELLED"), what="stopped")
     asked = next(d for d in cluster.deletes if d["name"] == name)
     assert (asked["propagationPolicy"], asked["gracePeriodSeconds"]) == ("Foreground", 20)
+
+
+def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path):
+    """The stand-in itself, through the official client's typed API: a watch from a list's
+    resourceVersion sees a pod's phase change; a follow log streams until the pod ends; a
+    resourceVersion older than the kept history answers 410 Gone. A real API server keeps
+    history by etcd compaction (minutes), not by event count."""
+    from kubernetes import client, config, watch
+    from kubernetes.client.exceptions import ApiException
+
+    configuration = client.Configuration()
+    config.load_kube_config(str(tmp_path / "kubeconfig"), client_configuration=configuration)
+    core = client.CoreV1Api(client.ApiClient(configuration))
+    handle = KubernetesBackend().submit(_ctx(tmp_path))
+    listed = core.list_namespaced_pod("ml", label_selector="dlc.jupyter.org/job-id=j7")
+    assert len(listed.items) == 2
+    cluster.run(handle["name"], lines_per_pod=2)
+    seen = []
+    for event in watch.Watch().stream(core.list_namespaced_pod, "ml", timeout_seconds=2,
+                                      label_selector="dlc.jupyter.org/attempt=1",
+                                      resource_version=listed.metadata.resource_version):
+        seen.append((event["type"], event["object"].status.phase))
+        if len(seen) == 2:
+            break
+    assert seen == [("MODIFIED", "Running"), ("MODIFIED", "Running")]
+    pod = listed.items[0].metadata.name
+    stream = core.read_namespaced_pod_log(pod, "ml", follow=True, _preload_content=False)
+    first = stream.read(20)
+    cluster.finish(handle["name"])
+    rest = stream.read()
+    assert (first + rest).decode() == "[default0]:node 0 line 0\n[default1]:node 0 line 1\n"
+    for _ in range(250):  # push the list's version out of the kept history
+        cluster.run(handle["name"])
+    try:
+        core.list_namespaced_pod("ml", watch=True, resource_version=listed.metadata.resource_version,
+                                 _preload_content=False)
+        raise AssertionError("expected 410 Gone")
+    except ApiException as error:
+        assert error.status == 410

@@ -261,3 +261,31 @@ def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path
         raise AssertionError("expected 410 Gone")
     except ApiException as error:
         assert error.status == 410
+
+
+def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_killed_launcher_readopts(
+        cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: a node exiting 1 restarts the job as attempt 2, a new
+    TrainJob with its own attempt label; the launcher killed with -9 comes back and follows
+    attempt 2 to SUCCEEDED from its stored handle. A real cluster would also run the ranks,
+    and attempt 2 would resume from the newest checkpoint they committed on the PVC."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
+                         "max_restarts": 1, "restart_backoff": 0.1})
+    first = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(first)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    cluster.finish(first, codes={1: 1})
+    second = f"dlc-{job['id']}-a2"
+    wait_for(lambda: ("trainjobs", "ml", second) in cluster.objects, what="attempt 2's TrainJob")
+    assert cluster.objects[("trainjobs", "ml", second)]["metadata"]["labels"]["dlc.jupyter.org/attempt"] == "2"
+    k8s_launcher.restart(kill=True)
+    client = k8s_launcher.client
+    cluster.run(second)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING after the restart")
+    cluster.finish(second)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    assert client.job(job["id"])["attempt"] == 2

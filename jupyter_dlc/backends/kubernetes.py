@@ -126,6 +126,13 @@ class KubernetesBackend(Backend):
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
 
+    def capacity_error(self, spec: JobSpec) -> str | None:
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            return "cluster: the kubernetes engine needs the client: pip install 'jupyter-dlc[k8s]'"
+        return None
+
     def token_secret(self, ctx: AttemptContext) -> str:
         return k8s_manifests.resource_name(ctx.job_id, ctx.attempt) + "-token"
 

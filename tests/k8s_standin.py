@@ -247,6 +247,23 @@ class Standin:
                     "metadata": {"resourceVersion": str(self.rv)}, "items": items}
 
 
+def _resources(groups) -> dict[str, dict]:
+    """Discovery documents (APIResourceList per group version), as kubectl asks for them."""
+    by_version = {"v1": ["configmaps", "services", "secrets", "pods", "persistentvolumeclaims"],
+                  "batch/v1": ["jobs"], "kubeflow.org/v1": ["pytorchjobs"],
+                  "trainer.kubeflow.org/v1alpha1": ["trainjobs"]}
+    out = {}
+    for version, plurals in by_version.items():
+        if version != "v1" and version.split("/")[0] not in groups:
+            continue
+        out[version] = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": version,
+                        "resources": [{"name": p, "singularName": PLURALS[p].lower(), "namespaced": True,
+                                       "kind": PLURALS[p], "verbs": ["create", "delete", "get", "list",
+                                                                     "patch", "update", "watch"]}
+                                      for p in plurals]}
+    return out
+
+
 def _node_of(pod: dict) -> int:
     labels = pod["metadata"]["labels"]
     if "batch.kubernetes.io/job-completion-index" in labels:
@@ -288,6 +305,13 @@ def _handler(standin: Standin):
                           for g, v in (("batch", "v1"), ("kubeflow.org", "v1"),
                                        ("trainer.kubeflow.org", "v1alpha1")) if g in standin.groups]
                 return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+            if path == "/api":
+                return self._send(200, {"kind": "APIVersions", "versions": ["v1"],
+                                        "serverAddressByClientCIDRs": []})
+            served = _resources(standin.groups).get(path[len("/api/"):] if path.startswith("/api/")
+                                                     else path[len("/apis/"):])
+            if served is not None:
+                return self._send(200, served)
             if not match:
                 return self._send(404, _status(404, "NotFound", f"the server could not find {path}"))
             plural, ns, name = match["plural"], match["ns"], match["name"]

@@ -1,8 +1,8 @@
 """`export` writes k8s/ for every job, whichever engine ran it, valid as written: each file is one
 manifest validated strictly (CRDs from ../shared/k8s, core types with kubernetes-validate).
-`kubectl apply --dry-run=client` needs an API server for discovery even in client mode (checked
-with kubectl 1.32: "failed to download openapi"), so it is not used here; a real cluster would
-also run admission (Kueue, Volcano, the operators' webhooks)."""
+`kubectl apply --dry-run=client` needs an API server for discovery even in client mode (kubectl
+1.32: "failed to download openapi"); the real kubectl applies the bundle to the API stand-in
+instead. A real cluster would also run admission (Kueue, Volcano, the operators' webhooks)."""
 
 from __future__ import annotations
 
@@ -84,3 +84,37 @@ def test_a_slurm_job_exports_defaults_and_big_files_go_on_the_pvc(profiles, tmp_
     validate(job)
     assert job["metadata"]["namespace"] == "default"
     assert "too big for a ConfigMap: copy them to the PVC at jobs/dlc-s-a1/" in text
+
+
+@pytest.mark.parametrize("kind", ["Job", "TrainJob"])
+def test_kubectl_apply_creates_the_exported_bundle_on_the_standin(profiles, tmp_path, kind):
+    """`kubectl apply -f k8s/` (the real kubectl 1.32) against the API stand-in of
+    tests/k8s_standin.py: every file maps to a served kind and is created, and the stand-in's
+    operator makes the pods. kubectl's client-side validation needs the server's OpenAPI,
+    which the stand-in does not serve (--validate=false; the schemas are checked above); a
+    real cluster would also validate server-side and admit the pods."""
+    import shutil
+    import subprocess
+
+    from k8s_standin import Standin
+
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed")
+    if kind == "TrainJob":
+        clusters.put_profile("k", {"engine": "kubernetes", "kind": "TrainJob", "namespace": "ml"})
+    spec = JobSpec(name="applied", code="x", nodes=2, cluster="k" if kind == "TrainJob" else None,
+                   backend="kubernetes" if kind == "TrainJob" else "local")
+    spec.validate()
+    _export(tmp_path, spec)
+    with Standin(groups=("trainer.kubeflow.org",)) as standin:
+        config = standin.kubeconfig(str(tmp_path / "kubeconfig"))
+        result = subprocess.run(["kubectl", "--kubeconfig", config, "apply", "--validate=false",
+                                 "-f", str(tmp_path / "bundle" / "k8s")],
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.count(" created") == len(os.listdir(tmp_path / "bundle" / "k8s"))
+        plural = "trainjobs" if kind == "TrainJob" else "jobs"
+        namespace = "ml" if kind == "TrainJob" else "default"
+        assert (plural, namespace, "dlc-applied-a1") in standin.objects
+        assert ("configmaps", namespace, "dlc-applied-a1-files") in standin.objects
+        assert len(standin.pods("dlc-applied-a1")) == 2

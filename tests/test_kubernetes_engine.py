@@ -289,3 +289,12 @@ def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_kil
     cluster.finish(second)
     wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
     assert client.job(job["id"])["attempt"] == 2
+
+
+def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
+    """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
+    cluster would also answer for the credentials (401/403) and the namespace."""
+    rows = {row["name"]: row for row in clusters.check_clusters()}
+    assert rows["my-k8s"]["ok"] and rows["my-k8s"]["detail"] == "serves TrainJob, PyTorchJob, Job"
+    cluster.groups = {"batch"}
+    assert clusters.check_clusters()[0]["detail"] == "serves Job"

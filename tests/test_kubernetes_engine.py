@@ -34,6 +34,13 @@ def cluster(tmp_path, monkeypatch):
         yield standin
 
 
+def _engine(poll_interval: float = 0.0) -> KubernetesBackend:
+    """An engine that asks the API at every describe (these tests move the stand-in by hand)."""
+    engine = KubernetesBackend()
+    engine.poll_interval = poll_interval
+    return engine
+
+
 def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
     spec = JobSpec(name="t", code="x", nodes=nodes, nproc_per_node=2, cluster="my-k8s",
                    backend="kubernetes", resources={"memory": "8G"})
@@ -52,7 +59,7 @@ def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
 ])
 def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp_path, groups, kind, pods):
     cluster.groups = set(groups) | {"batch"}
-    engine, ctx = KubernetesBackend(), _ctx(tmp_path)
+    engine, ctx = _engine(), _ctx(tmp_path)
     handle = engine.submit(ctx)
     assert handle["kind"] == kind and handle["engine_id"] == f"{kind}/dlc-j7-a1"
     secret = cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]
@@ -88,7 +95,7 @@ def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp
 
 
 def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_path):
-    engine = KubernetesBackend()
+    engine = _engine()
     ctx = _ctx(tmp_path)
     handle = engine.submit(ctx)
     cluster.run(handle["name"])
@@ -119,7 +126,7 @@ def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_p
 
 
 def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(cluster, tmp_path):
-    engine, ctx = KubernetesBackend(), _ctx(tmp_path)
+    engine, ctx = _engine(), _ctx(tmp_path)
     handle = engine.submit(ctx)
     message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     cluster.unschedulable(handle["name"], message)
@@ -137,16 +144,16 @@ def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(c
 
 
 def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_by_labels(cluster, tmp_path):
-    engine = KubernetesBackend()
+    engine = _engine()
     first = engine.submit(_ctx(tmp_path, attempt=1))
     second = engine.submit(_ctx(tmp_path, attempt=2))
     # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
-    found = KubernetesBackend().adopt(_ctx(tmp_path).spec, "J7")
+    found = _engine().adopt(_ctx(tmp_path).spec, "J7")
     assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
     cluster._remove("trainjobs", "ml", second["name"])
     for pod in cluster.pods(second["name"]):
         cluster._remove("pods", "ml", pod["metadata"]["name"])
-    status = KubernetesBackend().describe(_ctx(tmp_path, attempt=2), second)
+    status = _engine().describe(_ctx(tmp_path, attempt=2), second)
     assert status.phase == "ENDED" and status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
     assert os.path.isdir(tmp_path / "job")
 
@@ -235,7 +242,7 @@ def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path
     configuration = client.Configuration()
     config.load_kube_config(str(tmp_path / "kubeconfig"), client_configuration=configuration)
     core = client.CoreV1Api(client.ApiClient(configuration))
-    handle = KubernetesBackend().submit(_ctx(tmp_path))
+    handle = _engine().submit(_ctx(tmp_path))
     listed = core.list_namespaced_pod("ml", label_selector="dlc.jupyter.org/job-id=j7")
     assert len(listed.items) == 2
     cluster.run(handle["name"], lines_per_pod=2)
@@ -298,3 +305,13 @@ def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     assert rows["my-k8s"]["ok"] and rows["my-k8s"]["detail"] == "serves TrainJob, PyTorchJob, Job"
     cluster.groups = {"batch"}
     assert clusters.check_clusters()[0]["detail"] == "serves Job"
+
+
+def test_describe_asks_the_api_at_most_once_per_interval_and_a_stop_asks_again(cluster, tmp_path):
+    engine, ctx = _engine(poll_interval=3600), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    first = engine.describe(ctx, handle)
+    cluster.run(handle["name"])
+    assert engine.describe(ctx, handle) is first and first.phase == "PENDING"  # the kept answer
+    engine.stop(ctx, handle, 5)
+    assert engine.describe(ctx, handle).phase == "ENDED"  # asked again after the delete

@@ -103,8 +103,13 @@ def pod_state(pod: dict) -> tuple[str, int | None, str | None]:
 class KubernetesBackend(Backend):
     name = "kubernetes"
 
+    # The supervisor ticks several times a second; an API server is asked about one attempt at
+    # most this often (a GET, a pod LIST and the running pods' logs per ask).
+    poll_interval = 1.0
+
     def __init__(self):
         self._apis: dict[str, Api] = {}
+        self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
         self._log_offsets: dict[tuple[str, str], int] = {}  # (attempt dir, pod) -> bytes copied
         self._stopping: set[str] = set()
 
@@ -170,6 +175,14 @@ class KubernetesBackend(Backend):
                                        k8s_manifests.labels(ctx.job_id, ctx.attempt))
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        asked, answer = self._seen.get(handle["name"], (0.0, None))
+        if answer is not None and time.monotonic() - asked < self.poll_interval:
+            return answer
+        answer = self._describe(ctx, handle)
+        self._seen[handle["name"]] = (time.monotonic(), answer)
+        return answer
+
+    def _describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         api, kind = self.api(ctx.spec), handle["kind"]
         workload = api.get(API_VERSIONS[kind], kind, handle["namespace"], handle["name"])
         pods = self._pods(ctx, handle)
@@ -267,6 +280,7 @@ class KubernetesBackend(Backend):
     def _delete_all(self, ctx: AttemptContext, handle: dict, grace: int | None) -> None:
         api, ns = self.api(ctx.spec), handle["namespace"]
         self._stopping.add(handle["name"])
+        self._seen.pop(handle["name"], None)  # the next describe sees the deletion
         api.delete(API_VERSIONS[handle["kind"]], handle["kind"], ns, handle["name"], grace)
 
     def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:

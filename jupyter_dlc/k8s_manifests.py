@@ -45,8 +45,14 @@ class ManifestError(ValueError):
 
 def resource_name(job_id: str, attempt: int) -> str:
     """An RFC 1123 label short enough for pod names `<name>-master-0-xxxxx`, `<name>-0`."""
-    base = _DNS.sub("-", f"dlc-{job_id}-a{attempt}".lower()).strip("-")
-    return base[:40].rstrip("-")
+    import hashlib
+
+    job = _DNS.sub("-", job_id.lower()).strip("-")
+    suffix = f"-a{attempt}"
+    room = 40 - len("dlc-") - len(suffix)
+    if len(job) > room:  # keep the attempt; a digest of the whole id keeps long ids apart
+        job = job[:room - 7].rstrip("-") + "-" + hashlib.sha256(job_id.encode()).hexdigest()[:6]
+    return f"dlc-{job}{suffix}"
 
 
 def labels(job_id: str, attempt: int) -> dict[str, str]:
@@ -116,6 +122,10 @@ def config_map(name: str, namespace: str, meta_labels: dict, script: str,
                files: dict[str, bytes]) -> dict[str, Any]:
     import base64
 
+    for key in files:
+        if not re.fullmatch(r"[-._a-zA-Z0-9]+", key) or key == "script.py":
+            raise ManifestError(f"files: {key!r} cannot be a ConfigMap key (letters, digits, '-', '_', "
+                                "'.'); rename it, or set the profile's `files: pvc`")
     size = len(script.encode()) + sum(len(v) for v in files.values())
     if size > CONFIGMAP_LIMIT:
         raise ManifestError(f"files: the script and pushed values are {size // 1024} KiB, over the "

@@ -186,3 +186,16 @@ def test_files_over_the_configmap_limit_name_the_fix_and_the_pvc_carries_them(pr
 def test_profile_errors_are_one_line(profiles, options, message):
     with pytest.raises(clusters.ClusterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         clusters.put_profile("my-k8s", dict({"engine": "kubernetes"}, **options))
+
+
+def test_resource_names_keep_the_attempt_and_stay_short():
+    long_id = "a-very-long-job-name-that-goes-on-and-on-and-on-1234-b29860"
+    names = {k8s_manifests.resource_name(long_id, a) for a in (1, 12, 13)}
+    assert len(names) == 3 and all(len(n) <= 40 and n.endswith(("-a1", "-a12", "-a13")) for n in names)
+    assert k8s_manifests.resource_name(long_id, 1) != k8s_manifests.resource_name(long_id + "x", 1)
+    assert k8s_manifests.resource_name("Train_B29860", 2) == "dlc-train-b29860-a2"
+
+
+def test_a_pushed_value_that_cannot_be_a_configmap_key_names_the_fix(profiles, tmp_path):
+    with pytest.raises(k8s_manifests.ManifestError, match=r"^files: 'script.py' cannot be a ConfigMap key"):
+        _manifests(tmp_path, "Job", pushed={"script.py": b"x"})

@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(options, script_args: list[str]) -> int:
     command = options.command
+    if command == "launcher" and options.action == "manifest":
+        from .k8s_launcher import render
+
+        print(render(options.namespace, **({"image": options.image} if options.image else {})), end="")
+        return 0
     if command == "launcher":
         return _launcher(options.action)
     if command == "clusters":

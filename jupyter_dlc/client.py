@@ -52,6 +52,9 @@ class LauncherClient:
 
     @classmethod
     def connect(cls, start: bool = True, timeout: float = 30.0) -> LauncherClient:
+        if os.environ.get("DLC_LAUNCHER_URL") and os.environ.get("DLC_LAUNCHER_TOKEN"):
+            # A launcher elsewhere (in the cluster, `jupyter-dlc launcher manifest`): never start one.
+            return cls(os.environ["DLC_LAUNCHER_URL"], os.environ["DLC_LAUNCHER_TOKEN"])
         client = cls.from_connection_file()
         if client is not None and client.alive():
             return client

@@ -7,6 +7,11 @@ clusters:
     partition: debug
     time: 1h
     env: {SLURM_CONF: /tmp/dlc-slurm/slurm.conf}
+  my-k8s:
+    engine: kubernetes
+    namespace: ml
+    image: ghcr.io/me/train:latest
+    pvc: dlc-checkpoints
 ```
 
 The file is `$DLC_CLUSTERS` when set, else the first `dlc_clusters.yaml` on Jupyter's config
@@ -27,7 +32,7 @@ from typing import Any
 import yaml
 
 FILE_NAME = "dlc_clusters.yaml"
-ENGINES = ("local", "slurm")
+ENGINES = ("local", "slurm", "kubernetes")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _STR_LIST = "a list of strings"
 
@@ -44,7 +49,22 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
               "gres": (str, "a GRES string like gpu:8"), "constraint": (str, "a feature expression"),
               "sbatch_args": (list, _STR_LIST),
               "shared_filesystem": (bool, "true when the nodes see the launcher's job directory")},
+    "kubernetes": {"namespace": (str, "a namespace name"), "image": (str, "a container image with torch"),
+                   "kind": (str, "TrainJob, PyTorchJob or Job (default: what the cluster serves)"),
+                   "runtime": (str, "a ClusterTrainingRuntime name, e.g. torch-distributed"),
+                   "node_selector": (dict, "a mapping of node label to value"),
+                   "tolerations": (list, "a list of toleration mappings"),
+                   "gang": (str, "kueue or volcano"), "queue": (str, "a Kueue LocalQueue or Volcano queue"),
+                   "pvc": (str, "a ReadWriteMany PersistentVolumeClaim name"),
+                   "files": (str, "configmap (default) or pvc"),
+                   "kubeconfig": (str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
+                   "context": (str, "a kubeconfig context name"),
+                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787")},
 }
+# Options whose list holds mappings, not strings; options with a fixed set of values.
+_LIST_OF_MAPPINGS = ("tolerations",)
+_CHOICES = {"kind": ("TrainJob", "PyTorchJob", "Job"), "gang": ("kueue", "volcano"),
+            "files": ("configmap", "pvc")}
 
 
 class ClusterError(ValueError):
@@ -96,8 +116,12 @@ def _validate(name: str, data: Any, where: str) -> Profile:
             continue
         if key == "time" and isinstance(value, int) and not isinstance(value, bool):
             value = data[key] = str(value)  # minutes, as Slurm reads a bare number
-        if not isinstance(value, kind) or (isinstance(value, list) and not all(isinstance(v, str) for v in value)):
+        item = dict if key in _LIST_OF_MAPPINGS else str
+        if not isinstance(value, kind) or (isinstance(value, list) and not all(isinstance(v, item) for v in value)):
             raise ClusterError(f"{where}: {name}.{key}: expected {expected}, got {value!r}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise ClusterError(f"{where}: {name}.{key}: expected one of {', '.join(_CHOICES[key])}, "
+                               f"got {value!r}")
         if key == "env" and isinstance(value, dict):
             data[key] = {str(k): str(v) for k, v in value.items()}
     return Profile(str(name), engine, {k: v for k, v in data.items() if k != "engine"})
@@ -127,6 +151,22 @@ def get_profile(name: str) -> Profile:
         known = ", ".join(sorted(profiles)) or f"none yet; add one to {profiles_path()}"
         raise ClusterError(f"cluster: no profile named {name!r} (profiles: {known})")
     return profiles[name]
+
+
+def engine_profile(cluster: str | None, engine: str, lenient: bool = False) -> Profile:
+    """The profile named `cluster` for `engine`; an empty one (the engine's defaults) when the
+    job names none, or, with `lenient` (an export, made where the profile may not exist or
+    is for another engine), when it is missing or for another engine."""
+    default = Profile(engine, engine, {})
+    if not cluster:
+        return default
+    try:
+        profile = get_profile(cluster)
+    except ClusterError:
+        if lenient:
+            return default
+        raise
+    return profile if profile.engine == engine or not lenient else default
 
 
 def put_profile(name: str, options: dict[str, Any]) -> str:

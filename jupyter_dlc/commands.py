@@ -57,8 +57,11 @@ COMMANDS: tuple[Command, ...] = (
     Command("export", "write a bundle that runs with plain torchrun", (
         JOB, (("dir",), {"help": "where to write the bundle"}))),
     Command("clusters", "cluster profiles, each with a live check (reachable, idle nodes, GPUs)"),
-    Command("launcher", "the launcher service", (
-        (("action",), {"choices": ["start", "stop", "status"]}),), only=("cli",)),
+    Command("launcher", "the launcher service, or its Kubernetes manifests (`manifest`)", (
+        (("action",), {"choices": ["start", "stop", "status", "manifest"]}),
+        (("--namespace",), {"default": "default", "help": "manifest: the namespace"}),
+        (("--image",), {"default": None, "help": "manifest: an image with jupyter-dlc"})),
+        only=("cli",)),
 )
 
 

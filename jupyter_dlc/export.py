@@ -8,6 +8,8 @@
   run.sh         ./run.sh all (every node on this machine) or ./run.sh K (node K)
   job.sbatch     sbatch job.sbatch (from this directory) on a Slurm cluster, whichever engine
                  ran the job: one torchrun agent per node via srun
+  k8s/           kubectl apply -f k8s/ on a Kubernetes cluster, whichever engine ran the job
+                 (an Indexed Job, or the profile's TrainJob/PyTorchJob; edit image, namespace)
   <extra>        native forms a backend adds (a PyTorchJob manifest, an sbatch script)
 ```
 
@@ -216,6 +218,10 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
     from .backends.slurm import export_sbatch
 
     write("job.sbatch", export_sbatch(job, _env_defaults(job)), 0o755)
+    from .backends.kubernetes import export_manifests
+
+    for rel, text in export_manifests(job, script_text, files).items():
+        write(rel, text)
     for name, text in (extra or {}).items():
         write(name, text)
     return written

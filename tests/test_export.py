@@ -179,8 +179,9 @@ def test_bundle_layout_spec_and_refusals(job, tmp_path):
     spec, script, files = job
     bundle, written = exported(job, tmp_path, extra={"k8s/pytorchjob.yaml": "kind: PyTorchJob\n"})
     names = sorted(os.path.relpath(p, tmp_path / "first") for p in written)
-    assert names == ["files/DATA.pt", "job.sbatch", "job.yaml", "k8s/pytorchjob.yaml", "run.sh",
-                     "script.py"]
+    assert names == ["files/DATA.pt", "job.sbatch", "job.yaml", "k8s/00-persistentvolumeclaim.yaml",
+                     "k8s/01-configmap.yaml", "k8s/02-service.yaml", "k8s/03-job.yaml",
+                     "k8s/pytorchjob.yaml", "run.sh", "script.py"]
     assert (bundle / "script.py").read_text() == script
     assert os.access(bundle / "run.sh", os.X_OK)
     assert (bundle / "k8s" / "pytorchjob.yaml").read_text() == "kind: PyTorchJob\n"

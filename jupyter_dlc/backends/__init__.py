@@ -156,6 +156,10 @@ def get_backend(name: str) -> Backend:
             from .slurm import SlurmBackend
 
             _engines[name] = SlurmBackend()
+        elif name == "kubernetes":
+            from .kubernetes import KubernetesBackend
+
+            _engines[name] = KubernetesBackend()
         else:
             raise ValueError(f"backend: {name!r} is not available here; use 'local' or a "
                              "Slurm cluster profile (--cluster NAME)")

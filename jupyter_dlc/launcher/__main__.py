@@ -66,7 +66,7 @@ def write_connection_file(path: str, info: dict) -> None:
     os.replace(tmp, path)
 
 
-def bind(port: int, port_file: str) -> socket.socket:
+def bind(port: int, port_file: str, host: str = "127.0.0.1") -> socket.socket:
     """Listen on `port`, else on the port the last launcher had, else on a free one.
 
     Running ranks know the launcher by the URL they were started with; coming back on the
@@ -83,7 +83,7 @@ def bind(port: int, port_file: str) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", candidate))
+            sock.bind((host, candidate))
         except OSError:
             sock.close()
             continue
@@ -94,10 +94,15 @@ def bind(port: int, port_file: str) -> socket.socket:
     raise OSError(f"launcher: port {port} is taken; choose another with --port")
 
 
+log = logging.getLogger("jupyter_dlc.launcher")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--data-dir", default=None)
+    # In a cluster (`jupyter-dlc launcher manifest`): listen on every address, token from a Secret.
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--connection-file", default=None)
     args = parser.parse_args(argv)
     # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
@@ -120,11 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launcher: another launcher already serves {data_dir}", file=sys.stderr)
         return 3
     conn_path = args.connection_file or paths.connection_file(data_dir)
-    sock = bind(args.port, os.path.join(data_dir, "launcher.port"))
+    sock = bind(args.port, os.path.join(data_dir, "launcher.port"), args.host)
     sock.setblocking(False)
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    token = secrets.token_urlsafe(24)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        # The token then crosses the network in clear: only inside a cluster's own network
+        # (a Kubernetes Service), never on a shared or public one.
+        log.warning("WARNING: listening on %s:%d without TLS; tokens travel in clear text. "
+                    "Bind 127.0.0.1 unless this runs inside a trusted cluster network.", args.host, port)
+    token = os.environ.get("DLC_LAUNCHER_TOKEN") or secrets.token_urlsafe(24)
     store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
     supervisor = Supervisor(store, data_dir, url)
     launcher = Launcher(store, supervisor, data_dir, token)

@@ -1,0 +1,365 @@
+"""Kubernetes engine: one TrainJob, PyTorchJob or Indexed Job (+ headless Service) per attempt.
+
+The manifests come from `k8s_manifests.build` (pure dicts); this module adds what needs the
+cluster profile and the attempt's files. The ranks do not share the launcher's filesystem:
+the script and pushed values travel in a ConfigMap (or on the profile's PVC), checkpoints go
+to the PVC, and the ranks report to the launcher by URL (`launcher_url` in the profile).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from .. import k8s_manifests, layout
+from ..spec import JobSpec
+from . import (
+    AttemptContext,
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+)
+from .k8s_api import Api, ApiError
+
+API_VERSIONS = {"TrainJob": "trainer.kubeflow.org/v1alpha1", "PyTorchJob": "kubeflow.org/v1",
+                "Job": "batch/v1"}
+# What each workload's terminal condition is called.
+ENDED = {"Complete", "Succeeded", "Failed"}
+_RANK_PREFIX = re.compile(r"^\[default(\d+)\]:")
+
+
+def profile_of(spec: JobSpec, lenient: bool = False):
+    from ..clusters import engine_profile
+
+    return engine_profile(spec.cluster, "kubernetes", lenient)
+
+
+def read_job_files(job_dir: str) -> dict[str, bytes]:
+    folder = os.path.join(job_dir, "files")
+    if not os.path.isdir(folder):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
+    """The env contract as the pods get it: the launcher's DLC_* and EASYCKPT_* for this
+    attempt, the launcher's URL as pods reach it; never the token (a Secret carries it)."""
+    env = {k: v for k, v in ctx.env.items()
+           if k.startswith(("DLC_", "EASYCKPT_")) and k != "DLC_TOKEN"}
+    if profile.get("launcher_url"):
+        env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
+    resume = env.get("EASYCKPT_RESUME_PATH")
+    if resume and ctx.spec.checkpoint_dir and resume.startswith(ctx.spec.checkpoint_dir):
+        # The same step, in the job's checkpoint directory on the PVC as the pods see it.
+        env["EASYCKPT_RESUME_PATH"] = (k8s_manifests.checkpoint_dir(ctx.job_id)
+                                       + resume[len(ctx.spec.checkpoint_dir):])
+    return env
+
+
+def node_of(pod: dict) -> int:
+    """Node index of a pod, by its controller's labels (Job/JobSet index, PyTorchJob replica)."""
+    labels = pod["metadata"].get("labels", {})
+    if "batch.kubernetes.io/job-completion-index" in labels:
+        return int(labels["batch.kubernetes.io/job-completion-index"])
+    index = int(labels.get("training.kubeflow.org/replica-index", 0))
+    return index + (1 if labels.get("training.kubeflow.org/replica-type") == "worker" else 0)
+
+
+def pod_state(pod: dict) -> tuple[str, int | None, str | None]:
+    """(phase, exit code, the engine's reason when the cluster, not the ranks, decided)."""
+    name, status = pod["metadata"]["name"], pod.get("status", {})
+    phase = status.get("phase", "Pending")
+    where = f"node {node_of(pod)} (pod {name})"
+    for cond in status.get("conditions", []):
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return "Failed", None, f"Preempted: {where}: {cond.get('message') or cond.get('reason')}"
+    if status.get("reason") == "Evicted":
+        return "Failed", None, f"Evicted: {where}: {status.get('message', '')}".rstrip(": ")
+    for container in status.get("containerStatuses", []):
+        state = container.get("state", {})
+        if "terminated" in state:
+            ended = state["terminated"]
+            if ended.get("reason") == "OOMKilled":
+                return phase, ended.get("exitCode"), (f"OOMKilled: {where} ran out of memory; raise "
+                                                      "resources.memory or lower the batch size")
+            return phase, ended.get("exitCode"), None
+        waiting = state.get("waiting", {})
+        if waiting.get("reason") in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
+            return phase, None, f"{waiting['reason']}: {where}: {waiting.get('message', '')}"
+    for cond in status.get("conditions", []):
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return phase, None, f"Unschedulable: {cond.get('message', '')}"
+    return phase, None, None
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    # The supervisor ticks several times a second; an API server is asked about one attempt at
+    # most this often (a GET, a pod LIST and the running pods' logs per ask).
+    poll_interval = 1.0
+
+    def __init__(self):
+        self._apis: dict[str, Api] = {}
+        self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
+        self._log_offsets: dict[tuple[str, str], int] = {}  # (attempt dir, pod) -> bytes copied
+        self._stopping: set[str] = set()
+
+    def api(self, spec: JobSpec) -> Api:
+        profile = profile_of(spec)
+        if profile.name not in self._apis:
+            self._apis[profile.name] = Api(profile)
+        return self._apis[profile.name]
+
+    def kind_for(self, spec: JobSpec) -> str:
+        """The profile's kind, else the best the cluster serves (discovery)."""
+        profile = profile_of(spec)
+        if profile.get("kind"):
+            return profile.get("kind")
+        groups = self.api(spec).groups()
+        return ("TrainJob" if "trainer.kubeflow.org" in groups else
+                "PyTorchJob" if "kubeflow.org" in groups else "Job")
+
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
+
+    def capacity_error(self, spec: JobSpec) -> str | None:
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            return "cluster: the kubernetes engine needs the client: pip install 'jupyter-dlc[k8s]'"
+        return None
+
+    def token_secret(self, ctx: AttemptContext) -> str:
+        return k8s_manifests.resource_name(ctx.job_id, ctx.attempt) + "-token"
+
+    def dry_run(self, ctx: AttemptContext, kind: str | None = None) -> dict[str, Any]:
+        profile = profile_of(ctx.spec)
+        with open(ctx.script_path) as f:
+            script = f.read()
+        manifests = k8s_manifests.build(
+            ctx.spec, ctx.job_id, ctx.attempt, attempt_env(ctx, profile), script,
+            read_job_files(ctx.job_dir), profile.options, kind=kind,
+            token_secret=self.token_secret(ctx))
+        return {"backend": "kubernetes", "cluster": profile.name, "manifests": manifests}
+
+    # -- the live engine --------------------------------------------------------------------
+    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
+        api, kind = self.api(ctx.spec), self.kind_for(ctx.spec)
+        manifests = self.dry_run(ctx, kind)["manifests"]
+        workload = next(m for m in manifests if m["kind"] == kind)
+        meta = workload["metadata"]
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": self.token_secret(ctx), "namespace": meta["namespace"],
+                               "labels": k8s_manifests.labels(ctx.job_id, ctx.attempt)},
+                  "stringData": {"token": ctx.env["DLC_TOKEN"]}}
+        for manifest in [secret, *manifests]:
+            try:
+                api.create(manifest)
+            except ApiError as error:
+                if error.status != 409:  # 409: created by an earlier try of this same attempt
+                    raise
+        return {"engine_id": f"{kind}/{meta['name']}", "kind": kind, "name": meta["name"],
+                "namespace": meta["namespace"], "submitted": time.time()}
+
+    def _pods(self, ctx: AttemptContext, handle: dict) -> list[dict]:
+        return self.api(ctx.spec).list("v1", "Pod", handle["namespace"],
+                                       k8s_manifests.labels(ctx.job_id, ctx.attempt))
+
+    def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        asked, answer = self._seen.get(handle["name"], (0.0, None))
+        if answer is not None and time.monotonic() - asked < self.poll_interval:
+            return answer
+        answer = self._describe(ctx, handle)
+        self._seen[handle["name"]] = (time.monotonic(), answer)
+        return answer
+
+    def _describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        api, kind = self.api(ctx.spec), handle["kind"]
+        workload = api.get(API_VERSIONS[kind], kind, handle["namespace"], handle["name"])
+        pods = self._pods(ctx, handle)
+        conditions = {c["type"] for c in (workload or {}).get("status", {}).get("conditions", [])
+                      if c.get("status") == "True"}
+        status = AttemptStatus(phase="RUNNING")
+        nproc = ctx.spec.nproc_per_node
+        reasons, pending = [], []
+        for pod in sorted(pods, key=node_of):
+            node = node_of(pod)
+            phase, code, reason = pod_state(pod)
+            if reason:
+                reasons.append((phase, reason))
+            if phase == "Pending":
+                pending.append(pod)
+            running = phase == "Running"
+            status.alive = status.alive or phase in ("Pending", "Running")
+            status.nodes.append(NodeStatus(node, running, code))
+            for local in range(nproc):
+                # The container's PID 1 is torchrun (exec'd by the shell): "started" for the view.
+                status.ranks[node * nproc + local] = RankStatus(
+                    node * nproc + local, pid=1 if phase != "Pending" else None, running=running,
+                    exit_code=code)
+            if phase != "Pending":
+                self._copy_logs(ctx, handle, pod, node)
+        ended_by_cluster = [r for phase, r in reasons if phase != "Pending"]
+        if ended_by_cluster:
+            status.reason = ended_by_cluster[0]
+        elif workload is None:
+            # Gone: deleted by our stop (foreground: its pods went first), or by someone else.
+            status.phase = "RUNNING" if status.alive else "ENDED"
+            if handle["name"] not in self._stopping:
+                status.reason = f"the {kind} {handle['name']} was deleted outside the launcher"
+        elif pending or (not pods and not conditions & ENDED):
+            status.phase = "PENDING"
+            status.alive = True
+            status.reason = (reasons[0][1] if reasons else
+                             f"{len(pending) or ctx.spec.nodes} of {ctx.spec.nodes} pod(s) pending; "
+                             "logs start when they run")
+        elif not status.alive and conditions & ENDED:
+            status.phase = "ENDED"
+        return status
+
+    def _copy_logs(self, ctx: AttemptContext, handle: dict, pod: dict, node: int) -> None:
+        """New lines of a pod's log into the attempt's rank logs, by torchrun's rank prefix,
+        so the launcher's views read them as they read every engine's."""
+        name = pod["metadata"]["name"]
+        key = (ctx.attempt_dir, name)
+        try:
+            text = self.api(ctx.spec).pod_log(handle["namespace"], name)
+        except ApiError:
+            return
+        data = text.encode()
+        start = self._log_offsets.get(key, 0)
+        complete = data[start:data.rfind(b"\n") + 1]
+        if not complete:
+            return
+        self._log_offsets[key] = start + len(complete)
+        os.makedirs(ctx.attempt_dir, exist_ok=True)
+        by_rank: dict[int | None, list[str]] = {}
+        for line in complete.decode(errors="replace").splitlines():
+            match = _RANK_PREFIX.match(line)
+            rank = node * ctx.spec.nproc_per_node + int(match.group(1)) if match else None
+            by_rank.setdefault(rank, []).append(line[match.end():] if match else line)
+        for rank, lines in by_rank.items():
+            path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
+                    else layout.node_log(ctx.attempt_dir, node))
+            with open(path, "a") as f:
+                f.write("".join(line + "\n" for line in lines))
+
+    def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
+             offset: int = 0) -> tuple[list[str], int]:
+        """From the pod log API: one rank's lines (its node's pod, by torchrun's prefix), or
+        node 0's whole log. While the pod is pending, one line says so (offset -1 = said)."""
+        nproc = ctx.spec.nproc_per_node
+        node = 0 if rank is None else rank // nproc
+        pod = next((p for p in self._pods(ctx, handle) if node_of(p) == node), None)
+        if pod is None or pod_state(pod)[0] == "Pending":
+            if offset == -1:
+                return [], -1
+            what = "not created yet" if pod is None else f"{pod['metadata']['name']} is pending"
+            return [f"(node {node}: pod {what}; its log starts when it runs)"], -1
+        data = self.api(ctx.spec).pod_log(handle["namespace"], pod["metadata"]["name"]).encode()
+        offset = max(offset, 0)
+        complete = data[offset:data.rfind(b"\n") + 1]
+        lines = []
+        for line in complete.decode(errors="replace").splitlines():
+            match = _RANK_PREFIX.match(line)
+            if rank is None:
+                lines.append(f"[node {node}] {line}")
+            elif match and node * nproc + int(match.group(1)) == rank:
+                lines.append(f"[rank {rank}] {line[match.end():]}")
+        return lines, offset + len(complete)
+
+    def _delete_all(self, ctx: AttemptContext, handle: dict, grace: int | None) -> None:
+        api, ns = self.api(ctx.spec), handle["namespace"]
+        self._stopping.add(handle["name"])
+        self._seen.pop(handle["name"], None)  # the next describe sees the deletion
+        api.delete(API_VERSIONS[handle["kind"]], handle["kind"], ns, handle["name"], grace)
+
+    def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
+        """Delete the workload, its pods first (foreground): the kubelet sends SIGTERM and waits
+        `grace` seconds, as the supervisor's polite stop asks."""
+        self._delete_all(ctx, handle, int(grace))
+
+    def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        self._delete_all(ctx, handle, 0)
+
+    def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        """The attempt's ConfigMap, Service, token Secret (and PodGroup) once it has ended."""
+        api, ns, name = self.api(ctx.spec), handle["namespace"], handle["name"]
+        for api_version, kind, suffix in (("v1", "Secret", "-token"), ("v1", "ConfigMap", "-files"),
+                                          ("v1", "Service", ""),
+                                          ("scheduling.volcano.sh/v1beta1", "PodGroup", "")):
+            try:
+                api.delete(api_version, kind, ns, name + suffix)
+            except ApiError:
+                pass  # absent for this kind, or no right to it: nothing of ours is left there
+        self._stopping.discard(name)
+
+    def adopt(self, spec: JobSpec, job_id: str) -> list[dict[str, Any]]:
+        """Workloads of `job_id` that the cluster still has, found by their labels: what a
+        restarted launcher that lost its handles would re-adopt."""
+        profile = profile_of(spec)
+        namespace = profile.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
+        found = []
+        for kind, api_version in API_VERSIONS.items():
+            try:
+                items = self.api(spec).list(api_version, kind, namespace,
+                                            {k8s_manifests.LABEL_JOB: k8s_manifests.labels(job_id, 0)[k8s_manifests.LABEL_JOB]})
+            except ApiError:
+                continue  # that kind is not served here
+            found += [{"engine_id": f"{kind}/{i['metadata']['name']}", "kind": kind,
+                       "name": i["metadata"]["name"], "namespace": namespace,
+                       "attempt": int(i["metadata"]["labels"][k8s_manifests.LABEL_ATTEMPT])} for i in items]
+        return sorted(found, key=lambda h: h["attempt"])
+
+    def check(self, profile) -> dict[str, Any]:
+        api = Api(profile)
+        groups = api.groups()
+        kinds = [k for k, g in (("TrainJob", "trainer.kubeflow.org"), ("PyTorchJob", "kubeflow.org"))
+                 if g in groups] + ["Job"]
+        return {"ok": True, "detail": f"serves {', '.join(kinds)}"}
+
+
+def export_manifests(spec: JobSpec, script: str, files: dict[str, str]) -> dict[str, str]:
+    """`k8s/*.yaml` of an exported bundle, whichever engine ran the job: `kubectl apply -f k8s/`
+    runs it with plain torchrun (no launcher: no token, no launcher URL). Options come from
+    the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
+    import yaml
+
+    from ..spec import network_env
+
+    profile = profile_of(spec, lenient=True)
+    options = dict(profile.options)
+    env = {"DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
+           "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
+           **network_env(spec.network, profile.get("interface"))}
+    pushed = {}
+    for name, path in files.items():
+        with open(path, "rb") as f:
+            pushed[name] = f.read()
+    job_id = spec.name or "job"
+    name = k8s_manifests.resource_name(job_id, 1)
+    notes = [f"# jupyter-dlc export of job {spec.name!r}: kubectl apply -f k8s/ (in file order)."]
+    if not profile.options:
+        notes.append(f"# Defaults to edit: namespace {k8s_manifests.DEFAULT_NAMESPACE!r}, image "
+                     f"{k8s_manifests.DEFAULT_IMAGE!r} (needs torch), PVC 'dlc-checkpoints'.")
+    try:
+        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+    except k8s_manifests.ManifestError:
+        options["files"] = "pvc"  # too big for a ConfigMap: the files go on the PVC
+        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+        notes.append(f"# script.py and files/ are too big for a ConfigMap: copy them to the PVC "
+                     f"at jobs/{name}/ before applying.")
+    namespace = options.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
+    manifests.insert(0, k8s_manifests.pvc(options.get("pvc") or "dlc-checkpoints", namespace))
+    header = "\n".join(notes) + "\n"
+    return {f"k8s/{i:02d}-{m['kind'].lower()}.yaml": header + yaml.safe_dump(m, sort_keys=False)
+            for i, m in enumerate(manifests)}

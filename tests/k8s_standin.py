@@ -1,0 +1,414 @@
+"""A Kubernetes API stand-in for tests, on loopback: no API server can run on these machines
+(../shared/FIELD-NOTES.md), and kmock answers custom-object creates with 200 and fails
+create_namespace, so this small one keeps the semantics the engine depends on:
+
+- create 201 (409 AlreadyExists), get 404 NotFound, delete 200 with a Status (404 when gone),
+  a growing resourceVersion, list with equality label selectors, watch (events from a
+  resourceVersion; 410 Gone when that version is older than the kept history);
+- pod logs as text/plain, 400 "waiting to start" while a pod is pending, follow streams until
+  the pod ends;
+- discovery (/apis) answers the groups it was told it serves.
+
+It also plays the operator and the kubelet: a created TrainJob, PyTorchJob or Job gets its pods
+with the operator's naming, labels and env (PET_*, MASTER_ADDR), Pending until the test moves
+them (`run`, `finish`, `oom`, `unschedulable`, `evict`, `image_pull_backoff`), and the workload's
+conditions follow its pods. What a real cluster adds: scheduling, admission webhooks, CEL rules,
+server-side defaults, real containers and their logs, garbage collection by owner references.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+PLURALS = {"configmaps": "ConfigMap", "services": "Service", "secrets": "Secret", "pods": "Pod",
+           "jobs": "Job", "pytorchjobs": "PyTorchJob", "trainjobs": "TrainJob",
+           "podgroups": "PodGroup", "persistentvolumeclaims": "PersistentVolumeClaim"}
+WORKLOADS = ("Job", "PyTorchJob", "TrainJob")
+_PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))/namespaces/(?P<ns>[^/]+)/"
+                   r"(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?$")
+HISTORY = 200  # watch events kept; older resourceVersions answer 410 Gone
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away mid-answer (a launcher shutting down) is not an error here.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+class Standin:
+    def __init__(self, groups=("batch",)):
+        self.groups = set(groups) | {"batch"}
+        self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
+        self.events: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
+        self.deletes: list[dict] = []  # what each DELETE asked (grace, propagation)
+        self.logs: dict[tuple, str] = {}  # (ns, pod) -> text
+        self.rv = 1000
+        self.lock = threading.Condition()
+        self.server = _Server(("127.0.0.1", 0), _handler(self))
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kubeconfig(self, path: str) -> str:
+        import yaml
+
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "standin",
+                  "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+                  "users": [{"name": "u", "user": {"token": "standin-token"}}],
+                  "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "u"}}]}
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        return path
+
+    # -- storage, with resourceVersions and events ------------------------------------------
+    def _put(self, plural: str, obj: dict, event: str) -> dict:
+        with self.lock:
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            meta = obj["metadata"]
+            self.objects[(plural, meta["namespace"], meta["name"])] = obj
+            self.events.append((self.rv, plural, event, json.loads(json.dumps(obj))))
+            del self.events[:-HISTORY]
+            self.lock.notify_all()
+            return obj
+
+    def _remove(self, plural: str, ns: str, name: str) -> dict | None:
+        with self.lock:
+            obj = self.objects.pop((plural, ns, name), None)
+            if obj is not None:
+                self.rv += 1
+                self.events.append((self.rv, plural, "DELETED", obj))
+                if plural == "pods":
+                    self.logs.setdefault((ns, name), "")
+                self.lock.notify_all()
+            return obj
+
+    def create(self, plural: str, ns: str, body: dict) -> tuple[int, dict]:
+        meta = body.setdefault("metadata", {})
+        meta["namespace"] = ns
+        if (plural, ns, meta.get("name")) in self.objects:
+            return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        obj = self._put(plural, body, "ADDED")
+        if body.get("kind") in WORKLOADS:
+            self._operator(body)
+        return 201, obj
+
+    # -- the operator's part --------------------------------------------------------------
+    def _operator(self, workload: dict) -> None:
+        """Pods with the conventions of the workload's controller, all Pending."""
+        kind, name, ns = workload["kind"], workload["metadata"]["name"], workload["metadata"]["namespace"]
+        spec = workload["spec"]
+        if kind == "Job":
+            template, nodes = spec["template"], spec["completions"]
+            pods = [(f"{name}-{i}-{uuid.uuid4().hex[:5]}", i,
+                     {"batch.kubernetes.io/job-name": name, "batch.kubernetes.io/job-completion-index": str(i)},
+                     {"PET_NODE_RANK": str(i)}) for i in range(nodes)]
+        elif kind == "PyTorchJob":
+            replicas = spec["pytorchReplicaSpecs"]
+            template = replicas["Master"]["template"]
+            workers = replicas.get("Worker", {}).get("replicas", 0)
+            nodes = 1 + workers
+            common = {"MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": str(nodes),
+                      "PET_MASTER_ADDR": f"{name}-master-0", "PET_MASTER_PORT": "23456",
+                      "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(spec.get("nprocPerNode", "1"))}
+            pods = [(f"{name}-master-0", 0, {"training.kubeflow.org/job-name": name,
+                                               "training.kubeflow.org/replica-type": "master",
+                                               "training.kubeflow.org/replica-index": "0"},
+                     dict(common, RANK="0", PET_NODE_RANK="0"))]
+            pods += [(f"{name}-worker-{i}", i + 1, {"training.kubeflow.org/job-name": name,
+                                                    "training.kubeflow.org/replica-type": "worker",
+                                                    "training.kubeflow.org/replica-index": str(i)},
+                      dict(common, RANK=str(i + 1), PET_NODE_RANK=str(i + 1))) for i in range(workers)]
+        else:  # TrainJob on a JobSet: replicated job `node`, pods <name>-node-0-<i>-xxxxx
+            patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+            template = patch["template"]["spec"]["template"]
+            template = {"metadata": template["metadata"], "spec": {
+                "containers": [{"name": "node", "image": spec["trainer"]["image"], "env": spec["trainer"]["env"]}]}}
+            nodes = spec["trainer"]["numNodes"]
+            pods = [(f"{name}-node-0-{i}-{uuid.uuid4().hex[:5]}", i,
+                     {"jobset.sigs.k8s.io/jobset-name": name, "batch.kubernetes.io/job-completion-index": str(i)},
+                     {"PET_NODE_RANK": str(i), "PET_NNODES": str(nodes),
+                      "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500"})
+                    for i in range(nodes)]
+        for pod_name, _index, extra_labels, env in pods:
+            labels = dict(template.get("metadata", {}).get("labels", {}), **extra_labels)
+            container = template["spec"]["containers"][0]
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                                "uid": str(uuid.uuid4()), "ownerReferences": [{
+                                    "apiVersion": workload["apiVersion"], "kind": kind, "name": name,
+                                    "uid": workload["metadata"]["uid"], "controller": True}]},
+                   "spec": {"containers": [{"name": container["name"], "image": container["image"], "env": list(container.get("env", []))
+                                            + [{"name": k, "value": v} for k, v in env.items()]}]},
+                   "status": {"phase": "Pending", "conditions": []}}
+            self._put("pods", pod, "ADDED")
+
+    def pods(self, workload: str) -> list[dict]:
+        with self.lock:
+            return sorted((o for (p, _, _), o in self.objects.items() if p == "pods"
+                           and o["metadata"]["ownerReferences"][0]["name"] == workload),
+                          key=lambda o: o["metadata"]["name"])
+
+    def _pod_update(self, pod: dict, phase: str, **status) -> None:
+        pod = json.loads(json.dumps(pod))
+        pod["status"].update(phase=phase, **status)
+        self._put("pods", pod, "MODIFIED")
+
+    def _container(self, pod: dict, state: dict) -> list[dict]:
+        container = pod["spec"]["containers"][0]
+        return [{"name": container["name"], "image": container["image"], "imageID": "",
+                 "restartCount": 0, "state": state, "ready": "running" in state}]
+
+    def run(self, workload: str, lines_per_pod: int = 2) -> None:
+        """Every pod scheduled and running, each writing lines its ranks would print."""
+        for pod in self.pods(workload):
+            node = _node_of(pod)
+            with self.lock:
+                self.logs[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = "".join(
+                    f"[default{r}]:node {node} line {r}\n" for r in range(lines_per_pod))
+            self._pod_update(pod, "Running", containerStatuses=self._container(
+                pod, {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}),
+                conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}])
+        self._conditions(workload, "Running")
+
+    def finish(self, workload: str, codes: dict[int, int] | None = None) -> None:
+        for pod in self.pods(workload):
+            code = (codes or {}).get(_node_of(pod), 0)
+            self._terminate(pod, code, "Completed" if code == 0 else "Error")
+        failed = any((codes or {}).values())
+        self._conditions(workload, "Failed" if failed else "Succeeded")
+
+    def oom(self, workload: str, node: int) -> None:
+        pod = next(p for p in self.pods(workload) if _node_of(p) == node)
+        self._terminate(pod, 137, "OOMKilled")
+        self._conditions(workload, "Failed")
+
+    def evict(self, workload: str, node: int, preempted: bool = False) -> None:
+        pod = next(p for p in self.pods(workload) if _node_of(p) == node)
+        if preempted:
+            self._pod_update(pod, "Failed", conditions=[{
+                "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                "message": "Preempted in order to admit critical pod"}])
+        else:
+            self._pod_update(pod, "Failed", reason="Evicted",
+                             message="The node was low on resource: memory.")
+
+    def unschedulable(self, workload: str, message: str) -> None:
+        for pod in self.pods(workload):
+            self._pod_update(pod, "Pending", conditions=[{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
+
+    def image_pull_backoff(self, workload: str) -> None:
+        for pod in self.pods(workload):
+            self._pod_update(pod, "Pending", containerStatuses=self._container(pod, {"waiting": {
+                "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}))
+
+    def _terminate(self, pod: dict, code: int, reason: str) -> None:
+        self._pod_update(pod, "Succeeded" if code == 0 else "Failed", containerStatuses=self._container(
+            pod, {"terminated": {"exitCode": code, "reason": reason}}))
+
+    def _conditions(self, workload: str, state: str) -> None:
+        for (plural, _ns, name), obj in list(self.objects.items()):
+            if name != workload or obj.get("kind") not in WORKLOADS:
+                continue
+            obj = json.loads(json.dumps(obj))
+            kind = obj["kind"]
+            word = {"Job": {"Succeeded": "Complete"}, "TrainJob": {"Succeeded": "Complete"}}.get(
+                kind, {}).get(state, state)
+            obj["status"] = {"conditions": [{"type": word, "status": "True", "reason": word}]}
+            self._put(plural, obj, "MODIFIED")
+
+    # -- reads ----------------------------------------------------------------------------
+    def list(self, plural: str, ns: str, selector: str | None) -> dict:
+        wanted = dict(p.split("=", 1) for p in selector.split(",")) if selector else {}
+        with self.lock:
+            items = [o for (p, n, _), o in self.objects.items() if p == plural and n == ns
+                     and all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+            return {"kind": PLURALS.get(plural, "") + "List", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+
+
+def _resources(groups) -> dict[str, dict]:
+    """Discovery documents (APIResourceList per group version), as kubectl asks for them."""
+    by_version = {"v1": ["configmaps", "services", "secrets", "pods", "persistentvolumeclaims"],
+                  "batch/v1": ["jobs"], "kubeflow.org/v1": ["pytorchjobs"],
+                  "trainer.kubeflow.org/v1alpha1": ["trainjobs"]}
+    out = {}
+    for version, plurals in by_version.items():
+        if version != "v1" and version.split("/")[0] not in groups:
+            continue
+        out[version] = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": version,
+                        "resources": [{"name": p, "singularName": PLURALS[p].lower(), "namespaced": True,
+                                       "kind": PLURALS[p], "verbs": ["create", "delete", "get", "list",
+                                                                     "patch", "update", "watch"]}
+                                      for p in plurals]}
+    return out
+
+
+def _node_of(pod: dict) -> int:
+    labels = pod["metadata"]["labels"]
+    if "batch.kubernetes.io/job-completion-index" in labels:
+        return int(labels["batch.kubernetes.io/job-completion-index"])
+    index = int(labels["training.kubeflow.org/replica-index"])
+    return index + (1 if labels["training.kubeflow.org/replica-type"] == "worker" else 0)
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure" if code >= 400 else "Success",
+            "code": code, "reason": reason, "message": message}
+
+
+def _handler(standin: Standin):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, body, content_type: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _route(self):
+            url = urlparse(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            return url.path, _PATH.match(url.path), query
+
+        def do_GET(self):
+            path, match, query = self._route()
+            if path == "/apis":
+                groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                           "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}}
+                          for g, v in (("batch", "v1"), ("kubeflow.org", "v1"),
+                                       ("trainer.kubeflow.org", "v1alpha1")) if g in standin.groups]
+                return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+            if path == "/api":
+                return self._send(200, {"kind": "APIVersions", "versions": ["v1"],
+                                        "serverAddressByClientCIDRs": []})
+            served = _resources(standin.groups).get(path[len("/api/"):] if path.startswith("/api/")
+                                                     else path[len("/apis/"):])
+            if served is not None:
+                return self._send(200, served)
+            if not match:
+                return self._send(404, _status(404, "NotFound", f"the server could not find {path}"))
+            plural, ns, name = match["plural"], match["ns"], match["name"]
+            if match["sub"] == "log":
+                return self._log(ns, name, query)
+            if name is None:
+                if query.get("watch") in ("true", "1"):
+                    return self._watch(plural, ns, query)
+                return self._send(200, standin.list(plural, ns, query.get("labelSelector")))
+            obj = standin.objects.get((plural, ns, name))
+            if obj is None:
+                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+            return self._send(200, obj)
+
+        def _log(self, ns, name, query):
+            pod = standin.objects.get(("pods", ns, name))
+            if pod is None and (ns, name) not in standin.logs:
+                return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            if pod is not None and pod["status"]["phase"] == "Pending":
+                container = pod["spec"]["containers"][0]["name"]
+                return self._send(400, _status(400, "BadRequest", f'container "{container}" in pod '
+                                                                  f'"{name}" is waiting to start: ContainerCreating'))
+            if query.get("follow") not in ("true", "1"):
+                return self._send(200, standin.logs.get((ns, name), ""), "text/plain")
+            # follow: stream what is there, then what comes, until the pod ends.
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = 0
+            while True:
+                with standin.lock:
+                    text = standin.logs.get((ns, name), "")
+                    pod = standin.objects.get(("pods", ns, name))
+                    ended = pod is None or pod["status"]["phase"] in ("Succeeded", "Failed")
+                    if len(text) == sent and not ended:
+                        standin.lock.wait(1.0)
+                        continue
+                if len(text) > sent:
+                    self._chunk(text[sent:].encode())
+                    sent = len(text)
+                if ended:
+                    break
+            self._chunk(b"")
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _watch(self, plural, ns, query):
+            since = int(query.get("resourceVersion") or 0)
+            with standin.lock:
+                oldest = standin.events[0][0] if standin.events else standin.rv
+            if since and since < oldest - 1:
+                return self._send(410, _status(410, "Expired", f"too old resource version: {since} ({oldest})"))
+            selector = query.get("labelSelector")
+            wanted = dict(p.split("=", 1) for p in selector.split(",")) if selector else {}
+            deadline = time.monotonic() + float(query.get("timeoutSeconds") or 5)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            cursor = since
+            while time.monotonic() < deadline:
+                with standin.lock:
+                    new = [e for e in standin.events if e[0] > cursor and e[1] == plural
+                           and e[3]["metadata"]["namespace"] == ns]
+                    if not new:
+                        standin.lock.wait(0.5)
+                        continue
+                for rv, _, kind, obj in new:
+                    cursor = rv
+                    labels = obj["metadata"].get("labels", {})
+                    if all(labels.get(k) == v for k, v in wanted.items()):
+                        self._chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            self._chunk(b"")
+
+        def do_POST(self):
+            _, match, _ = self._route()
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if not match or match["name"]:
+                return self._send(405, _status(405, "MethodNotAllowed", "POST a collection"))
+            code, obj = standin.create(match["plural"], match["ns"], body)
+            return self._send(code, obj)
+
+        def do_DELETE(self):
+            _, match, _ = self._route()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            plural, ns, name = match["plural"], match["ns"], match["name"]
+            obj = standin._remove(plural, ns, name)
+            if obj is None:
+                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+            standin.deletes.append({"kind": obj.get("kind"), "name": name, **body})
+            if obj.get("kind") in WORKLOADS and body.get("propagationPolicy") in ("Foreground", "Background"):
+                for pod in standin.pods(name):  # garbage collection of the dependents
+                    standin._remove("pods", ns, pod["metadata"]["name"])
+            return self._send(200, _status(200, "Success", "deleted"))
+
+    return Handler

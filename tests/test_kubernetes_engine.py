@@ -1,0 +1,317 @@
+"""The Kubernetes engine through the official `kubernetes` client (kubeconfig) against the API
+stand-in in tests/k8s_standin.py, started on loopback: a stand-in, because no API server can
+run on these machines. It keeps the API's semantics (201/409/404, resourceVersion, label
+selectors, pod logs) and plays the operator and kubelet (pods with the operator's names and
+env, phases, exit codes, OOMKilled, Unschedulable, eviction, preemption). What a real cluster
+would add: real scheduling and containers (torchrun really running in the image), admission
+webhooks (Kueue, Volcano, the operators' defaulting), CEL validation, garbage collection by
+owner references and the kubelet's real grace period; scripts/k8s-smoke.sh covers those."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from k8s_standin import Standin
+
+from jupyter_dlc import clusters, layout
+from jupyter_dlc.backends import AttemptContext
+from jupyter_dlc.backends.kubernetes import KubernetesBackend
+from jupyter_dlc.spec import JobSpec
+
+pytest.importorskip("kubernetes")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A stand-in serving Kubeflow Trainer and the Training Operator, and a profile for it."""
+    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
+    with Standin(groups=("trainer.kubeflow.org", "kubeflow.org")) as standin:
+        standin.profile = lambda **options: clusters.put_profile("my-k8s", dict(
+            {"engine": "kubernetes", "namespace": "ml", "kubeconfig": standin.kubeconfig(
+                str(tmp_path / "kubeconfig")), "launcher_url": "http://launcher:8787"}, **options))
+        standin.profile()
+        yield standin
+
+
+def _engine(poll_interval: float = 0.0) -> KubernetesBackend:
+    """An engine that asks the API at every describe (these tests move the stand-in by hand)."""
+    engine = KubernetesBackend()
+    engine.poll_interval = poll_interval
+    return engine
+
+
+def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
+    spec = JobSpec(name="t", code="x", nodes=nodes, nproc_per_node=2, cluster="my-k8s",
+                   backend="kubernetes", resources={"memory": "8G"})
+    spec.validate()
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(exist_ok=True)
+    (job_dir / "script.py").write_text("print('hi')\n")
+    return AttemptContext("J7", attempt, spec, str(job_dir), str(job_dir / f"attempt-{attempt}"),
+                          str(job_dir / "script.py"), {"DLC_TOKEN": "tok-123", "DLC_JOB_ID": "J7"}, 0)
+
+
+@pytest.mark.parametrize(("groups", "kind", "pods"), [
+    (("trainer.kubeflow.org", "kubeflow.org"), "TrainJob", ["dlc-j7-a1-node-0-0-", "dlc-j7-a1-node-0-1-"]),
+    (("kubeflow.org",), "PyTorchJob", ["dlc-j7-a1-master-0", "dlc-j7-a1-worker-0"]),
+    ((), "Job", ["dlc-j7-a1-0-", "dlc-j7-a1-1-"]),
+])
+def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp_path, groups, kind, pods):
+    cluster.groups = set(groups) | {"batch"}
+    engine, ctx = _engine(), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    assert handle["kind"] == kind and handle["engine_id"] == f"{kind}/dlc-j7-a1"
+    secret = cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]
+    assert secret["stringData"] == {"token": "tok-123"}
+    assert "tok-123" not in repr(cluster.objects[("configmaps", "ml", "dlc-j7-a1-files")])
+    names = [p["metadata"]["name"] for p in cluster.pods("dlc-j7-a1")]
+    assert [n[:len(prefix)] for n, prefix in zip(names, pods)] == pods
+    # Submitting the same attempt again (a launcher killed mid-submit) meets 409s and goes on.
+    assert engine.submit(ctx)["name"] == "dlc-j7-a1"
+
+    status = engine.describe(ctx, handle)
+    assert status.phase == "PENDING" and status.alive and "2 of 2 pod(s) pending" in status.reason
+    assert engine.logs(ctx, handle, rank=3) == (
+        [f"(node 1: pod {names[1]} is pending; its log starts when it runs)"], -1)
+    assert engine.logs(ctx, handle, rank=3, offset=-1) == ([], -1)
+
+    cluster.run("dlc-j7-a1")
+    status = engine.describe(ctx, handle)
+    assert status.phase == "RUNNING" and status.reason is None
+    assert sorted(status.ranks) == [0, 1, 2, 3] and all(r.pid and r.running for r in status.ranks.values())
+    lines, offset = engine.logs(ctx, handle, rank=3, offset=-1)
+    assert lines == ["[rank 3] node 1 line 1"] and offset > 0
+    assert engine.logs(ctx, handle, rank=3, offset=offset) == ([], offset)
+    assert engine.logs(ctx, handle)[0] == ["[node 0] [default0]:node 0 line 0", "[node 0] [default1]:node 0 line 1"]
+    # The launcher's views read the rank logs from the attempt directory.
+    with open(layout.rank_log(ctx.attempt_dir, 2)) as f:
+        assert f.read() == "node 1 line 0\n"
+
+    cluster.finish("dlc-j7-a1")
+    status = engine.describe(ctx, handle)
+    assert status.phase == "ENDED" and not status.alive and status.reason is None
+    assert [r.exit_code for r in status.ranks.values()] == [0, 0, 0, 0]
+
+
+def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_path):
+    engine = _engine()
+    ctx = _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    cluster.run(handle["name"])
+    cluster.oom(handle["name"], node=1)
+    status = engine.describe(ctx, handle)
+    assert status.reason.startswith(f"OOMKilled: node 1 (pod {handle['name']}-node-0-1-")
+    assert "ran out of memory; raise resources.memory" in status.reason
+    assert status.ranks[2].exit_code == 137
+
+    ctx2 = _ctx(tmp_path, attempt=2)
+    handle = engine.submit(ctx2)
+    cluster.run(handle["name"])
+    cluster.evict(handle["name"], node=0)
+    assert engine.describe(ctx2, handle).reason.endswith("The node was low on resource: memory.")
+    assert engine.describe(ctx2, handle).reason.startswith("Evicted: node 0")
+
+    ctx3 = _ctx(tmp_path, attempt=3)
+    handle = engine.submit(ctx3)
+    cluster.run(handle["name"])
+    cluster.evict(handle["name"], node=1, preempted=True)
+    assert engine.describe(ctx3, handle).reason.startswith("Preempted: node 1")
+
+    ctx4 = _ctx(tmp_path, attempt=4)
+    handle = engine.submit(ctx4)
+    cluster.image_pull_backoff(handle["name"])
+    status = engine.describe(ctx4, handle)
+    assert status.phase == "PENDING" and status.reason.startswith("ImagePullBackOff: node 0")
+
+
+def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(cluster, tmp_path):
+    engine, ctx = _engine(), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    cluster.unschedulable(handle["name"], message)
+    status = engine.describe(ctx, handle)
+    assert (status.phase, status.reason) == ("PENDING", f"Unschedulable: {message}")
+    engine.stop(ctx, handle, 30)
+    asked = cluster.deletes[-1]
+    assert (asked["name"], asked["propagationPolicy"], asked["gracePeriodSeconds"]) == (
+        handle["name"], "Foreground", 30)
+    status = engine.describe(ctx, handle)
+    assert status.phase == "ENDED" and not status.alive and status.reason is None
+    engine.cleanup(ctx, handle)
+    assert ("secrets", "ml", f"{handle['name']}-token") not in cluster.objects
+    assert ("configmaps", "ml", f"{handle['name']}-files") not in cluster.objects
+
+
+def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_by_labels(cluster, tmp_path):
+    engine = _engine()
+    first = engine.submit(_ctx(tmp_path, attempt=1))
+    second = engine.submit(_ctx(tmp_path, attempt=2))
+    # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
+    found = _engine().adopt(_ctx(tmp_path).spec, "J7")
+    assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
+    cluster._remove("trainjobs", "ml", second["name"])
+    for pod in cluster.pods(second["name"]):
+        cluster._remove("pods", "ml", pod["metadata"]["name"])
+    status = _engine().describe(_ctx(tmp_path, attempt=2), second)
+    assert status.phase == "ENDED" and status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
+    assert os.path.isdir(tmp_path / "job")
+
+
+@pytest.fixture
+def k8s_launcher(cluster, tmp_path):
+    """A real launcher (its own process, real SQLite) whose cluster profile points at the
+    stand-in: started after the profile exists, so it reads it."""
+    from conftest import LauncherEnv
+
+    env = LauncherEnv(str(tmp_path / "launcher"))
+    yield env
+    env.close()
+
+
+def _workload(cluster, job_id):
+    """The name of the job's TrainJob in the stand-in, once the launcher created it."""
+    return next((name for (plural, _, name), obj in list(cluster.objects.items()) if plural == "trainjobs"
+                 and obj["metadata"]["labels"]["dlc.jupyter.org/job-id"] == job_id.lower()), None)
+
+
+def test_through_the_launcher_pending_running_succeeded_then_oom_fails_with_why(cluster, k8s_launcher, tmp_path):
+    """Stand-in cluster, real launcher: submit -> PENDING (pods pending) -> RUNNING -> SUCCEEDED;
+    a second job whose pod is OOMKilled -> FAILED with that reason, and the rank logs the
+    views read come from the pod log API. A real cluster would run the ranks, which would
+    also report progress and checkpoints to the launcher through DLC_LAUNCHER_URL."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
+    wait_for(lambda: client.job(job["id"])["state"] == "PENDING", what="PENDING")
+    assert client.job(job["id"])["reason"] == "waiting in kubernetes: 2 of 2 pod(s) pending; logs start when they run"
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name, lines_per_pod=1)  # one process per node: one rank's line per pod
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    wait_for(lambda: [line["text"] for line in client.logs(job["id"], rank=1)["lines"]] == ["node 1 line 0"],
+             what="rank 1's log from its pod")
+    cluster.finish(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    wait_for(lambda: ("secrets", "ml", f"{name}-token") not in cluster.objects, what="cleanup")
+
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the second TrainJob")
+    cluster.run(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    cluster.oom(name, node=1)
+    wait_for(lambda: client.job(job["id"])["state"] == "FAILED", what="FAILED")
+    assert client.job(job["id"])["reason"].startswith(f"OOMKilled: node 1 (pod {name}-node-0-1-")
+    from jupyter_dlc import formatting
+
+    why = formatting.diagnosis_text(client.diagnosis(job["id"]), client.job(job["id"]))  # `%dlc why`
+    assert "OOMKilled: node 1" in why and "raise resources.memory" in why, why
+
+
+def test_through_the_launcher_unschedulable_then_stop(cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: the scheduler's message is the PENDING reason; stop
+    deletes the TrainJob (foreground, the job's grace). A real cluster would also send the
+    ranks SIGTERM and wait out the grace before removing the pods."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
+                         "stop_grace": 20})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    message = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu. preemption: 0/8 nodes are available"
+    cluster.unschedulable(name, message)
+    wait_for(lambda: client.job(job["id"])["reason"] == f"waiting in kubernetes: Unschedulable: {message}",
+             what="the scheduler's message")
+    assert client.job(job["id"])["state"] == "PENDING"
+    client.stop(job["id"])
+    wait_for(lambda: client.job(job["id"])["state"] in ("STOPPED", "CANCELLED"), what="stopped")
+    asked = next(d for d in cluster.deletes if d["name"] == name)
+    assert (asked["propagationPolicy"], asked["gracePeriodSeconds"]) == ("Foreground", 20)
+
+
+def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path):
+    """The stand-in itself, through the official client's typed API: a watch from a list's
+    resourceVersion sees a pod's phase change; a follow log streams until the pod ends; a
+    resourceVersion older than the kept history answers 410 Gone. A real API server keeps
+    history by etcd compaction (minutes), not by event count."""
+    from kubernetes import client, config, watch
+    from kubernetes.client.exceptions import ApiException
+
+    configuration = client.Configuration()
+    config.load_kube_config(str(tmp_path / "kubeconfig"), client_configuration=configuration)
+    core = client.CoreV1Api(client.ApiClient(configuration))
+    handle = _engine().submit(_ctx(tmp_path))
+    listed = core.list_namespaced_pod("ml", label_selector="dlc.jupyter.org/job-id=j7")
+    assert len(listed.items) == 2
+    cluster.run(handle["name"], lines_per_pod=2)
+    seen = []
+    for event in watch.Watch().stream(core.list_namespaced_pod, "ml", timeout_seconds=2,
+                                      label_selector="dlc.jupyter.org/attempt=1",
+                                      resource_version=listed.metadata.resource_version):
+        seen.append((event["type"], event["object"].status.phase))
+        if len(seen) == 2:
+            break
+    assert seen == [("MODIFIED", "Running"), ("MODIFIED", "Running")]
+    pod = listed.items[0].metadata.name
+    stream = core.read_namespaced_pod_log(pod, "ml", follow=True, _preload_content=False)
+    first = stream.read(20)
+    cluster.finish(handle["name"])
+    rest = stream.read()
+    assert (first + rest).decode() == "[default0]:node 0 line 0\n[default1]:node 0 line 1\n"
+    for _ in range(250):  # push the list's version out of the kept history
+        cluster.run(handle["name"])
+    try:
+        core.list_namespaced_pod("ml", watch=True, resource_version=listed.metadata.resource_version,
+                                 _preload_content=False)
+        raise AssertionError("expected 410 Gone")
+    except ApiException as error:
+        assert error.status == 410
+
+
+def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_killed_launcher_readopts(
+        cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: a node exiting 1 restarts the job as attempt 2, a new
+    TrainJob with its own attempt label; the launcher killed with -9 comes back and follows
+    attempt 2 to SUCCEEDED from its stored handle. A real cluster would also run the ranks,
+    and attempt 2 would resume from the newest checkpoint they committed on the PVC."""
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
+                         "max_restarts": 1, "restart_backoff": 0.1})
+    first = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(first)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    cluster.finish(first, codes={1: 1})
+    second = f"dlc-{job['id']}-a2"
+    wait_for(lambda: ("trainjobs", "ml", second) in cluster.objects, what="attempt 2's TrainJob")
+    assert cluster.objects[("trainjobs", "ml", second)]["metadata"]["labels"]["dlc.jupyter.org/attempt"] == "2"
+    k8s_launcher.restart(kill=True)
+    client = k8s_launcher.client
+    cluster.run(second)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING after the restart")
+    cluster.finish(second)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    assert client.job(job["id"])["attempt"] == 2
+
+
+def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
+    """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
+    cluster would also answer for the credentials (401/403) and the namespace."""
+    rows = {row["name"]: row for row in clusters.check_clusters()}
+    assert rows["my-k8s"]["ok"] and rows["my-k8s"]["detail"] == "serves TrainJob, PyTorchJob, Job"
+    cluster.groups = {"batch"}
+    assert clusters.check_clusters()[0]["detail"] == "serves Job"
+
+
+def test_describe_asks_the_api_at_most_once_per_interval_and_a_stop_asks_again(cluster, tmp_path):
+    engine, ctx = _engine(poll_interval=3600), _ctx(tmp_path)
+    handle = engine.submit(ctx)
+    first = engine.describe(ctx, handle)
+    cluster.run(handle["name"])
+    assert engine.describe(ctx, handle) is first and first.phase == "PENDING"  # the kept answer
+    engine.stop(ctx, handle, 5)
+    assert engine.describe(ctx, handle).phase == "ENDED"  # asked again after the delete

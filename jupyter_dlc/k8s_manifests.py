@@ -85,7 +85,7 @@ def _env(spec: JobSpec, job_id: str, env: dict[str, str], token_secret: str | No
     mine.update({"DLC_JOB_DIR": JOB_DIR, "DLC_CHECKPOINT_DIR": checkpoint_dir(job_id),
                  "PYTHONUNBUFFERED": "1"})
     mine.update(spec.env)
-    out = [{"name": k, "value": str(v)} for k, v in mine.items()]
+    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in mine.items()]
     if token_secret:
         out.append({"name": "DLC_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": token_secret, "key": "token"}}})
@@ -109,7 +109,8 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
 def _volumes(names: dict[str, str], files_on_pvc: bool) -> tuple[list, list]:
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
                {"name": "ckpt", "persistentVolumeClaim": {"claimName": names["pvc"]}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "ckpt", "mountPath": PVC_DIR}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"},
+                                    {"name": "ckpt", "mountPath": PVC_DIR}]
     if files_on_pvc:
         mounts.append({"name": "ckpt", "mountPath": JOB_DIR, "subPath": f"jobs/{names['base']}"})
     else:
@@ -252,7 +253,7 @@ def _indexed_job(spec, meta, pod_labels, container, pod_spec, options) -> list[d
 
 def pvc(name: str, namespace: str, size: str = "100Gi", storage_class: str | None = None) -> dict:
     """The ReadWriteMany claim for checkpoints and job files, shared by every node."""
-    manifest = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+    manifest: dict[str, Any] = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": name, "namespace": namespace,
                              "labels": {"app.kubernetes.io/managed-by": MANAGED_BY}},
                 "spec": {"accessModes": ["ReadWriteMany"],

@@ -157,7 +157,8 @@ class Standin:
                                 "uid": str(uuid.uuid4()), "ownerReferences": [{
                                     "apiVersion": workload["apiVersion"], "kind": kind, "name": name,
                                     "uid": workload["metadata"]["uid"], "controller": True}]},
-                   "spec": {"containers": [{"name": container["name"], "image": container["image"], "env": list(container.get("env", []))
+                   "spec": {"containers": [{"name": container["name"], "image": container["image"],
+                                            "env": list(container.get("env", []))
                                             + [{"name": k, "value": v} for k, v in env.items()]}]},
                    "status": {"phase": "Pending", "conditions": []}}
             self._put("pods", pod, "ADDED")

@@ -66,7 +66,7 @@ def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp
     assert secret["stringData"] == {"token": "tok-123"}
     assert "tok-123" not in repr(cluster.objects[("configmaps", "ml", "dlc-j7-a1-files")])
     names = [p["metadata"]["name"] for p in cluster.pods("dlc-j7-a1")]
-    assert [n[:len(prefix)] for n, prefix in zip(names, pods)] == pods
+    assert [n[:len(prefix)] for n, prefix in zip(names, pods, strict=True)] == pods
     # Submitting the same attempt again (a launcher killed mid-submit) meets 409s and goes on.
     assert engine.submit(ctx)["name"] == "dlc-j7-a1"
 
@@ -154,7 +154,8 @@ def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_b
     for pod in cluster.pods(second["name"]):
         cluster._remove("pods", "ml", pod["metadata"]["name"])
     status = _engine().describe(_ctx(tmp_path, attempt=2), second)
-    assert status.phase == "ENDED" and status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
+    assert status.phase == "ENDED"
+    assert status.reason == f"the TrainJob {second['name']} was deleted outside the launcher"
     assert os.path.isdir(tmp_path / "job")
 
 
@@ -228,7 +229,8 @@ def test_through_the_launcher_unschedulable_then_stop(cluster, k8s_launcher):
     client.stop(job["id"])
     wait_for(lambda: client.job(job["id"])["state"] in ("STOPPED", "CANCELLED"), what="stopped")
     asked = next(d for d in cluster.deletes if d["name"] == name)
-    assert (asked["propagationPolicy"], asked["gracePeriodSeconds"]) == ("Foreground", 20)
+    # A job still PENDING has trained nothing: its stop takes no grace (supervisor.request_stop).
+    assert (asked["propagationPolicy"], asked["gracePeriodSeconds"]) == ("Foreground", 0)
 
 
 def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path):

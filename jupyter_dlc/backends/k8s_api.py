@@ -73,7 +73,7 @@ class Api:
         return self.request("GET", collection(api_version, kind, namespace), query=query)["items"]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str, grace: int | None = None) -> bool:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
         if grace is not None:
             body["gracePeriodSeconds"] = int(grace)
         try:

@@ -311,8 +311,8 @@ class KubernetesBackend(Backend):
         found = []
         for kind, api_version in API_VERSIONS.items():
             try:
-                items = self.api(spec).list(api_version, kind, namespace,
-                                            {k8s_manifests.LABEL_JOB: k8s_manifests.labels(job_id, 0)[k8s_manifests.LABEL_JOB]})
+                selector = {k8s_manifests.LABEL_JOB: k8s_manifests.labels(job_id, 0)[k8s_manifests.LABEL_JOB]}
+                items = self.api(spec).list(api_version, kind, namespace, selector)
             except ApiError:
                 continue  # that kind is not served here
             found += [{"engine_id": f"{kind}/{i['metadata']['name']}", "kind": kind,

@@ -3,9 +3,9 @@ launcher, and so cannot rot. The notebooks assert their own outcomes in their ce
 final state, the step it resumed from, the webhook it received), so a behaviour that
 regresses fails the cell, and so this test.
 
-New notebooks are picked up from the directory listing. The quickstart is left out here only
-because tests/test_notebook.py already runs it (through scripts/run_quickstart.py, the path
-users take) and checks its printed results.
+New notebooks are picked up from the directory listing. Three are left out here only because
+another test runs them: the quickstart (tests/test_notebook.py, through scripts/run_quickstart.py,
+the path users take), and the Slurm and Kubernetes examples, with the cluster each needs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from nbclient.exceptions import CellExecutionError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-RUN_ELSEWHERE = {"quickstart.ipynb": "tests/test_notebook.py"}
+RUN_ELSEWHERE = {"quickstart.ipynb": "tests/test_notebook.py",
+                 # These need their cluster: the local Slurm cluster, the Kubernetes API stand-in.
+                 "slurm.ipynb": "tests/test_slurm.py",
+                 "kubernetes.ipynb": "tests/test_kubernetes_notebook.py"}
 # Generous: each example takes one to two minutes here, more when the machine is busy.
 NOTEBOOK_TIMEOUT = 600
 

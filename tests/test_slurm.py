@@ -284,7 +284,9 @@ def test_export_writes_a_job_sbatch_that_plain_sbatch_runs(launcher, slurm, tmp_
     """A job the local engine ran, exported, then submitted by hand with plain sbatch."""
     from jupyter_dlc.export import export_job
 
-    script = launcher.script("envjob.py", ENV_SCRIPT)
+    # The bundle runs plain torchrun, without our bootstrap: the script itself leaves as
+    # FIELD-NOTES says a multi-node gloo script must, or a rank may crash at interpreter exit.
+    script = launcher.script("envjob.py", ENV_SCRIPT + "dist.destroy_process_group()\nos._exit(0)\n")
     job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
                                   "name": "exported", "env": {"USER_VAR": "y"}})
     assert launcher.client.wait(job["id"], timeout=180)["state"] == "SUCCEEDED"

@@ -98,3 +98,20 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str 
 
 
 PYTHON = sys.executable
+
+
+def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd) -> None:
+    """What every engine adds to torchrun's variables, as tests/test_jobs.py's env-contract
+    job sees it (2 nodes x 2, `--network tcp`, `--env USER_VAR=x NCCL_SOCKET_IFNAME=lo0`,
+    arguments `--lr 0.1`, run in `cwd`)."""
+    assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
+    assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
+    assert env["DLC_LAUNCHER_URL"] == launcher.client.url
+    assert env["DLC_TOKEN"] and env["DLC_TOKEN"] != launcher.client.token
+    assert env["DLC_JOB_DIR"] == job["job_dir"]
+    assert env["DLC_CHECKPOINT_DIR"] == os.path.join(job["job_dir"], "checkpoints")
+    assert env["DLC_RESUME_PATH"] == env["EASYCKPT_RESUME_PATH"] == ""
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
+    assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["USER_VAR"] == "x" and env["sum"] == 6.0
+    assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(cwd)

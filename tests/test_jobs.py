@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import wait_for
+from conftest import assert_launcher_env, wait_for
 from jupyter_dlc.client import LauncherClient, LauncherError
 
 ENV_SCRIPT = """
@@ -61,17 +61,7 @@ def test_environment_contract_on_2x2(launcher, tmp_path):
         assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
         assert env["GROUP_RANK"] == str(node) == env["DLC_NODE_RANK"]
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
-        assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
-        assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
-        assert env["DLC_LAUNCHER_URL"] == launcher.client.url
-        assert env["DLC_TOKEN"] and env["DLC_TOKEN"] != launcher.client.token
-        assert env["DLC_JOB_DIR"] == job["job_dir"]
-        assert env["DLC_CHECKPOINT_DIR"] == os.path.join(job["job_dir"], "checkpoints")
-        assert env["DLC_RESUME_PATH"] == env["EASYCKPT_RESUME_PATH"] == ""
-        assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
-        assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        assert env["USER_VAR"] == "x" and env["sum"] == 6.0
-        assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(tmp_path)
+        assert_launcher_env(env, job, launcher, tmp_path)
     ranks = {r["rank"]: r for r in job["ranks"]}
     assert all(r["exit_code"] == 0 and r["pid"] for r in ranks.values())
     states = [e["state"] for e in launcher.client.events(job["id"]) if e["type"] == "state"]

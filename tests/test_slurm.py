@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from conftest import LauncherEnv, wait_for
+from conftest import LauncherEnv, assert_launcher_env, wait_for
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
@@ -94,17 +94,7 @@ def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
         # Rendezvous at the head node's own address (NodeAddr of n1), not loopback's default.
         assert env["MASTER_ADDR"] == "127.0.0.11" and int(env["MASTER_PORT"]) > 0
         assert env["SLURM_JOB_ID"] == slurm_id
-        assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
-        assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
-        assert env["DLC_LAUNCHER_URL"] == launcher.client.url
-        assert env["DLC_TOKEN"] and env["DLC_TOKEN"] != launcher.client.token
-        assert env["DLC_JOB_DIR"] == job["job_dir"]
-        assert env["DLC_CHECKPOINT_DIR"] == os.path.join(job["job_dir"], "checkpoints")
-        assert env["DLC_RESUME_PATH"] == env["EASYCKPT_RESUME_PATH"] == ""
-        assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
-        assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        assert env["USER_VAR"] == "x" and env["sum"] == 6.0
-        assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(tmp_path)
+        assert_launcher_env(env, job, launcher, tmp_path)
     # The batch script on record is what ran; the token is not in it.
     with open(os.path.join(job["job_dir"], "attempt-1", "job.sbatch")) as f:
         batch = f.read()

@@ -26,6 +26,16 @@ print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"sum": total.i
       "argv": sys.argv[1:], "cwd": os.getcwd()}), flush=True)
 """
 
+# 40 steps of 0.2 s, each logged: long enough to kill a launcher mid-job and see it adopted.
+STEPS = """
+import time
+from jupyter_dlc import runtime
+info = runtime.init()
+for step in range(1, 41):
+    time.sleep(0.2)
+    runtime.log(step, loss=1.0 / step)
+"""
+
 SLEEPER = """
 import os, signal, sys, time
 if "--ignore-term" in sys.argv:
@@ -89,14 +99,7 @@ def test_stop_leaves_no_process_behind(launcher):
 
 
 def test_job_survives_launcher_kill_9(launcher):
-    script = launcher.script("steps.py", """
-        import time
-        from jupyter_dlc import runtime
-        info = runtime.init()
-        for step in range(1, 41):
-            time.sleep(0.2)
-            runtime.log(step, loss=1.0 / step)
-        """)
+    script = launcher.script("steps.py", STEPS)
     job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
                                   "heartbeat_interval": 1})
     wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 60, what="step 5")

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 from conftest import LauncherEnv, assert_launcher_env, wait_for
-from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
 
@@ -211,14 +211,7 @@ def test_kill_9_of_a_rank_resumes_as_a_new_slurm_job(launcher, slurm):
 
 
 def test_launcher_kill_9_then_readoption(launcher, slurm):
-    script = launcher.script("steps.py", """
-        import time
-        from jupyter_dlc import runtime
-        info = runtime.init()
-        for step in range(1, 41):
-            time.sleep(0.2)
-            runtime.log(step, loss=1.0 / step)
-        """)
+    script = launcher.script("steps.py", STEPS)
     job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
                                   "heartbeat_interval": 1, "cluster": CLUSTER})
     wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -35,10 +36,14 @@ class LauncherUnavailable(LauncherError):
 
 
 class LauncherClient:
-    def __init__(self, url: str, token: str, timeout: float = 30.0):
+    def __init__(self, url: str, token: str, timeout: float = 30.0, ca_file: str | None = None):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        # An https launcher's certificate is trusted through this CA file (its own, when
+        # self-signed); None: the system's CAs.
+        self.ca_file = ca_file
+        self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     # -- finding or starting the launcher ---------------------------------------------------
     @classmethod
@@ -46,7 +51,7 @@ class LauncherClient:
         try:
             with open(path or paths.connection_file()) as f:
                 info = json.load(f)
-            return cls(info["url"], info["token"])
+            return cls(info["url"], info["token"], ca_file=info.get("ca_file"))
         except (OSError, ValueError, KeyError):
             return None
 
@@ -54,7 +59,8 @@ class LauncherClient:
     def connect(cls, start: bool = True, timeout: float = 30.0) -> LauncherClient:
         if os.environ.get("DLC_LAUNCHER_URL") and os.environ.get("DLC_LAUNCHER_TOKEN"):
             # A launcher elsewhere (in the cluster, `jupyter-dlc launcher manifest`): never start one.
-            return cls(os.environ["DLC_LAUNCHER_URL"], os.environ["DLC_LAUNCHER_TOKEN"])
+            return cls(os.environ["DLC_LAUNCHER_URL"], os.environ["DLC_LAUNCHER_TOKEN"],
+                       ca_file=os.environ.get("DLC_LAUNCHER_CA"))
         client = cls.from_connection_file()
         if client is not None and client.alive():
             return client
@@ -94,7 +100,7 @@ class LauncherClient:
         req = urllib.request.Request(url, data=data, method=method, headers={
             "Authorization": f"token {self.token}", "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self._tls) as resp:
                 raw = resp.read()
                 return resp.status, (json.loads(raw) if raw else {})
         except urllib.error.HTTPError as error:
@@ -177,7 +183,7 @@ class LauncherClient:
         req = urllib.request.Request(self.url + "/api/stream",
                                      headers={"Authorization": f"token {self.token}"})
         try:
-            resp = urllib.request.urlopen(req, timeout=timeout)
+            resp = urllib.request.urlopen(req, timeout=timeout, context=self._tls)
         except urllib.error.HTTPError as error:
             raise LauncherError(f"stream: {error.code}", error.code) from None
         except (urllib.error.URLError, OSError) as error:

@@ -7,6 +7,11 @@ clusters:
     partition: debug
     time: 1h
     env: {SLURM_CONF: /tmp/dlc-slurm/slurm.conf}
+  gpu-boxes:
+    engine: ssh
+    hosts: [gpu1, gpu2]
+    key: ~/.ssh/id_ed25519
+    shared_filesystem: true
   my-k8s:
     engine: kubernetes
     namespace: ml
@@ -32,7 +37,7 @@ from typing import Any
 import yaml
 
 FILE_NAME = "dlc_clusters.yaml"
-ENGINES = ("local", "slurm", "kubernetes")
+ENGINES = ("local", "slurm", "kubernetes", "ssh")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _STR_LIST = "a list of strings"
 
@@ -60,6 +65,13 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
                    "kubeconfig": (str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
                    "context": (str, "a kubeconfig context name"),
                    "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787")},
+    "ssh": {"hosts": (list, "a list of host names or addresses, node 0 first"),
+            "user": (str, "the login name on the hosts"), "port": (int, "sshd's port, e.g. 22"),
+            "key": (str, "a private key file (no passphrase, or one in ssh-agent)"),
+            "known_hosts": (str, "a known_hosts file with the hosts' keys"),
+            "ssh_options": (list, "a list of ssh -o options, e.g. [ProxyJump=bastion]"),
+            "master_addr": (str, "node 0's address as the other hosts reach it (default: hosts[0])"),
+            "shared_filesystem": (bool, "true when the hosts see the launcher's job directory")},
 }
 # Options whose list holds mappings, not strings; options with a fixed set of values.
 _LIST_OF_MAPPINGS = ("tolerations",)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-BACKENDS = ("local", "slurm", "kubernetes")
+BACKENDS = ("local", "slurm", "kubernetes", "ssh")
 NETWORKS = ("tcp", "rdma", "debug")
 
 # torchrun and the launcher own these; a user's --env must not break the rendezvous.

@@ -100,6 +100,13 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str 
 PYTHON = sys.executable
 
 
+def env_contract_spec(script: str, cwd, **more) -> dict:
+    """The env-contract job every engine runs (what `assert_launcher_env` checks)."""
+    return dict({"script": script, "args": ["--lr", "0.1"], "nodes": 2, "nproc_per_node": 2,
+                 "name": "envjob", "network": "tcp", "workdir": str(cwd),
+                 "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}}, **more)
+
+
 def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd) -> None:
     """What every engine adds to torchrun's variables, as tests/test_jobs.py's env-contract
     job sees it (2 nodes x 2, `--network tcp`, `--env USER_VAR=x NCCL_SOCKET_IFNAME=lo0`,
@@ -115,3 +122,33 @@ def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd) -> Non
     assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["USER_VAR"] == "x" and env["sum"] == 6.0
     assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(cwd)
+
+
+def assert_torchrun_env(env: dict, rank: int, nproc_per_node: int = 2, world: int = 4) -> None:
+    """torchrun's part of the env contract for one rank, as the env-contract job sees it."""
+    node = rank // nproc_per_node
+    assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == str(world)
+    assert env["LOCAL_RANK"] == str(rank % nproc_per_node)
+    assert env["LOCAL_WORLD_SIZE"] == str(nproc_per_node)
+    assert env["GROUP_RANK"] == str(node) == env["DLC_NODE_RANK"]
+
+
+def stop_polite_and_stubborn(launcher: LauncherEnv, sleeper: str, cluster: str) -> tuple[dict, dict]:
+    """Two running jobs on `cluster`, one that leaves on SIGTERM (2x2) and one that ignores it
+    (2x1, 2 s grace), both stopped: the polite one within its grace, the stubborn one killed
+    when its grace is over. Returns both jobs as they ended."""
+    polite = launcher.client.submit({"script": sleeper, "nodes": 2, "nproc_per_node": 2,
+                                     "cluster": cluster})
+    stubborn = launcher.client.submit({"script": sleeper, "args": ["--ignore-term"], "nodes": 2,
+                                       "nproc_per_node": 1, "stop_grace": 2, "cluster": cluster})
+    for job in (polite, stubborn):
+        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
+                 what="RUNNING")
+    launcher.client.stop(polite["id"])
+    launcher.client.stop(stubborn["id"])
+    polite = launcher.client.wait(polite["id"], timeout=60)
+    stubborn = launcher.client.wait(stubborn["id"], timeout=60)
+    assert polite["state"] == stubborn["state"] == "STOPPED"
+    assert not any("grace over" in (e["reason"] or "") for e in launcher.client.events(polite["id"]))
+    assert any("grace over" in (e["reason"] or "") for e in launcher.client.events(stubborn["id"]))
+    return polite, stubborn

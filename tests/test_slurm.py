@@ -17,7 +17,14 @@ import sys
 
 import pytest
 import torch
-from conftest import LauncherEnv, assert_launcher_env, wait_for
+from conftest import (
+    LauncherEnv,
+    assert_launcher_env,
+    assert_torchrun_env,
+    env_contract_spec,
+    stop_polite_and_stubborn,
+    wait_for,
+)
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
@@ -76,10 +83,7 @@ def engine_id(client, job_id, attempt=-1) -> str | None:
 def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
     script = launcher.script("envjob.py", ENV_SCRIPT.replace(
         '"argv":', '"SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "argv":'))
-    job = launcher.client.submit({
-        "script": script, "args": ["--lr", "0.1"], "nodes": 2, "nproc_per_node": 2,
-        "name": "envjob", "cluster": CLUSTER, "network": "tcp", "workdir": str(tmp_path),
-        "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}})
+    job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster=CLUSTER))
     job = launcher.client.wait(job["id"], timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"]
     assert job["spec"]["backend"] == "slurm"  # the profile named the engine
@@ -87,10 +91,7 @@ def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
     assert slurm_id and slurm_id.isdigit()
     envs = rank_env(launcher.client, job["id"], 4)
     for rank, env in envs.items():
-        node = rank // 2
-        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
-        assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
-        assert env["GROUP_RANK"] == str(node) == env["DLC_NODE_RANK"]
+        assert_torchrun_env(env, rank)
         # Rendezvous at the head node's own address (NodeAddr of n1), not loopback's default.
         assert env["MASTER_ADDR"] == "127.0.0.11" and int(env["MASTER_PORT"]) > 0
         assert env["SLURM_JOB_ID"] == slurm_id
@@ -162,21 +163,8 @@ def test_too_big_for_the_partition_is_refused_at_submit(launcher):
 
 
 def test_stop_leaves_no_process_on_any_node(launcher, slurm):
-    script = launcher.script("sleeper.py", SLEEPER)
-    polite = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
-                                     "cluster": CLUSTER})
-    stubborn = launcher.client.submit({"script": script, "args": ["--ignore-term"], "nodes": 2,
-                                       "nproc_per_node": 1, "stop_grace": 2, "cluster": CLUSTER})
-    for job in (polite, stubborn):
-        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
-                 what="RUNNING")
+    polite, stubborn = stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
     ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]
-    launcher.client.stop(polite["id"])
-    launcher.client.stop(stubborn["id"])
-    polite = launcher.client.wait(polite["id"], timeout=60)
-    stubborn = launcher.client.wait(stubborn["id"], timeout=60)
-    assert polite["state"] == stubborn["state"] == "STOPPED"
-    assert any("grace over" in (e["reason"] or "") for e in launcher.client.events(stubborn["id"]))
     wait_for(lambda: not set(ids) & set(squeue_ids(slurm)), 30, what="Slurm jobs gone")
     wait_for(lambda: launcher.own_processes() == [], 30, what="no process on any node")
 

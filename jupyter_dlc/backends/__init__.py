@@ -17,6 +17,7 @@
     refresh()                 once per supervisor tick, before any describe: engines that
                               poll something shared (a /proc scan) take one snapshot here
     check(profile)            a live check of a cluster profile (reachable, idle nodes, GPUs)
+    node_host(ctx, handle, n) the host node n runs on, so failure reasons can name it
 
 Engines are singletons (`get_backend`); per-job options come from the job's cluster profile.
 """
@@ -48,6 +49,7 @@ class NodeStatus:
     node: int
     running: bool
     exit_code: int | None = None
+    host: str | None = None  # where the node runs, when the engine knows (SSH hosts)
 
 
 @dataclass
@@ -124,6 +126,10 @@ class Backend:
     def check(self, profile) -> dict[str, Any]:
         return {"ok": True, "detail": "nothing to check"}
 
+    def node_host(self, ctx: AttemptContext, handle: dict[str, Any], node: int) -> str | None:
+        """The host a node of the attempt runs on, for reasons that name it (None: unknown)."""
+        return None
+
     def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
              offset: int = 0) -> tuple[list[str], int]:
         """Lines of one rank's log (or every node's agent log when rank is None, from node
@@ -160,6 +166,10 @@ def get_backend(name: str) -> Backend:
             from .kubernetes import KubernetesBackend
 
             _engines[name] = KubernetesBackend()
+        elif name == "ssh":
+            from .ssh import SSHBackend
+
+            _engines[name] = SSHBackend()
         else:
             raise ValueError(f"backend: {name!r} is not available here; use 'local' or a "
                              "Slurm cluster profile (--cluster NAME)")

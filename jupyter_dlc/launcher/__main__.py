@@ -1,4 +1,5 @@
-"""`python -m jupyter_dlc.launcher`: the per-user launcher service on 127.0.0.1."""
+"""`python -m jupyter_dlc.launcher`: the per-user launcher service (127.0.0.1 unless told
+to serve other hosts: `--host`, `--advertise-url`, TLS with `--certfile`/`--keyfile`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import secrets
 import signal
 import socket
+import ssl
 import sys
 import time
 
@@ -97,12 +99,43 @@ def bind(port: int, port_file: str, host: str = "127.0.0.1") -> socket.socket:
 log = logging.getLogger("jupyter_dlc.launcher")
 
 
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
+    """The server side of TLS when a certificate is configured (None: plain http)."""
+    if not certfile:
+        if keyfile:
+            raise SystemExit("launcher: --keyfile without --certfile; give both, or neither")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as error:
+        raise SystemExit(f"launcher: --certfile/--keyfile: cannot load {certfile} ({error})") from None
+    return context
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--data-dir", default=None)
     # In a cluster (`jupyter-dlc launcher manifest`): listen on every address, token from a Secret.
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    # Serving other hosts (SSH hosts): an address they reach, the URL they use, and TLS.
+    env = os.environ.get
+    parser.add_argument("--host", default=env("DLC_LAUNCHER_HOST", "127.0.0.1"),
+                        help="address to listen on ($DLC_LAUNCHER_HOST)")
+    parser.add_argument("--advertise-url", default=env("DLC_LAUNCHER_ADVERTISE_URL"),
+                        help="the URL ranks and clients use ($DLC_LAUNCHER_ADVERTISE_URL; default: "
+                             "the listening address)")
+    parser.add_argument("--certfile", default=env("DLC_LAUNCHER_CERT"),
+                        help="TLS certificate (PEM) to serve https ($DLC_LAUNCHER_CERT)")
+    parser.add_argument("--keyfile", default=env("DLC_LAUNCHER_KEY"),
+                        help="the certificate's private key ($DLC_LAUNCHER_KEY)")
+    parser.add_argument("--ca-file", default=env("DLC_LAUNCHER_CA"),
+                        help="what clients and ranks trust for the certificate ($DLC_LAUNCHER_CA; "
+                             "default: the certificate itself)")
     parser.add_argument("--connection-file", default=None)
     args = parser.parse_args(argv)
     # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
@@ -128,24 +161,30 @@ def main(argv: list[str] | None = None) -> int:
     sock = bind(args.port, os.path.join(data_dir, "launcher.port"), args.host)
     sock.setblocking(False)
     port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    ssl_context = tls_context(args.certfile, args.keyfile)
+    ca_file = os.path.abspath(args.ca_file or args.certfile) if ssl_context else None
+    scheme = "https" if ssl_context else "http"
+    listened = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    url = (args.advertise_url or f"{scheme}://{listened}:{port}").rstrip("/")
+    if not ssl_context and not _loopback(args.host):
         # The token then crosses the network in clear: only inside a cluster's own network
         # (a Kubernetes Service), never on a shared or public one.
         log.warning("WARNING: listening on %s:%d without TLS; tokens travel in clear text. "
-                    "Bind 127.0.0.1 unless this runs inside a trusted cluster network.", args.host, port)
+                    "Bind 127.0.0.1 unless this runs inside a trusted cluster network, or "
+                    "give --certfile/--keyfile.", args.host, port)
     token = os.environ.get("DLC_LAUNCHER_TOKEN") or secrets.token_urlsafe(24)
     store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
-    supervisor = Supervisor(store, data_dir, url)
+    supervisor = Supervisor(store, data_dir, url, ca_file=ca_file)
     launcher = Launcher(store, supervisor, data_dir, token)
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)
-    server = tornado.httpserver.HTTPServer(make_app(launcher))
+    server = tornado.httpserver.HTTPServer(make_app(launcher), ssl_options=ssl_context)
     server.add_sockets([sock])
     supervisor.start()
     write_connection_file(conn_path, {"url": url, "token": token, "pid": os.getpid(),
-                                      "data_dir": data_dir, "started": time.time()})
+                                      "data_dir": data_dir, "started": time.time(),
+                                      "ca_file": ca_file})
     logging.info("launcher serving %s for %s", url, data_dir)
     loop = tornado.ioloop.IOLoop.current()
 

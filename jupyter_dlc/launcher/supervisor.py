@@ -58,11 +58,13 @@ def free_port() -> int:
 
 
 class Supervisor(threading.Thread):
-    def __init__(self, store: Store, data_dir: str, url: str, tick: float = 0.2):
+    def __init__(self, store: Store, data_dir: str, url: str, tick: float = 0.2,
+                 ca_file: str | None = None):
         super().__init__(name="dlc-supervisor", daemon=True)
         self.store = store
         self.data_dir = data_dir
-        self.url = url
+        self.url = url  # the launcher's advertised URL: what ranks report to
+        self.ca_file = ca_file  # what ranks trust for an https launcher
         self.tick_seconds = tick
         self.wake = threading.Event()
         self.stopped = threading.Event()
@@ -199,6 +201,8 @@ class Supervisor(threading.Thread):
             "DLC_KEEP_LAST": str(spec.keep_last),
             "DLC_COLLECTIVE_TIMEOUT": f"{spec.collective_timeout:g}",
         })
+        if self.ca_file:
+            env["DLC_LAUNCHER_CA"] = self.ca_file
         return AttemptContext(row["id"], attempt, spec, job_dir, attempt_dir,
                               os.path.join(job_dir, "script.py"), env,
                               (arow["port"] if arow and arow["port"] else 0))
@@ -311,7 +315,8 @@ class Supervisor(threading.Thread):
         if failed or (node_failed and not all(c == 0 for c in codes)):
             first = failed[0] if failed else None
             why = (f"rank {first} exited with code {status.ranks[first].exit_code}" if first is not None
-                   else f"node {node_failed[0].node} agent exited with code {node_failed[0].exit_code}")
+                   else f"node {node_failed[0].node}{_on_host(backend, ctx, handle, node_failed[0].node)} "
+                        f"agent exited with code {node_failed[0].exit_code}")
             self.end_attempt(row, ctx, handle, "failed", why, processes)
             return
         if codes and all(c == 0 for c in codes):
@@ -384,8 +389,9 @@ class Supervisor(threading.Thread):
         for rank, r in ranks.items():
             # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
             if r["last_heartbeat"] and now - r["last_heartbeat"] > verdict and r["exit_code"] is None:
+                at = _on_host(get_backend(spec.backend), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
-                                 f"rank {rank} missed {spec.heartbeat_misses} heartbeats "
+                                 f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
                                  f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped", processes)
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
@@ -598,6 +604,12 @@ def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
     with open(os.path.join(job_dir, "spec.json"), "w") as f:
         json.dump(spec.to_dict(), f, indent=1)
     return job_dir
+
+
+def _on_host(backend, ctx, handle, node: int) -> str:
+    """` on host H` where the engine knows which host a node ran on, for reasons that name it."""
+    host = backend.node_host(ctx, handle, node)
+    return f" on host {host}" if host else ""
 
 
 def _local_slots(row) -> int:

@@ -16,6 +16,7 @@ import atexit
 import collections
 import json
 import os
+import ssl
 import sys
 import threading
 import time
@@ -71,6 +72,9 @@ class Reporter:
     def __init__(self, info, on_commands, capacity=20000):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
+        # An https launcher (serving other hosts) is trusted through the CA file it names.
+        ca_file = os.environ.get("DLC_LAUNCHER_CA")
+        self.tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.heartbeat_interval = info.heartbeat_interval
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
@@ -205,7 +209,7 @@ class Reporter:
             headers={"Content-Type": "application/json",
                      "Authorization": f"token {self.token}"})
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=self.tls) as response:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
             if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:

@@ -1,0 +1,279 @@
+"""SSH engine: one torchrun agent per host of a cluster profile, each over its own ssh.
+
+    launcher host                                   host K (profile `hosts[K]`)
+    ssh_node keep ──ssh -T (BatchMode, keys)──▶ sshd ──▶ ssh_node run ──▶ torchrun agent ──▶ ranks
+      │ stdin: the payload line, then held open          │ stdin EOF: kill the node's processes
+      └ node-K.log ◀── agent output over the ssh pipe    └ exit code ──▶ ssh ──▶ node-K.exit
+
+- Nothing the job carries is parsed by a shell: the remote command line is fixed
+  (`PYTHON -m jupyter_dlc.backends.ssh_node run`, each word quoted), and the agent's argv, env
+  (the job token among it) and working directory travel as one JSON line on ssh's stdin.
+- The agents' output streams back over the ssh pipe into the attempt's `node-K.log`, so
+  torchrun's failure summary (ranks killed by a signal) reaches the launcher without a
+  shared filesystem; rank records and per-rank logs come from the job directory, which the
+  hosts must share for now (`shared_filesystem: true`).
+- Nothing outlives its job on any host: `run` kills every process of its node when its
+  stdin closes (the ssh client or its keeper was killed, or sshd dropped a dead connection)
+  and when the agent exits; stop and kill reach the hosts with
+  `ssh_node signal` (SIGTERM, SIGKILL) over a fresh connection.
+- Rendezvous is static at node 0's address (`master_addr`, else `hosts[0]`), on the
+  profile's `interface` (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), as FIELD-NOTES found.
+
+The handle keeps each node's host and keeper pid; keepers run in sessions of their own, so
+a launcher killed with -9 re-adopts the attempt from them and the exit files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal as signals
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .. import layout
+from ..spec import JobSpec
+from . import AttemptContext, AttemptStatus, Backend, Capabilities, NodeStatus, RankStatus
+from .local import _alive, _read_int, _read_json, _spawn, agent_summary_codes, torchrun_argv
+from .slurm import job_script_env
+
+CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
+# ssh gives up on a silent connection (a cut link) after about 2 x 3 s; the remote side's
+# sshd does the same with its ClientAlive settings and then `run` cleans the host up.
+ALIVE_INTERVAL, ALIVE_COUNT = 2, 3
+SIGNAL_TIMEOUT = 15.0  # one round of `ssh_node signal` to every host
+SSH_FAILED = 255  # ssh's own exit code: the connection failed or was lost
+VANISHED_GRACE = 1.0
+KILLED = 137
+
+
+def _profile(spec: JobSpec):
+    from ..clusters import engine_profile
+
+    return engine_profile(spec.cluster, "ssh")
+
+
+def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
+    """ssh to `host` running `remote` (each word quoted for the remote shell): never a
+    password or host-key prompt (BatchMode), keys only, a dead peer noticed in seconds."""
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
+            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
+            "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no",
+            "-o", "LogLevel=ERROR"]
+    if profile.get("key"):
+        argv += ["-i", os.path.expanduser(profile.get("key")), "-o", "IdentitiesOnly=yes"]
+    if profile.get("known_hosts"):
+        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(profile.get('known_hosts'))}",
+                 "-o", "StrictHostKeyChecking=yes"]
+    if profile.get("port"):
+        argv += ["-p", str(profile.get("port"))]
+    if profile.get("user"):
+        argv += ["-l", profile.get("user")]
+    for option in profile.get("ssh_options") or []:
+        argv += ["-o", option]
+    return argv + [host, "--", *(shlex.quote(word) for word in remote)]
+
+
+def remote_python(spec: JobSpec, profile) -> str:
+    return spec.python or profile.get("python") or "python3"
+
+
+def _hosts(profile) -> list[str]:
+    return [str(h) for h in profile.get("hosts") or []]
+
+
+def _run_all(argvs: list[list[str]], timeout: float) -> list[tuple[int, str]]:
+    """Run commands at once (one per host), each (exit code, output); a host that does not
+    answer in time counts as ssh's failure."""
+    procs = [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for argv in argvs]
+    deadline = time.monotonic() + timeout
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append((proc.returncode, out))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            results.append((SSH_FAILED, f"no answer in {timeout:g}s"))
+    return results
+
+
+def probe_hosts(profile, spec: JobSpec | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
+    """What each host has (Python, torch, CPUs, GPUs, memory), or why it cannot be reached."""
+    python = remote_python(spec or JobSpec(), profile)
+    hosts = _hosts(profile)
+    results = _run_all([ssh_argv(profile, host, [python, "-m", "jupyter_dlc.backends.ssh_node", "probe"])
+                        for host in hosts], timeout)
+    rows = []
+    for host, (code, out) in zip(hosts, results, strict=True):
+        lines = out.strip().splitlines()
+        try:
+            row = json.loads(lines[-1]) if code == 0 and lines else None
+        except ValueError:
+            row = None
+        if row is None:
+            rows.append({"host": host, "ok": False,
+                         "detail": lines[-1] if lines else f"ssh exit {code}"})
+        else:
+            rows.append(dict(row, host=host, ok=bool(row.get("torch")),
+                             detail="" if row.get("torch") else f"no torch for {python}"))
+    return rows
+
+
+class SSHBackend(Backend):
+    name = "ssh"
+
+    def capabilities(self, spec: JobSpec) -> Capabilities:
+        shared = bool(_profile(spec).get("shared_filesystem", False))
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+
+    def capacity_error(self, spec: JobSpec) -> str | None:
+        profile = _profile(spec)
+        hosts = _hosts(profile)
+        if not hosts:
+            return f"cluster {profile.name}: hosts: none listed; add `hosts: [host1, host2]` to the profile"
+        if not profile.get("shared_filesystem"):
+            return (f"cluster {profile.name}: the SSH engine needs the hosts to see the launcher's "
+                    "job directory; mount it on the hosts and set shared_filesystem: true in the profile")
+        if spec.nodes > len(hosts):
+            return (f"nodes: {spec.nodes} nodes but cluster {profile.name} has {len(hosts)} hosts; "
+                    f"use --nodes {len(hosts)} or fewer, or add hosts to the profile")
+        res = spec.resources
+        wanted = [("resources.gpus", res.get("gpus") or 0, "gpus", "--gpus-per-node", ""),
+                  ("resources.cpus", res.get("cpus") or 0, "cpus", "--cpus-per-node", ""),
+                  ("resources.memory", res.get("memory_mb") or 0, "memory_mb", "--memory-per-node", "M")]
+        if not any(amount for _, amount, _, _, _ in wanted):
+            return None  # nothing to ask the hosts: submit without a round of ssh
+        rows = probe_hosts(profile, spec)[:spec.nodes]
+        for row in rows:
+            if not row["ok"]:
+                return f"cluster {profile.name}: host {row['host']}: {row['detail']}"
+        for field_name, amount, key, flag, unit in wanted:
+            have = min(row[key] for row in rows)
+            if amount > have:
+                return (f"{field_name}: {amount}{unit} per node but a host of cluster {profile.name} "
+                        f"has {have}{unit}; use {flag} {have}{unit} or less")
+        return None
+
+    def check(self, profile) -> dict[str, Any]:
+        rows = probe_hosts(profile)
+        if not rows:
+            return {"ok": False, "detail": "no hosts listed"}
+        bad = [r for r in rows if not r["ok"]]
+        detail = (f"{len(rows)} host(s), python {rows[0].get('python')}, torch {rows[0].get('torch')}"
+                  if not bad else "; ".join(f"{r['host']}: {r['detail']}" for r in bad))
+        return {"ok": not bad, "idle_nodes": len(rows) - len(bad),
+                "gpus": sum(r.get("gpus") or 0 for r in rows if r["ok"]), "detail": detail}
+
+    # -- submit ---------------------------------------------------------------------------
+    def _payloads(self, ctx: AttemptContext) -> tuple[Any, list[str], list[dict[str, Any]]]:
+        profile = _profile(ctx.spec)
+        hosts = _hosts(profile)[:ctx.spec.nodes]
+        master = profile.get("master_addr") or hosts[0]
+        python = remote_python(ctx.spec, profile)
+        env = job_script_env(ctx, profile)
+        env.update(profile.env)
+        env.update(ctx.spec.env)  # the user's --env wins, as with every engine
+        payloads = []
+        for node in range(ctx.spec.nodes):
+            argv = torchrun_argv(ctx.spec, node, ctx.port or 29500, ctx.script_path, python,
+                                 master_addr=master)
+            payloads.append({"argv": argv, "cwd": ctx.spec.workdir or ctx.job_dir,
+                             "env": dict(env, DLC_NODE_RANK=str(node)),
+                             "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node}})
+        return profile, hosts, payloads
+
+    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
+        profile, hosts, payloads = self._payloads(ctx)
+        python = remote_python(ctx.spec, profile)
+        return {"backend": "ssh", "cluster": profile.name, "hosts": hosts,
+                "commands": [ssh_argv(profile, host, [python, "-m", "jupyter_dlc.backends.ssh_node", "run"])
+                             for host in hosts],
+                "payloads": payloads}  # the token goes into each payload only at submit
+
+    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
+        request = self.dry_run(ctx)
+        os.makedirs(ctx.attempt_dir, exist_ok=True)
+        nodes = []
+        for node, (host, argv, payload) in enumerate(zip(request["hosts"], request["commands"],
+                                                         request["payloads"], strict=True)):
+            payload["env"]["DLC_TOKEN"] = ctx.env["DLC_TOKEN"]
+            path = os.path.join(ctx.attempt_dir, f"node-{node}.ssh.json")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"argv": argv, "payload": payload,
+                           "exit_path": layout.node_exit(ctx.attempt_dir, node)}, f)
+            # The keeper runs here, in a session of its own (it outlives the launcher) and in
+            # the attempt's cgroup; it carries the job's id, so the supervisor sees it alive.
+            pid = _spawn(ctx, node, [sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", path])
+            nodes.append({"node": node, "host": host, "pid": pid})
+        return {"engine_id": ",".join(request["hosts"]), "nodes": nodes}
+
+    # -- describe -------------------------------------------------------------------------
+    def node_host(self, ctx: AttemptContext, handle: dict[str, Any], node: int) -> str | None:
+        return next((n["host"] for n in handle.get("nodes", []) if n["node"] == node), None)
+
+    def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        status = AttemptStatus()
+        keepers = {n["node"]: n for n in handle.get("nodes", [])}
+        for node in range(ctx.spec.nodes):
+            code = _read_int(layout.node_exit(ctx.attempt_dir, node))
+            keeper = keepers.get(node, {})
+            running = code is None and bool(keeper.get("pid")) and _alive(keeper["pid"])
+            if code is None and keeper.get("pid") and not running:
+                # Gone: it recorded ssh's exit as it left, or it was killed before it could.
+                code = _read_int(layout.node_exit(ctx.attempt_dir, node))
+                code = KILLED if code is None else code
+            status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
+        status.alive = any(n.running for n in status.nodes)
+        status.phase = "RUNNING" if status.alive else "ENDED"
+        summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
+        for rank in range(ctx.spec.world_size):
+            record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
+            node = status.nodes[rank // ctx.spec.nproc_per_node]
+            code = record.get("exit_code")
+            if code is None:
+                code = summary.get(rank)
+            if code is None and node.exit_code == 0:
+                code = 0  # left with os._exit before its record; its agent saw it exit 0
+            if code is None and node.exit_code is not None and record.get("pid"):
+                code = KILLED if node.exit_code != SSH_FAILED else None
+            pid = record.get("pid")
+            running = code is None and pid is not None and node.running
+            status.ranks[rank] = RankStatus(rank, pid, running, code, record.get("start"), record.get("end"))
+        return status
+
+    # -- stop, kill, cleanup --------------------------------------------------------------
+    def _signal(self, ctx: AttemptContext, handle: dict[str, Any], sig: int) -> list[tuple[int, str]]:
+        profile = _profile(ctx.spec)
+        python = remote_python(ctx.spec, profile)
+        nodes = handle.get("nodes", [])
+        return _run_all([ssh_argv(profile, n["host"], [python, "-m", "jupyter_dlc.backends.ssh_node", "signal",
+                                                       ctx.job_id, str(ctx.attempt), str(n["node"]), str(int(sig))])
+                         for n in nodes], SIGNAL_TIMEOUT)
+
+    def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
+        """SIGTERM to every process of the job on every host; the supervisor kills after `grace`."""
+        self._signal(ctx, handle, signals.SIGTERM)
+
+    def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        """SIGKILL on every host that answers; the keepers (and their ssh clients) here go
+        too, which closes the remote ends' stdin: a host that did not answer cleans itself
+        up when its sshd notices the connection is gone."""
+        self._signal(ctx, handle, signals.SIGKILL)
+        for node in handle.get("nodes", []):
+            if not _alive(node["pid"]):
+                continue
+            try:
+                os.killpg(node["pid"], signals.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        if handle.get("nodes") and self.describe(ctx, handle).alive:
+            self.kill(ctx, handle)

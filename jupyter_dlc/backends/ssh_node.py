@@ -1,0 +1,167 @@
+"""The two ends of one SSH node: `python -m jupyter_dlc.backends.ssh_node ACTION`.
+
+Stdlib only, and nothing of ours: it runs on the hosts, where only Python, torch and
+jupyter-dlc need to be.
+
+    keep REQUEST      on the launcher's host: start `ssh` with the request's argv, hand the
+                      remote end its payload on ssh's stdin and hold that stdin open for as
+                      long as ssh runs; record ssh's exit code (the remote agent's, or 255 when
+                      the connection failed) in the node's exit file. The request file holds
+                      the job token: it is read once and deleted.
+    run               on a host, under sshd: read the payload (argv, env, cwd, tags) as one
+                      JSON line from stdin, start the torchrun agent in a session of its own
+                      with that env (no shell parses any of it), and watch stdin: end of file
+                      means the launcher's side is gone (ssh client or keeper killed, link cut
+                      and sshd's ClientAlive gave up), and then every process of this node is
+                      killed. On the agent's exit the same sweep runs, so nothing outlives it.
+    signal JOB ATTEMPT NODE SIG
+                      on a host: send SIG to every process of that node of that attempt.
+    probe             on a host: Python, torch, CPUs, GPUs and memory, as one JSON line.
+
+Processes are found by their environment (`DLC_JOB_ID`, `DLC_ATTEMPT`, `DLC_HOST_NODE`, set
+by `run` for the agent and inherited by every rank): torchrun puts each rank in a session of
+its own, so a process group would miss them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+# After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
+SWEEP_GRACE = 3.0
+# The only variable `run` adds to the job's own: which node of the attempt a process is, so
+# two nodes of one job on one host (or hosts sharing a process table) stay apart.
+NODE_TAG = "DLC_HOST_NODE"
+
+
+def tagged_pids(job: str, attempt: str, node: str) -> list[int]:
+    wanted = {f"DLC_JOB_ID={job}".encode(), f"DLC_ATTEMPT={attempt}".encode(),
+              f"{NODE_TAG}={node}".encode()}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            found.append(int(entry))
+    return found
+
+
+def signal_node(job: str, attempt: str, node: str, sig: int) -> int:
+    count = 0
+    for pid in tagged_pids(job, attempt, node):
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return count
+
+
+def sweep(job: str, attempt: str, node: str) -> None:
+    """SIGTERM to what is left of the node, SIGKILL to what is left after the grace."""
+    if not signal_node(job, attempt, node, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + SWEEP_GRACE
+    while time.monotonic() < deadline and tagged_pids(job, attempt, node):
+        time.sleep(0.1)
+    while signal_node(job, attempt, node, signal.SIGKILL):
+        time.sleep(0.05)
+
+
+def run() -> int:
+    payload = json.loads(sys.stdin.buffer.readline() or b"{}")
+    tags = payload["tags"]
+    job, attempt, node = str(tags["job"]), str(tags["attempt"]), str(tags["node"])
+    env = dict(os.environ, **payload["env"], **{NODE_TAG: node})
+    cwd = payload.get("cwd") or os.path.expanduser("~")
+    try:
+        agent = subprocess.Popen(payload["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                 stdout=sys.stdout, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as error:
+        print(f"jupyter-dlc ssh node {node}: cannot start the agent: {error}", flush=True)
+        return 127
+
+    def watch_stdin() -> None:
+        # Nothing more is ever sent: a read returns only at end of file, which is the
+        # launcher's side going away.
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        if agent.poll() is None:
+            sweep(job, attempt, node)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = agent.wait()
+    sweep(job, attempt, node)  # a rank the agent left behind, a daemon it started
+    return 128 - code if code < 0 else code
+
+
+def keep(request_path: str) -> int:
+    with open(request_path) as f:
+        request = json.load(f)
+    os.unlink(request_path)  # it holds the job token
+    ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
+                           stderr=subprocess.STDOUT)
+    try:
+        ssh.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
+        ssh.stdin.flush()
+    except OSError:
+        pass  # ssh already gone (host unreachable): its exit code says so
+    code = ssh.wait()  # stdin stays open until this process ends
+    tmp = request["exit_path"] + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, request["exit_path"])
+    return code
+
+
+def probe() -> int:
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        torch = importlib.metadata.version("torch") if importlib.util.find_spec("torch") else None
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    memory_mb = 0
+    try:
+        with open("/proc/meminfo") as f:
+            memory_mb = next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration):
+        pass
+    gpus = len([n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()])
+    print(json.dumps({"python": sys.version.split()[0], "torch": torch, "cpus": os.cpu_count() or 1,
+                      "gpus": gpus, "memory_mb": memory_mb}), flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["run"]:
+        return run()
+    if argv[:1] == ["keep"] and len(argv) == 2:
+        return keep(argv[1])
+    if argv[:1] == ["signal"] and len(argv) == 5:
+        print(signal_node(argv[1], argv[2], argv[3], int(argv[4])))
+        return 0
+    if argv[:1] == ["probe"]:
+        return probe()
+    print("usage: python -m jupyter_dlc.backends.ssh_node run | keep REQUEST | "
+          "signal JOB ATTEMPT NODE SIG | probe", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

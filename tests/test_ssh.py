@@ -1,0 +1,277 @@
+"""The SSH engine on real SSH hosts: `scripts/ssh-hosts.sh` makes two network namespaces on
+a bridge, each with its own address and its own sshd (key auth only), and the module's
+launcher listens on the bridge's address so that the ranks in the namespaces reach it.
+
+The namespaces share this machine's process table and filesystem (the job directory is
+shared, as the profile says). "Nothing left on a host" is checked by the processes that
+carry the job's id, and by what runs in each namespace (`ip netns pids`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import (
+    LauncherEnv,
+    assert_launcher_env,
+    assert_torchrun_env,
+    env_contract_spec,
+    stop_polite_and_stubborn,
+    wait_for,
+)
+from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_notebook import run_notebook, text
+
+from jupyter_dlc import formatting
+from jupyter_dlc.backends import ssh_node
+from jupyter_dlc.backends.local import job_processes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "ssh-hosts.sh")
+CLUSTER = "local-ssh"
+PREFIX, NET = "dlct", "10.232.0"  # apart from a user's own `ssh-hosts.sh up` (dlcssh, 10.231.0)
+HOSTS = [f"{NET}.1", f"{NET}.2"]
+BRIDGE = f"{NET}.254"
+
+# The env-contract script, plus what shows where a rank ran: its network namespace.
+WHERE_SCRIPT = ENV_SCRIPT.replace(
+    '"argv":', '"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME"), '
+    '"netns": os.stat("/proc/self/ns/net").st_ino, "argv":')
+
+# Logs a step every 0.2 s for a long while, through the runtime (heartbeats included).
+LONG_STEPS = """
+import time
+from jupyter_dlc import runtime
+info = runtime.init()
+for step in range(1, 100000):
+    time.sleep(0.2)
+    runtime.log(step, loss=1.0 / step)
+"""
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Two SSH hosts of our own (namespaces, bridge, sshds, key, profile), up for the module
+    and down after it: nothing is left."""
+    root = tmp_path_factory.mktemp("ssh")
+    env = dict(os.environ, DLC_SSH_DIR=str(root / "hosts"), DLC_SSH_PREFIX=PREFIX, DLC_SSH_NET=NET,
+               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
+    up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+    if up.returncode == 3:
+        pytest.skip(f"SSH hosts cannot be made here: {up.stderr.strip().splitlines()[-1]}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    saved = {k: os.environ.get(k) for k in ("DLC_CLUSTERS", "DLC_LAUNCHER_HOST")}
+    # The launchers of this module listen where the namespaces reach them.
+    os.environ.update(DLC_CLUSTERS=env["DLC_CLUSTERS"], DLC_LAUNCHER_HOST=BRIDGE)
+    yield env
+    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    assert down.returncode == 0, down.stderr
+    assert not os.path.exists(env["DLC_SSH_DIR"])
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{PREFIX}1" not in names and f"{PREFIX}2" not in names
+    assert subprocess.run(["ip", "link", "show", f"{PREFIX}br"], capture_output=True).returncode != 0
+
+
+@pytest.fixture
+def launcher(hosts, tmp_path):
+    env = LauncherEnv(str(tmp_path))  # started after DLC_CLUSTERS and DLC_LAUNCHER_HOST are set
+    yield env
+    env.close()
+
+
+def ssh_options(hosts) -> list[str]:
+    state = hosts["DLC_SSH_DIR"]
+    return ["-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={state}/known_hosts",
+            "-i", f"{state}/id_ed25519", "-p", "2222", "-l", "root"]
+
+
+def namespace_pids(k: int) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", f"{PREFIX}{k}"], capture_output=True, text=True,
+                         check=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def sshd_pid(hosts, k: int) -> int:
+    with open(os.path.join(hosts["DLC_SSH_DIR"], f"host{k}", "sshd.pid")) as f:
+        return int(f.read())
+
+
+def nothing_left_on_the_hosts(hosts) -> bool:
+    """Each namespace runs its sshd and nothing else."""
+    return all(namespace_pids(k) == {sshd_pid(hosts, k)} for k in (1, 2))
+
+
+def job_pids(job_id: str) -> list[int]:
+    return [pid for (job, _), pids in job_processes().items() if job == job_id for pid in pids]
+
+
+def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path):
+    script = launcher.script("envjob.py", WHERE_SCRIPT)
+    job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster=CLUSTER))
+    job = launcher.client.wait(job["id"], timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["spec"]["backend"] == "ssh"  # the profile named the engine
+    assert job["attempts"][0]["engine_id"] == ",".join(HOSTS)
+    # The launcher serves the hosts at the bridge's address, and ranks report there.
+    assert launcher.client.url.startswith(f"http://{BRIDGE}:")
+    envs = rank_env(launcher.client, job["id"], 4)
+    for rank, env in envs.items():
+        node = rank // 2
+        assert_torchrun_env(env, rank)
+        # Rendezvous at node 0's own address, on the hosts' interface.
+        assert env["MASTER_ADDR"] == HOSTS[0] and int(env["MASTER_PORT"]) > 0
+        assert env["GLOO_SOCKET_IFNAME"] == "dlc0"
+        # Each node really ran in its host's network namespace.
+        assert env["netns"] == os.stat(f"/run/netns/{PREFIX}{node + 1}").st_ino
+        assert_launcher_env(env, job, launcher, tmp_path)
+    # The agents' own output (torchrun's banner) came back over ssh into the node logs;
+    # the request files that carried the token are gone.
+    for node in (0, 1):
+        with open(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.log")) as f:
+            assert "OMP_NUM_THREADS" in f.read()
+        assert not os.path.exists(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.ssh.json"))
+    shown = formatting.status_text(launcher.client.job(job["id"]))
+    assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]} on cluster local-ssh" in shown
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def test_stop_leaves_nothing_on_either_host(launcher, hosts):
+    """SIGTERM reaches every rank on both hosts (the polite job leaves within its 30 s grace),
+    SIGKILL the stubborn one's when its grace is over."""
+    stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+    wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the jobs anywhere")
+
+
+@pytest.mark.parametrize("victim", ["ssh", "keeper"])
+def test_a_killed_ssh_client_leaves_nothing_remote(hosts, tmp_path, victim):
+    """No launcher here: the launcher-side process of one node (the ssh client, or the keeper
+    that holds its stdin) is killed with -9, and the remote end must clean up by itself."""
+    job = f"killtest-{victim}"
+    payload = {"argv": [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"],
+               "env": {"DLC_JOB_ID": job, "DLC_ATTEMPT": "1"}, "cwd": str(tmp_path),
+               "tags": {"job": job, "attempt": 1, "node": 0}}
+    request = tmp_path / "request.json"
+    exit_path = tmp_path / "node-0.exit"
+    argv = ["ssh", *ssh_options(hosts), HOSTS[1], "--", sys.executable, "-m",
+            "jupyter_dlc.backends.ssh_node", "run"]
+    request.write_text(json.dumps({"argv": argv, "payload": payload, "exit_path": str(exit_path)}))
+    keeper = subprocess.Popen([sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", str(request)],
+                              stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: ssh_node.tagged_pids(job, "1", "0"), 30, what="the remote command")
+        remote = ssh_node.tagged_pids(job, "1", "0")
+        assert set(remote) <= namespace_pids(2)  # it runs on host 2, not here
+        if victim == "ssh":
+            client = next(int(p) for p in os.listdir("/proc") if p.isdigit()
+                          and _ppid(int(p)) == keeper.pid)
+            os.kill(client, signal.SIGKILL)
+        else:
+            keeper.kill()
+        wait_for(lambda: not ssh_node.tagged_pids(job, "1", "0"), 30, what="the remote command to end")
+        wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on host 2")
+        assert not request.exists()  # read once, then deleted: it may hold a token
+    finally:
+        keeper.kill()
+        keeper.wait()
+        ssh_node.signal_node(job, "1", "0", signal.SIGKILL)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def test_a_cut_link_fails_the_job_with_a_reason_naming_the_host(launcher, hosts):
+    script = launcher.script("steps.py", LONG_STEPS)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                  "heartbeat_interval": 1, "heartbeat_misses": 3,
+                                  "max_restarts": 0, "cluster": CLUSTER})
+    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
+    subprocess.run(["ip", "-n", f"{PREFIX}2", "link", "set", "dlc0", "down"], check=True)
+    try:
+        final = launcher.client.wait(job["id"], timeout=60)
+    finally:
+        subprocess.run(["ip", "-n", f"{PREFIX}2", "link", "set", "dlc0", "up"], check=True)
+    assert final["state"] == "FAILED"
+    # Rank 1 is node 1, on host 2: its heartbeats stopped reaching the launcher.
+    assert final["reason"].startswith(f"rank 1 on host {HOSTS[1]} missed 3 heartbeats"), final["reason"]
+    wait_for(lambda: not job_pids(job["id"]), 60, what="no process of the job")
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def test_bad_specs_and_unreachable_hosts_get_one_line_errors(launcher, hosts, tmp_path):
+    script = launcher.script("sleeper.py", SLEEPER)
+    for spec, message in (
+            ({"nodes": 3}, (f"nodes: 3 nodes but cluster {CLUSTER} has 2 hosts; use --nodes 2 or "
+                            "fewer, or add hosts to the profile")),
+            ({"resources": {"cpus": 4096}}, (f"resources.cpus: 4096 per node but a host of cluster "
+                                             f"{CLUSTER} has {os.cpu_count()}; use --cpus-per-node "
+                                             f"{os.cpu_count()} or less"))):
+        with pytest.raises(Exception) as error:
+            launcher.client.submit(dict({"script": script, "cluster": CLUSTER}, **spec))
+        assert message in str(error.value)
+    # A profile whose second host does not exist: the live check names it, and says NO.
+    with open(hosts["DLC_CLUSTERS"]) as f:
+        import yaml
+
+        profile = yaml.safe_load(f)["clusters"][CLUSTER]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(json.dumps({"clusters": {
+        "gone": dict(profile, hosts=[HOSTS[0], f"{NET}.99"]), CLUSTER: profile}}))
+    out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "clusters"],
+                         env=dict(os.environ, DLC_CLUSTERS=str(broken)), capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    assert rows[CLUSTER].split()[:5] == [CLUSTER, "ssh", "yes", "2", "0"]
+    assert "torch 2." in rows[CLUSTER]
+    assert rows["gone"].split()[:3] == ["gone", "ssh", "NO"] and f"{NET}.99:" in rows["gone"]
+
+
+def test_dlc_cell_on_ssh_hosts(launcher, tmp_path):
+    nb = run_notebook([
+        "%load_ext jupyter_dlc",
+        ("%%dlc --cluster local-ssh --nodes 2 --nproc-per-node 2 --name nbssh --wait\n"
+         "import os, torch, torch.distributed as dist\n"
+         "dist.init_process_group('gloo')\n"
+         "t = torch.ones(1) * dist.get_rank()\n"
+         "dist.all_reduce(t)\n"
+         "print('SUM', t.item(), 'NODE', os.environ['DLC_NODE_RANK'])\n"),
+        "%dlc status last",
+    ], str(tmp_path))
+    status = text(nb.cells[2])
+    assert "SUCCEEDED" in status, text(nb.cells[1]) + status
+    assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]}" in status
+    job = launcher.client.job("last")
+    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["backend"] == "ssh"
+    lines = [line["text"] for line in launcher.client.logs(job["id"])["lines"]]
+    assert sorted(t for t in lines if t.startswith("SUM ")) == [
+        "SUM 6.0 NODE 0", "SUM 6.0 NODE 0", "SUM 6.0 NODE 1", "SUM 6.0 NODE 1"]
+
+
+def test_ssh_hosts_script_is_idempotent_and_reports_status(hosts):
+    pids = [sshd_pid(hosts, k) for k in (1, 2)]
+    again = subprocess.run([SCRIPT, "up"], env=hosts, capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert [sshd_pid(hosts, k) for k in (1, 2)] == pids  # nothing restarted, nothing doubled
+    status = subprocess.run([SCRIPT, "status"], env=hosts, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert status.returncode == 0
+    assert status.stdout.count("answering (sshd pid") == 2, status.stdout

@@ -129,7 +129,8 @@ def _validate(name: str, data: Any, where: str) -> Profile:
         if key == "time" and isinstance(value, int) and not isinstance(value, bool):
             value = data[key] = str(value)  # minutes, as Slurm reads a bare number
         item = dict if key in _LIST_OF_MAPPINGS else str
-        if not isinstance(value, kind) or (isinstance(value, list) and not all(isinstance(v, item) for v in value)):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool) or \
+                (isinstance(value, list) and not all(isinstance(v, item) for v in value)):
             raise ClusterError(f"{where}: {name}.{key}: expected {expected}, got {value!r}")
         if key in _CHOICES and value not in _CHOICES[key]:
             raise ClusterError(f"{where}: {name}.{key}: expected one of {', '.join(_CHOICES[key])}, "

@@ -33,12 +33,17 @@ def test_profiles_round_trip_and_validate(profiles):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("clusters:\n  a: {engine: pbs}\n", "a.engine: expected one of local, slurm, kubernetes, got 'pbs'"),
+    ("clusters:\n  a: {engine: pbs}\n", "a.engine: expected one of local, slurm, kubernetes, ssh, got 'pbs'"),
     ("clusters:\n  a: {engine: slurm, partiton: x}\n",
      "a.partiton: unknown option for engine slurm; known: "),
     ("clusters:\n  a: {engine: slurm, sbatch_args: --exclusive}\n",
      "a.sbatch_args: expected a list of strings, got '--exclusive'"),
     ("clusters:\n  a: {engine: local, partition: x}\n", "a.partition: unknown option for engine local"),
+    ("clusters:\n  a: {engine: ssh, hosts: gpu1}\n",
+     "a.hosts: expected a list of host names or addresses, node 0 first, got 'gpu1'"),
+    ("clusters:\n  a: {engine: ssh, hosts: [gpu1], port: '22'}\n", "a.port: expected sshd's port, e.g. 22"),
+    ("clusters:\n  a: {engine: ssh, hosts: [gpu1], port: true}\n", "a.port: expected sshd's port, e.g. 22"),
+    ("clusters:\n  a: {engine: ssh, host: [gpu1]}\n", "a.host: unknown option for engine ssh; known: "),
     ("clusters: [1, 2]\n", "expected `clusters:` with one mapping per profile name"),
     ("clusters:\n  a: {engine: slurm\n", "not valid YAML"),
 ])

@@ -411,7 +411,7 @@ export interface components {
             alerts?: string[];
             args?: string[];
             /** @enum {string} */
-            backend?: "local" | "slurm" | "kubernetes";
+            backend?: "local" | "slurm" | "kubernetes" | "ssh";
             checkpoint_dir?: string | null;
             cluster?: string | null;
             code?: string | null;
@@ -457,7 +457,7 @@ export interface components {
         JobSummary: {
             attempt: number;
             /** @enum {string} */
-            backend: "local" | "slurm" | "kubernetes";
+            backend: "local" | "slurm" | "kubernetes" | "ssh";
             created: number;
             ended: number | null;
             id: string;
@@ -1484,9 +1484,9 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
-export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes"];
+export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const jobSpecNetworkAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["network"]> = ["tcp", "rdma", "debug"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
-export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes"];
+export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
 export const terminalStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalState"]> = ["SUCCEEDED", "FAILED", "STOPPED"];

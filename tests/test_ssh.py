@@ -24,7 +24,7 @@ from conftest import (
     stop_polite_and_stubborn,
     wait_for,
 )
-from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 
 from jupyter_dlc import formatting
@@ -124,8 +124,11 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
     assert job["state"] == "SUCCEEDED", job["reason"]
     assert job["spec"]["backend"] == "ssh"  # the profile named the engine
     assert job["attempts"][0]["engine_id"] == ",".join(HOSTS)
-    # The launcher serves the hosts at the bridge's address, and ranks report there.
+    # The launcher serves the hosts at the bridge's address, and ranks report there; without
+    # TLS beyond loopback it says loudly that tokens travel in clear.
     assert launcher.client.url.startswith(f"http://{BRIDGE}:")
+    with open(os.path.join(launcher.data_dir, "launcher.log")) as f:
+        assert f"WARNING: listening on {BRIDGE}:" in f.read()
     envs = rank_env(launcher.client, job["id"], 4)
     for rank, env in envs.items():
         node = rank // 2
@@ -275,3 +278,45 @@ def test_ssh_hosts_script_is_idempotent_and_reports_status(hosts):
                             timeout=60, check=False)
     assert status.returncode == 0
     assert status.stdout.count("answering (sshd pid") == 2, status.stdout
+
+
+@pytest.fixture
+def tls_launcher(hosts, tmp_path):
+    """A launcher serving https on the bridge with a self-signed certificate made here."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=jupyter-dlc test launcher",
+                    "-addext", f"subjectAltName=IP:{BRIDGE}", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    tls = {"DLC_LAUNCHER_CERT": str(cert), "DLC_LAUNCHER_KEY": str(key)}
+    os.environ.update(tls)
+    try:
+        env = LauncherEnv(str(tmp_path))
+    finally:
+        for name in tls:
+            os.environ.pop(name)
+    yield env
+    env.close()
+
+
+def test_a_tls_launcher_serves_the_hosts_over_https(tls_launcher, hosts):
+    from jupyter_dlc.client import LauncherClient, LauncherUnavailable
+
+    client = tls_launcher.client
+    assert client.url.startswith(f"https://{BRIDGE}:") and client.ca_file
+    script = tls_launcher.script("steps.py", STEPS)
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": CLUSTER,
+})
+    final = client.wait(job["id"], timeout=180)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    # Every rank's reports reached the launcher over https, trusting the CA file it was given.
+    assert final["last_step"] == 40
+    assert {r["last_step"] for r in final["ranks"]} == {40}
+    # Without the CA the certificate is refused; plain http gets no answer from the port.
+    with pytest.raises(LauncherUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        LauncherClient(client.url, client.token).jobs()
+    with pytest.raises(LauncherUnavailable):
+        LauncherClient(client.url.replace("https://", "http://"), client.token, timeout=5).jobs()
+    with open(os.path.join(tls_launcher.data_dir, "launcher.log")) as f:
+        log = f.read()
+    assert "without TLS" not in log and f"launcher serving https://{BRIDGE}:" in log

@@ -305,8 +305,7 @@ def test_a_tls_launcher_serves_the_hosts_over_https(tls_launcher, hosts):
     client = tls_launcher.client
     assert client.url.startswith(f"https://{BRIDGE}:") and client.ca_file
     script = tls_launcher.script("steps.py", STEPS)
-    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": CLUSTER,
-})
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": CLUSTER})
     final = client.wait(job["id"], timeout=180)
     assert final["state"] == "SUCCEEDED", final["reason"]
     # Every rank's reports reached the launcher over https, trusting the CA file it was given.

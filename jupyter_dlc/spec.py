@@ -193,6 +193,33 @@ def _choice_rule(options: tuple[str, ...], nullable: bool = False) -> FieldRule:
     return FieldRule(check, {"type": "string", "enum": list(options)}, nullable)
 
 
+# `--network`: a profile (tcp, rdma, debug), an interface (eth1), or both (tcp:eth1). A Linux
+# interface name is at most 15 characters.
+_IFACE = r"[A-Za-z0-9_.-]{1,15}"
+_NETWORK = re.compile(rf"^(?:(?P<profile>{'|'.join(NETWORKS)})(?::(?P<iface>{_IFACE}))?|(?P<only>{_IFACE}))$")
+
+
+def split_network(value: str | None) -> tuple[str | None, str | None]:
+    """(profile, interface) of a `--network` value; either may be None."""
+    match = _NETWORK.match(value or "")
+    if not match:
+        return None, None
+    return match.group("profile"), match.group("iface") or match.group("only")
+
+
+def _network_rule() -> FieldRule:
+    def check(value: Any, name: str) -> str:
+        if not isinstance(value, str) or not _NETWORK.match(value):
+            raise SpecError(name, f"expected {', '.join(NETWORKS)}, an interface name (eth1) or "
+                            f"both (tcp:eth1), got {show(value)}")
+        return value
+    # The schema's pattern without Python's named groups (JSON Schema regexes are ECMA-262).
+    pattern = re.sub(r"\(\?P<\w+>", "(", _NETWORK.pattern)
+    return FieldRule(check, {"type": "string", "pattern": pattern, "maxLength": 21,
+                             "description": "an NCCL network profile, an interface, or PROFILE:IFACE"},
+                     nullable=True)
+
+
 def _duration_rule(nullable: bool = False) -> FieldRule:
     return FieldRule(parse_duration, {"anyOf": [
         {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION},
@@ -319,7 +346,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
         {"type": "object", "maxProperties": MAX_ENV_VARS,
          "additionalProperties": {"type": "string", "maxLength": MAX_TEXT}},
         {"type": "array", "maxItems": MAX_ENV_VARS, "items": {"type": "string", "pattern": "="}}]}),
-    "network": _choice_rule(NETWORKS, nullable=True),
+    "network": _network_rule(),
     "workdir": _path_rule(),
     "backend": _choice_rule(BACKENDS),
     "max_runtime": _duration_rule(nullable=True),
@@ -462,8 +489,13 @@ class JobSpec:
         return self.nodes * self.nproc_per_node
 
 
-def network_env(profile: str | None, interface: str | None = None) -> dict[str, str]:
-    """NCCL variables for a network profile; the trace buffer and dump are always on."""
+def network_env(network: str | None, interface: str | None = None) -> dict[str, str]:
+    """NCCL variables for a `--network` value (a profile, an interface or both; `interface`
+    is the cluster profile's, which the value's own overrides); the trace buffer and dump
+    are always on. An interface also pins gloo (GLOO_SOCKET_IFNAME): across hosts it would
+    otherwise bind the address of the host name, often 127.0.x.1."""
+    profile, own = split_network(network)
+    interface = own or interface
     # TORCH_FR_BUFFER_SIZE is the flight recorder's name for TORCH_NCCL_TRACE_BUFFER_SIZE since
     # torch 2.7 (the old name still works there, with a warning in every rank's log).
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
@@ -474,6 +506,8 @@ def network_env(profile: str | None, interface: str | None = None) -> dict[str, 
                     "NCCL_SOCKET_IFNAME": interface or os.environ.get("NCCL_SOCKET_IFNAME", "eth0")})
     elif profile == "debug":
         env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    if interface:
+        env.update({"NCCL_SOCKET_IFNAME": interface, "GLOO_SOCKET_IFNAME": interface})
     return env
 
 
@@ -484,7 +518,9 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--name",), dict(default=None, help="job name (letters, digits, . _ -)")),
     (("--env", "-e"), dict(action="append", default=[], metavar="K=V",
                            help="environment variable for every rank (repeatable)")),
-    (("--network",), dict(default=None, choices=list(NETWORKS), help="NCCL network profile")),
+    (("--network",), dict(default=None, metavar="PROFILE|IFACE|PROFILE:IFACE",
+                          help="NCCL network profile (tcp, rdma, debug) and/or the interface "
+                               "for NCCL and gloo, e.g. tcp:eth1")),
     (("--max-runtime",), dict(default=None, help="stop the job after this long, e.g. 2h")),
     (("--workdir",), dict(default=None, help="working directory of the ranks")),
     (("--max-restarts",), dict(type=int, default=3, help="automatic restarts on failure")),

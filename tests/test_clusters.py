@@ -93,3 +93,22 @@ def test_local_engine_refuses_what_this_machine_lacks():
     local = get_backend("local")
     refusal = local.capacity_error(JobSpec.from_dict({"code": "x = 1", "resources": {"cpus": 4000}}))
     assert refusal.startswith("resources.cpus: 4000 CPUs per node but this machine has")
+
+
+def test_network_names_a_profile_an_interface_or_both():
+    from jupyter_dlc.spec import network_env
+
+    tcp = network_env("tcp")
+    assert tcp["NCCL_IB_DISABLE"] == "1" and tcp["NCCL_SOCKET_IFNAME"] == "lo" and "GLOO_SOCKET_IFNAME" not in tcp
+    on_eth1 = network_env("tcp:eth1", "ib0")  # the job's interface wins over its cluster's
+    assert on_eth1["NCCL_IB_DISABLE"] == "1"
+    assert on_eth1["NCCL_SOCKET_IFNAME"] == on_eth1["GLOO_SOCKET_IFNAME"] == "eth1"
+    only = network_env("eth1")
+    assert only["NCCL_SOCKET_IFNAME"] == only["GLOO_SOCKET_IFNAME"] == "eth1" and "NCCL_IB_DISABLE" not in only
+    profile = network_env(None, "dlc0")  # a cluster profile's `interface`
+    assert profile["GLOO_SOCKET_IFNAME"] == "dlc0"
+    for bad in ("tcp:", "eth1:tcp", "an-interface-name-too-long", "a b", 3):
+        with pytest.raises(SpecError) as error:
+            JobSpec.from_dict({"code": "print(1)", "network": bad})
+        assert str(error.value).startswith("network: expected tcp, rdma, debug, an interface name")
+    assert JobSpec.from_dict({"code": "print(1)", "network": "rdma:ib0"}).network == "rdma:ib0"

@@ -166,7 +166,7 @@ def test_bad_specs_get_one_line_errors(launcher, tmp_path):
         ({"script": script, "nodes": 0}, "nodes: must be between 1 and 1024"),
         ({"script": script, "nproc_per_node": "two"}, "nproc_per_node: expected a whole number"),
         ({"script": script, "env": {"RANK": "3"}}, "env: RANK is set by torchrun"),
-        ({"script": script, "network": "ib"}, "network: expected one of tcp, rdma, debug"),
+        ({"script": script, "network": "rdma:ib0:1"}, "network: expected tcp, rdma, debug, an interface name"),
         ({"script": script, "max_runtime": "soon"}, "max_runtime: expected a duration"),
         ({"script": script, "progress_timeout": "10s", "heartbeat_interval": "5s"},
          "progress_timeout: 10s must be longer than the heartbeat verdict"),

@@ -95,7 +95,7 @@ def test_uncapturable_name_and_bad_arguments_are_one_line_refusals(launcher, tmp
         "handle = open('f.txt')",
         "%%dlc --nodes 2\nprint(handle.read())",
         "%%dlc --nodes two\nprint(1)",
-        "%%dlc --network infiniband\nprint(1)",
+        "%%dlc --network rdma:mlx5/0\nprint(1)",
         "%%dlc --env RANK=3\nprint(1)",
         "%dlc status no-such-job",
     ]

@@ -180,9 +180,7 @@ def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
     mine = {k: v for k, v in ctx.env.items()
             if k.startswith(("DLC_", "EASYCKPT_")) or k in ctx.spec.env or k in net}
     mine.pop("DLC_TOKEN", None)
-    mine.update(net)
-    if profile.get("interface"):
-        mine["GLOO_SOCKET_IFNAME"] = profile.get("interface")
+    mine.update(net)  # GLOO_SOCKET_IFNAME too, where an interface is named
     mine.update(ctx.spec.env)  # the user's --env wins, as with the local engine
     mine["PYTHONUNBUFFERED"] = "1"
     return mine

@@ -429,7 +429,7 @@ export interface components {
             max_restarts?: number;
             max_runtime?: (number | string) | null;
             name?: string;
-            network?: ("tcp" | "rdma" | "debug") | null;
+            network?: string | null;
             nodes?: number;
             nproc_per_node?: number;
             progress_timeout?: number | string;
@@ -1485,7 +1485,6 @@ type ReadonlyArray<T> = [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
-export const jobSpecNetworkAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["network"]> = ["tcp", "rdma", "debug"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];

@@ -6,9 +6,11 @@ cd "$(dirname "$0")/.."
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 python=${PYTHON:-python3}
 
-# Debian packages: Chromium for the browser tests (never a downloaded browser build).
+# Debian packages: Chromium for the browser tests (never a downloaded browser build), and
+# openssh-server for the SSH engine's test hosts (scripts/ssh-hosts.sh; not started here).
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} from Debian"
   apt-get update -qq >/dev/null

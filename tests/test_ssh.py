@@ -41,7 +41,7 @@ BRIDGE = f"{NET}.254"
 # The env-contract script, plus what shows where a rank ran: its network namespace.
 WHERE_SCRIPT = ENV_SCRIPT.replace(
     '"argv":', '"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME"), '
-    '"netns": os.stat("/proc/self/ns/net").st_ino, "argv":')
+    '"netns": os.stat("/proc/self/ns/net").st_ino, "TRICKY": os.environ.get("TRICKY"), "argv":')
 
 # Logs a step every 0.2 s for a long while, through the runtime (heartbeats included).
 LONG_STEPS = """
@@ -119,7 +119,11 @@ def job_pids(job_id: str) -> list[int]:
 
 def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path):
     script = launcher.script("envjob.py", WHERE_SCRIPT)
-    job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster=CLUSTER))
+    # A value a shell would act on arrives as it was written: no shell parses the env.
+    pwned = tmp_path / "pwned"
+    tricky = f"$(touch {pwned}); `touch {pwned}` 'single' \"double\" \\ ; echo\nsecond line"
+    job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster=CLUSTER, env={
+        "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "TRICKY": tricky}))
     job = launcher.client.wait(job["id"], timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"]
     assert job["spec"]["backend"] == "ssh"  # the profile named the engine
@@ -139,6 +143,8 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
         # Each node really ran in its host's network namespace.
         assert env["netns"] == os.stat(f"/run/netns/{PREFIX}{node + 1}").st_ino
         assert_launcher_env(env, job, launcher, tmp_path)
+        assert env["TRICKY"] == tricky
+    assert not pwned.exists()
     # The agents' own output (torchrun's banner) came back over ssh into the node logs;
     # the request files that carried the token are gone.
     for node in (0, 1):
@@ -198,6 +204,21 @@ def _ppid(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
+
+
+def test_launcher_kill_9_then_readoption(launcher, hosts):
+    """The keepers of the ssh connections run in sessions of their own: a launcher killed
+    with -9 leaves the job running on the hosts, and the next one follows it to its end."""
+    script = launcher.script("steps.py", STEPS)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                  "heartbeat_interval": 1, "cluster": CLUSTER})
+    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
+    launcher.restart(kill=True)
+    assert launcher.client.url.startswith(f"http://{BRIDGE}:")  # where the ranks report
+    final = launcher.client.wait(job["id"], timeout=120)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    assert final["attempt"] == 1 and final["last_step"] == 40
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 
 def test_a_cut_link_fails_the_job_with_a_reason_naming_the_host(launcher, hosts):

@@ -268,6 +268,27 @@ def test_bad_specs_and_unreachable_hosts_get_one_line_errors(launcher, hosts, tm
     assert rows["gone"].split()[:3] == ["gone", "ssh", "NO"] and f"{NET}.99:" in rows["gone"]
 
 
+def test_a_launcher_on_loopback_refuses_ssh_jobs(hosts, tmp_path):
+    """The hosts could not report to a launcher that listens on 127.0.0.1: refused at submit."""
+    os.environ.pop("DLC_LAUNCHER_HOST")
+    try:
+        local_only = LauncherEnv(str(tmp_path))
+    finally:
+        os.environ["DLC_LAUNCHER_HOST"] = BRIDGE
+    try:
+        assert local_only.client.url.startswith("http://127.0.0.1:")
+        script = local_only.script("sleeper.py", SLEEPER)
+        with pytest.raises(Exception) as error:
+            local_only.client.submit({"script": script, "cluster": CLUSTER})
+        assert str(error.value) == (
+            f"cluster {CLUSTER}: the launcher listens on 127.0.0.1, which the hosts cannot reach; "
+            "restart it where they can (jupyter-dlc launcher stop, then "
+            "DLC_LAUNCHER_HOST=<an address of this machine> jupyter-dlc launcher start)")
+        assert local_only.client.jobs() == []
+    finally:
+        local_only.close()
+
+
 def test_dlc_cell_on_ssh_hosts(launcher, tmp_path):
     nb = run_notebook([
         "%load_ext jupyter_dlc",

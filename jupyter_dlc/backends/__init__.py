@@ -150,6 +150,9 @@ class Backend:
 
 
 _engines: dict[str, Backend] = {}
+# The URL ranks report to, as the launcher advertises it (set when the launcher starts):
+# engines whose ranks run on other hosts refuse a job that could not reach it.
+launcher_url: str | None = None
 
 
 def get_backend(name: str) -> Backend:

@@ -32,6 +32,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 from .. import layout
@@ -79,6 +80,10 @@ def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
 
 def remote_python(spec: JobSpec, profile) -> str:
     return spec.python or profile.get("python") or "python3"
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _hosts(profile) -> list[str]:
@@ -140,6 +145,13 @@ class SSHBackend(Backend):
         if not profile.get("shared_filesystem"):
             return (f"cluster {profile.name}: the SSH engine needs the hosts to see the launcher's "
                     "job directory; mount it on the hosts and set shared_filesystem: true in the profile")
+        from . import launcher_url
+
+        reach = urllib.parse.urlsplit(launcher_url or "").hostname or ""
+        if _loopback(reach) and not all(_loopback(h) for h in hosts[:spec.nodes]):
+            return (f"cluster {profile.name}: the launcher listens on {reach}, which the hosts cannot "
+                    "reach; restart it where they can (jupyter-dlc launcher stop, then "
+                    "DLC_LAUNCHER_HOST=<an address of this machine> jupyter-dlc launcher start)")
         if spec.nodes > len(hosts):
             return (f"nodes: {spec.nodes} nodes but cluster {profile.name} has {len(hosts)} hosts; "
                     f"use --nodes {len(hosts)} or fewer, or add hosts to the profile")

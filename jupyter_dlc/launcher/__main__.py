@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                     "give --certfile/--keyfile.", args.host, port)
     token = os.environ.get("DLC_LAUNCHER_TOKEN") or secrets.token_urlsafe(24)
     store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
+    from .. import backends
+
+    backends.launcher_url = url
     supervisor = Supervisor(store, data_dir, url, ca_file=ca_file)
     launcher = Launcher(store, supervisor, data_dir, token)
     from .alerting import attach_alerts

@@ -27,7 +27,7 @@ from conftest import (
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 
-from jupyter_dlc import formatting
+from jupyter_dlc import clusters, formatting
 from jupyter_dlc.backends import ssh_node
 from jupyter_dlc.backends.local import job_processes
 
@@ -198,6 +198,29 @@ def test_a_killed_ssh_client_leaves_nothing_remote(hosts, tmp_path, victim):
         ssh_node.signal_node(job, "1", "0", signal.SIGKILL)
 
 
+def test_killing_a_jobs_ssh_client_fails_it_naming_the_host(launcher, hosts):
+    script = launcher.script("steps.py", LONG_STEPS)
+    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                  "heartbeat_interval": 1, "max_restarts": 0, "cluster": CLUSTER})
+    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
+    client = next(pid for pid in job_pids(job["id"]) if _cmdline(pid)[:1] == ["ssh"]
+                  and HOSTS[1] in _cmdline(pid))
+    os.kill(client, signal.SIGKILL)
+    final = launcher.client.wait(job["id"], timeout=60)
+    assert final["state"] == "FAILED"
+    assert f"1 on host {HOSTS[1]} " in final["reason"], final["reason"]  # rank 1 or node 1
+    wait_for(lambda: not job_pids(job["id"]), 60, what="no process of the job")
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except OSError:
+        return []
+
+
 def _ppid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -250,11 +273,22 @@ def test_bad_specs_and_unreachable_hosts_get_one_line_errors(launcher, hosts, tm
         with pytest.raises(Exception) as error:
             launcher.client.submit(dict({"script": script, "cluster": CLUSTER}, **spec))
         assert message in str(error.value)
-    # A profile whose second host does not exist: the live check names it, and says NO.
+    # Hosts written as ssh destinations (user@host, host:port) are refused with the fix.
     with open(hosts["DLC_CLUSTERS"]) as f:
         import yaml
 
         profile = yaml.safe_load(f)["clusters"][CLUSTER]
+    # (The launcher reads the profile file on every submit: these are seen at once.)
+    for name, host in (("userat", f"root@{HOSTS[0]}"), ("withport", f"{HOSTS[0]}:2222")):
+        clusters.put_profile(name, dict(profile, engine="ssh", hosts=[host]))
+        try:
+            with pytest.raises(Exception) as error:
+                launcher.client.submit({"script": script, "cluster": name})
+        finally:
+            clusters.remove_profile(name)
+        assert str(error.value) == (f"cluster {name}: hosts: {host!r} carries a user or port; give "
+                                    "them as `user:` and `port:` in the profile, and the bare host here")
+    # A profile whose second host does not exist: the live check names it, and says NO.
     broken = tmp_path / "broken.yaml"
     broken.write_text(json.dumps({"clusters": {
         "gone": dict(profile, hosts=[HOSTS[0], f"{NET}.99"]), CLUSTER: profile}}))

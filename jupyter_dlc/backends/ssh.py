@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal as signals
 import subprocess
@@ -142,6 +143,10 @@ class SSHBackend(Backend):
         hosts = _hosts(profile)
         if not hosts:
             return f"cluster {profile.name}: hosts: none listed; add `hosts: [host1, host2]` to the profile"
+        for host in hosts:
+            if "@" in host or re.fullmatch(r"[^:]+:\d+", host):
+                return (f"cluster {profile.name}: hosts: {host!r} carries a user or port; give them "
+                        "as `user:` and `port:` in the profile, and the bare host here")
         if not profile.get("shared_filesystem"):
             return (f"cluster {profile.name}: the SSH engine needs the hosts to see the launcher's "
                     "job directory; mount it on the hosts and set shared_filesystem: true in the profile")

@@ -121,6 +121,7 @@ def keep(request_path: str) -> int:
     except OSError:
         pass  # ssh already gone (host unreachable): its exit code says so
     code = ssh.wait()  # stdin stays open until this process ends
+    code = 128 - code if code < 0 else code  # ssh killed by a signal: the shell's convention
     tmp = request["exit_path"] + ".tmp"
     with open(tmp, "w") as f:
         f.write(f"{code}\n")

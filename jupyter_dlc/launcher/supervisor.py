@@ -314,7 +314,8 @@ class Supervisor(threading.Thread):
         node_failed = [n for n in status.nodes if n.exit_code not in (None, 0)]
         if failed or (node_failed and not all(c == 0 for c in codes)):
             first = failed[0] if failed else None
-            why = (f"rank {first} exited with code {status.ranks[first].exit_code}" if first is not None
+            why = (f"rank {first}{_on_host(backend, ctx, handle, first // ctx.spec.nproc_per_node)} "
+                   f"exited with code {status.ranks[first].exit_code}" if first is not None
                    else f"node {node_failed[0].node}{_on_host(backend, ctx, handle, node_failed[0].node)} "
                         f"agent exited with code {node_failed[0].exit_code}")
             self.end_attempt(row, ctx, handle, "failed", why, processes)
@@ -414,7 +415,8 @@ class Supervisor(threading.Thread):
         if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
             # A rank killed by a signal has no end time of its own; the diagnosis knows it
             # failed first, and the ranks that exited just after it died of its absence.
-            reason = f"rank {diagnosis['rank']} exited with code {diagnosis['exit_code']}"
+            at = _on_host(backend, ctx, handle, diagnosis["rank"] // ctx.spec.nproc_per_node)
+            reason = f"rank {diagnosis['rank']}{at} exited with code {diagnosis['exit_code']}"
         self.store.update_attempt(job_id, ctx.attempt, outcome=outcome, ended=time.time(),
                                   reason=reason,
                                   failure=json.dumps(diagnosis) if diagnosis else None)

@@ -153,6 +153,11 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
         assert not os.path.exists(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.ssh.json"))
     shown = formatting.status_text(launcher.client.job(job["id"]))
     assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]} on cluster local-ssh" in shown
+    # Export works for an SSH job as for any other: plain run.sh and job.sbatch.
+    from jupyter_dlc.export import export_job
+
+    written = export_job(launcher.client, job["id"], str(tmp_path / "bundle"))
+    assert {"run.sh", "job.sbatch", "script.py"} <= {os.path.basename(p) for p in written}
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import (
     LauncherEnv,
     assert_launcher_env,
@@ -26,6 +27,7 @@ from conftest import (
 )
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
+from test_recovery import TRAIN, committed_beyond, final_params
 
 from jupyter_dlc import clusters, formatting
 from jupyter_dlc.backends import ssh_node
@@ -246,6 +248,35 @@ def test_launcher_kill_9_then_readoption(launcher, hosts):
     final = launcher.client.wait(job["id"], timeout=120)
     assert final["state"] == "SUCCEEDED", final["reason"]
     assert final["attempt"] == 1 and final["last_step"] == 40
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_rank_resumes_on_new_ssh_sessions_bitwise_equal(launcher, hosts):
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    total = 40
+    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
+                           "nproc_per_node": 1, "name": "clean", "cluster": CLUSTER})
+    faulty = client.submit({"script": script, "args": [str(total), "0.1"], "nodes": 2,
+                            "nproc_per_node": 1, "name": "faulty", "cluster": CLUSTER,
+                            "max_restarts": 2, "heartbeat_interval": 1})
+    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 12 and
+             committed_beyond(client, faulty["id"], 0), 240, what="a committed checkpoint")
+    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 1)
+    assert victim["pid"] in namespace_pids(2)  # rank 1 runs on host 2
+    os.kill(victim["pid"], signal.SIGKILL)
+    clean = client.wait(clean["id"], timeout=300)
+    faulty = client.wait(faulty["id"], timeout=300)
+    assert clean["state"] == "SUCCEEDED", clean["reason"]
+    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
+    attempts = faulty["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
+    assert f"on host {HOSTS[1]}" in attempts[0]["reason"]
+    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
+    a, b = final_params(clean), final_params(faulty)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 

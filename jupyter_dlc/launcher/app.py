@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tornado.web
@@ -22,6 +21,7 @@ from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies
 from .alerts import rules_for
+from .ingest import ReportIngest
 from .storage import is_disk_full
 from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
@@ -54,16 +54,17 @@ class Launcher:
         self.data_dir = data_dir
         self.token = token
         self.started = time.time()
-        # Rank reports are stored on this thread, so that a large batch never holds up the
-        # event loop (/healthz, the panel); one thread keeps each job's reports in order.
-        self.report_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlc-reports")
+        # Rank reports are checked on arrival and stored in group commits on one writer
+        # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
+        # loop (/healthz, the panel); one thread keeps each job's reports in order.
+        self.ingest = ReportIngest(store)
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
 # refused before it is buffered or parsed, and the event loop stays free for /healthz.
 BODY_LIMIT = 64 << 10
 SUBMIT_LIMIT = 8 << 20      # a cell body of up to 4 MB, with room for JSON escaping
-REPORT_LIMIT = 2 << 20      # the runtime's largest batch is well under 1 MB
+REPORT_LIMIT = 8 << 20      # a rank's largest batch is under 1 MB; a node's reporter splits at 4 MB
 SEQ_MAX = 2**63 - 1         # SQLite's INTEGER range
 
 
@@ -122,17 +123,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def body(self, schema: dict | None = None) -> dict:
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
-        raw = b"".join(self._chunks)
-        if not raw.strip():
-            self.fail(400, "body: empty; send a JSON object ({} at the least)")
         try:
-            data = json.loads(raw)
-        except RecursionError:
-            self.fail(400, "body: JSON nested too deeply")
-        except ValueError:
-            self.fail(400, "body: not valid JSON (UTF-8)")
-        try:
-            return bodies.check_body(data, schema or {"type": "object"})
+            return bodies.parse_body(b"".join(self._chunks), schema)
         except SpecError as error:
             self.fail(400, str(error))
 
@@ -304,17 +296,30 @@ class ReportHandler(BaseHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        report = self.body(bodies.REPORT)
+        try:
+            report = await self.launcher.ingest.parse(b"".join(self._chunks))
+        except SpecError as error:
+            self.fail(400, str(error))
         attempt = report.get("attempt") or row["attempt"]
         if attempt != row["attempt"]:
             # A straggler of an attempt that already ended: accepted, not stored, and given no
             # command (a "stop" would make it save into the checkpoints the new attempt writes).
-            self.reply({"ok": True, "commands": [], "stale": True})
+            self.reply({"ok": True, "commands": [], "rank_commands": {}, "stale": True})
             return
-        await asyncio.get_running_loop().run_in_executor(
-            self.launcher.report_writer, self.store.record_report, row["id"], attempt, report)
-        self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],
-                                                                               report.get("rank", 0))})
+        # A node's batch (runtime/node_reporter.py) holds one report per rank; each is a
+        # heartbeat of its own rank, so the supervisor's verdict stays per rank.
+        batch = report.get("ranks")
+        reports = [report] if batch is None else [
+            dict(r, node=r.get("node", report.get("node"))) for r in batch]
+        await asyncio.wrap_future(self.launcher.ingest.store_reports(row["id"], attempt, reports))
+        commands_for = self.launcher.supervisor.commands_for
+        answer: dict[str, Any] = {"ok": True, "commands": []}
+        if batch is None:
+            answer["commands"] = commands_for(row["id"], report.get("rank", 0))
+        else:
+            answer["rank_commands"] = {str(rank): commands for rank in {r.get("rank", 0) for r in batch}
+                                       if (commands := commands_for(row["id"], rank))}
+        self.reply(answer)
 
 
 class LogsHandler(BaseHandler):

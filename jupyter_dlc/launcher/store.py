@@ -71,7 +71,7 @@ def token_hash(token: str) -> str:
 def _finite(value: Any) -> float | None:
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return number
 
@@ -314,7 +314,23 @@ class Store:
     # -- reports from ranks -------------------------------------------------------------
     def record_report(self, job_id: str, attempt: int, report: dict) -> dict:
         """Store one rank report; returns what changed, for the supervisor and the stream."""
+        return self.record_reports([(job_id, attempt, [report])])[0]
+
+    def record_reports(self, items: list[tuple[str, int, list[dict]]]) -> list[dict]:
+        """Store the rank reports of several requests (job id, attempt, reports) in one
+        transaction (launcher/ingest.py); returns, per request, what changed."""
         now = time.time()
+        out = []
+        with self.tx() as db:
+            for job_id, attempt, reports in items:
+                changed = {"steps": False, "events": False}
+                for report in reports:
+                    one = self._store_report(db, job_id, attempt, report, now)
+                    changed = {key: changed[key] or one[key] for key in changed}
+                out.append(changed)
+        return out
+
+    def _store_report(self, db, job_id: str, attempt: int, report: dict, now: float) -> dict:
         if self.storage_problem:
             # The disk is full: keep the heartbeat and events (small, and what keeps a healthy
             # job from being judged dead), not the metrics.
@@ -339,36 +355,35 @@ class Store:
             for name, value in (entry.get("values") or {}).items():
                 rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
                              _finite(value), entry.get("device")))
-        with self.tx() as db:
-            if rows:
-                db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
-                               " value, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            fields = {"last_heartbeat": now, "state": "running"}
-            if report.get("pid"):
-                fields["pid"] = int(report["pid"])
-            sets = ", ".join(f"{key} = ?" for key in fields)
-            db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
-                       " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
-            if last_step is not None:
-                db.execute("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
-                           " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)",
-                           (last_step, now, job_id, attempt, rank, last_step))
-                db.execute("UPDATE jobs SET last_step = ? WHERE id = ? AND"
-                           " (last_step IS NULL OR last_step < ? OR attempt = ?)",
-                           (last_step, job_id, last_step, attempt))
-            if last_loss is not None and rank == 0:
-                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (last_loss, job_id))
-            for event in report.get("events") or []:
-                kind = str(event.get("type", "event"))
-                if kind == "checkpoint":
-                    db.execute("INSERT OR REPLACE INTO checkpoints (job_id, step, path, time, size,"
-                               " world_size, attempt, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               (job_id, event.get("step"), event.get("path"), event.get("t", now),
-                                event.get("size"), event.get("world_size"), attempt,
-                                event.get("seconds")))
-                reason = event.get("message") or f"rank {rank}: {kind}" + (
-                    f" at step {event['step']}" if event.get("step") is not None else "")
-                self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
+        if rows:
+            db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
+                           " value, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        fields = {"last_heartbeat": now, "state": "running"}
+        if report.get("pid"):
+            fields["pid"] = int(report["pid"])
+        sets = ", ".join(f"{key} = ?" for key in fields)
+        db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
+                   " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
+        if last_step is not None:
+            db.execute("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
+                       " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)",
+                       (last_step, now, job_id, attempt, rank, last_step))
+            db.execute("UPDATE jobs SET last_step = ? WHERE id = ? AND"
+                       " (last_step IS NULL OR last_step < ? OR attempt = ?)",
+                       (last_step, job_id, last_step, attempt))
+        if last_loss is not None and rank == 0:
+            db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (last_loss, job_id))
+        for event in report.get("events") or []:
+            kind = str(event.get("type", "event"))
+            if kind == "checkpoint":
+                db.execute("INSERT OR REPLACE INTO checkpoints (job_id, step, path, time, size,"
+                           " world_size, attempt, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (job_id, event.get("step"), event.get("path"), event.get("t", now),
+                            event.get("size"), event.get("world_size"), attempt,
+                            event.get("seconds")))
+            reason = event.get("message") or f"rank {rank}: {kind}" + (
+                f" at step {event['step']}" if event.get("step") is not None else "")
+            self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
         return {"steps": last_step is not None, "events": bool(report.get("events"))}
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:

@@ -19,6 +19,7 @@ import tornado.ioloop
 
 from .. import paths
 from .app import Launcher, make_app
+from .retention import RetentionPolicy
 from .storage import DiskGuard
 from .store import Store
 from .supervisor import Supervisor
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     # In a cluster (`jupyter-dlc launcher manifest`): listen on every address, token from a Secret.
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--connection-file", default=None)
+    parser.add_argument("--metrics-cap", type=int, default=None,
+                        help="metric points kept per job before older ones are downsampled "
+                             "more coarsely (default: DLC_METRICS_CAP, else 2,000,000)")
     args = parser.parse_args(argv)
     # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
     # processes get back the umask the launcher was started with.
@@ -137,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get("DLC_LAUNCHER_TOKEN") or secrets.token_urlsafe(24)
     store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
     supervisor = Supervisor(store, data_dir, url)
-    launcher = Launcher(store, supervisor, data_dir, token)
+    try:
+        retention = RetentionPolicy.from_env(args.metrics_cap)
+    except ValueError as error:
+        print(f"launcher: {error}", file=sys.stderr)
+        return 2
+    launcher = Launcher(store, supervisor, data_dir, token, retention)
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)

@@ -22,6 +22,7 @@ from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies
 from .alerts import rules_for
 from .ingest import ReportIngest
+from .retention import Retention, RetentionPolicy
 from .storage import is_disk_full
 from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
@@ -48,7 +49,8 @@ def _clean(value: Any) -> Any:
 class Launcher:
     """What the handlers share: the store, the supervisor, the token."""
 
-    def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str):
+    def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str,
+                 retention: RetentionPolicy | None = None):
         self.store = store
         self.supervisor = supervisor
         self.data_dir = data_dir
@@ -57,7 +59,8 @@ class Launcher:
         # Rank reports are checked on arrival and stored in group commits on one writer
         # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
         # loop (/healthz, the panel); one thread keeps each job's reports in order.
-        self.ingest = ReportIngest(store)
+        self.retention = Retention(store, retention)
+        self.ingest = ReportIngest(store, self.retention.run_slices)
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
@@ -398,7 +401,16 @@ class MetricsHandler(BaseHandler):
         row = self.job_or_404(ref)
         points = self.store.metrics(row["id"], self.int_arg("since", 0) or 0)
         self.reply({"points": points, "last_seq": points[-1]["seq"] if points else
-                    (self.int_arg("since", 0) or 0)})
+                    (self.int_arg("since", 0) or 0),
+                    "downsampled": downsampled(self.store.retention_state(row["id"]))})
+
+
+def downsampled(state: dict | None) -> dict | None:
+    """What a view says about older points (retention.py): null while all are as logged."""
+    if not state or not state["dropped"]:
+        return None
+    return {"until": state["downsampled_until"], "bucket_seconds": state["bucket"],
+            "dropped": state["dropped"], "keep_last": state["keep_last"]}
 
 
 class EventsHandler(BaseHandler):

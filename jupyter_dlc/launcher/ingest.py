@@ -19,6 +19,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ INLINE_PARSE = 64 << 10
 # One transaction takes at most this many reports; more wait for the next (a commit must stay
 # short, as readers and the retention share the database).
 MAX_GROUP = 512
+MAINTENANCE_EVERY = 0.5
 
 
 class ReportIngest:
@@ -40,6 +42,7 @@ class ReportIngest:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlc-parse")
         self.commits = 0
+        self._maintained = 0.0
         self._thread = threading.Thread(target=self._run, name="dlc-ingest", daemon=True)
         self._thread.start()
 
@@ -58,18 +61,30 @@ class ReportIngest:
 
     def _run(self) -> None:
         while True:
-            group = [self._queue.get()]
+            try:
+                group = [self._queue.get(timeout=MAINTENANCE_EVERY)]
+            except queue.Empty:  # idle: retention still runs
+                self._maintain()
+                continue
             while len(group) < MAX_GROUP:
                 try:
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             self._commit(group)
-            if self.maintenance is not None and self._queue.empty():
-                try:
-                    self.maintenance()
-                except Exception:  # noqa: BLE001 - retention must never stop ingest
-                    log.exception("metrics retention failed; ingest goes on")
+            # When idle, and under constant load at least every MAINTENANCE_EVERY seconds
+            # (or the database would grow without bound while busy).
+            if self._queue.empty() or time.monotonic() - self._maintained > MAINTENANCE_EVERY:
+                self._maintain()
+
+    def _maintain(self) -> None:
+        self._maintained = time.monotonic()
+        if self.maintenance is None:
+            return
+        try:
+            self.maintenance()
+        except Exception:  # noqa: BLE001 - retention must never stop ingest
+            log.exception("metrics retention failed; ingest goes on")
 
     def _commit(self, group: list) -> None:
         try:

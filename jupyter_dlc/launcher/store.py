@@ -51,6 +51,11 @@ CREATE TABLE IF NOT EXISTS metrics (
     name TEXT NOT NULL, value REAL, device TEXT
 );
 CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job_id, seq);
+CREATE INDEX IF NOT EXISTS metrics_rank ON metrics (job_id, rank, seq);
+CREATE TABLE IF NOT EXISTS metric_retention (
+    job_id TEXT PRIMARY KEY, bucket REAL NOT NULL, keep_last INTEGER NOT NULL,
+    recent_steps INTEGER NOT NULL, downsampled_until REAL, dropped INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
     job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, time REAL,
     size INTEGER, world_size INTEGER, attempt INTEGER, seconds REAL,
@@ -251,7 +256,8 @@ class Store:
 
     def delete_job(self, job_id: str) -> None:
         with self.tx() as db:
-            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints"):
+            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints",
+                          "metric_retention"):
                 key = "id" if table == "jobs" else "job_id"
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
 
@@ -390,6 +396,22 @@ class Store:
         rows = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                                (job_id, since, limit)).fetchall()
         return [dict(row) for row in rows]
+
+    def retention_state(self, job_id: str) -> dict | None:
+        """How far retention.py downsampled this job's metrics; None while it has not."""
+        row = self.db.execute("SELECT * FROM metric_retention WHERE job_id = ?", (job_id,)).fetchone()
+        return dict(row) if row else None
+
+    def set_retention_state(self, job_id: str, state: dict, db: sqlite3.Connection | None = None) -> None:
+        """In the caller's transaction `db`, else in one of its own."""
+        if db is None:
+            with self.tx() as db:
+                self.set_retention_state(job_id, state, db)
+            return
+        db.execute("INSERT OR REPLACE INTO metric_retention (job_id, bucket, keep_last,"
+                   " recent_steps, downsampled_until, dropped) VALUES (?, ?, ?, ?, ?, ?)",
+                   (job_id, state["bucket"], state["keep_last"], state["recent_steps"],
+                    state["downsampled_until"], state["dropped"]))
 
     def metric_window(self, job_id: str, t_from: float) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND t >= ? ORDER BY seq",

@@ -60,6 +60,7 @@ class Launcher:
         # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
         # loop (/healthz, the panel); one thread keeps each job's reports in order.
         self.retention = Retention(store, retention)
+        self.retention.start()
         self.ingest = ReportIngest(store, self.retention.run_slices)
 
 

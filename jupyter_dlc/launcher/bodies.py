@@ -185,12 +185,38 @@ def check_report(value: Any) -> dict:
     return value
 
 
+# The identity fields every report carries: (lowest, highest, whether null is allowed).
+_IDENTITY = {"rank": (0, 1 << 20, False), "node": (0, 1 << 20, True),
+             "attempt": (1, 1 << 30, True), "pid": (1, 1 << 32, True)}
+
+
 def _check_rank_report(report: dict, where: str) -> None:
-    head = {k: v for k, v in report.items() if k not in ("metrics", "system", "ranks")}
-    check(head, RANK_REPORT, where)
+    if not _head_ok(report):
+        head = {k: v for k, v in report.items() if k not in ("metrics", "system", "ranks")}
+        check(head, RANK_REPORT, where)
     for kind, label in (("metrics", "step"), ("system", "device")):
         if kind in report and not _samples_ok(report[kind], label):
             check(report[kind], RANK_REPORT["properties"][kind], f"{where}.{kind}" if where else kind)
+
+
+def _head_ok(report: dict) -> bool:
+    """The usual identity fields and no events; anything else goes to the generic checker."""
+    for key, item in report.items():
+        bounds = _IDENTITY.get(key)
+        if bounds is not None:
+            if item is None and bounds[2]:
+                continue
+            if type(item) is not int or not bounds[0] <= item <= bounds[1]:
+                return False
+        elif key == "t":
+            if type(item) not in (int, float) or not 0 <= item <= 1e11:
+                return False
+        elif key == "events":
+            if item != []:
+                return False
+        elif key not in ("metrics", "system", "ranks"):
+            return False
+    return True
 
 
 def _samples_ok(entries: Any, label: str) -> bool:

@@ -11,6 +11,7 @@ import os
 import shutil
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tornado.web
@@ -59,6 +60,7 @@ class Launcher:
         # Rank reports are checked on arrival and stored in group commits on one writer
         # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
         # loop (/healthz, the panel); one thread keeps each job's reports in order.
+        self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlc-reads")
         self.retention = Retention(store, retention)
         self.retention.start()
         self.ingest = ReportIngest(store, self.retention.run_slices)
@@ -398,12 +400,25 @@ def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> t
 
 
 class MetricsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        points = self.store.metrics(row["id"], self.int_arg("since", 0) or 0)
-        self.reply({"points": points, "last_seq": points[-1]["seq"] if points else
-                    (self.int_arg("since", 0) or 0),
-                    "downsampled": downsampled(self.store.retention_state(row["id"]))})
+        since = self.int_arg("since", 0) or 0
+        # Up to 20,000 points: read and encoded on a reader thread (its own SQLite connection),
+        # so that a view's large answer never holds up the reports on the event loop.
+        body = await asyncio.get_running_loop().run_in_executor(
+            self.launcher.readers, metrics_answer, self.store, row["id"], since)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+
+def metrics_answer(store: Store, job_id: str, since: int) -> bytes:
+    points = store.metrics(job_id, since)
+    answer = {"points": points, "last_seq": points[-1]["seq"] if points else since,
+              "downsampled": downsampled(store.retention_state(job_id))}
+    try:
+        return json.dumps(answer, allow_nan=False).encode()
+    except ValueError:  # a non-finite number somewhere: as strings, as every answer does
+        return json.dumps(_clean(answer), default=_json_default).encode()
 
 
 def downsampled(state: dict | None) -> dict | None:

@@ -413,9 +413,11 @@ class Store:
         self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
-        rows = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                               (job_id, since, limit)).fetchall()
-        return [dict(row) for row in rows]
+        cursor = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                                 (job_id, since, limit))
+        cursor.row_factory = None  # plain tuples: a view reads many thousands of points
+        keys = [column[0] for column in cursor.description]
+        return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
 
     def retention_state(self, job_id: str) -> dict | None:
         """How far retention.py downsampled this job's metrics; None while it has not."""

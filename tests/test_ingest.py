@@ -93,9 +93,9 @@ def test_retention_keeps_min_max_last_and_nan_of_every_bucket(tmp_path):
     state = store.retention_state("j")
     assert state["dropped"] > 400 and state["downsampled_until"] < t0 + 35
 
-    # Buckets are fixed intervals of time: a second pass removes nothing more.
+    # Buckets are fixed intervals of time: a second analysis removes nothing more.
     before = len(kept)
-    retention.run_pass()
+    Retention(store, retention.policy).run_pass()
     assert len(store.metrics("j")) == before
 
 

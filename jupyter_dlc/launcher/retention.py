@@ -100,6 +100,8 @@ class Retention:
         # Chunks of (job id, seqs, newest t among them, the job's state), oldest first.
         self._removals: collections.deque = collections.deque()
         self._wake = threading.Event()
+        # job id -> its newest seq when an analysis last left it under its cap.
+        self._analyzed: dict[str, int] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -161,9 +163,10 @@ class Retention:
         state = self.store.retention_state(job_id) or {
             "bucket": FIRST_BUCKET, "keep_last": self.policy.keep_last,
             "recent_steps": self.policy.recent_steps, "downsampled_until": None, "dropped": 0}
+        newest = db.execute("SELECT MAX(seq) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
+        if newest is None or self._analyzed.get(job_id) == newest:
+            return False  # nothing new since the last analysis left it under its cap
         total = db.execute("SELECT COUNT(*) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
-        if not total:
-            return False
         row = db.execute("SELECT last_step FROM jobs WHERE id = ?", (job_id,)).fetchone()
         recent_from = ((row[0] or 0) if row else 0) - state["recent_steps"]
         removable = db.execute(_REMOVABLE, {"job": job_id, "bucket": state["bucket"],
@@ -174,6 +177,7 @@ class Retention:
             self._removals.append((job_id, [r[0] for r in chunk], max(r[1] for r in chunk),
                                    dict(state)))
         if total - len(removable) <= self.policy.max_points:
+            self._analyzed[job_id] = newest
             return False
         # Over the cap: coarser buckets first; the recent points' resolution goes last.
         if state["bucket"] < WIDEST_BUCKET:

@@ -101,8 +101,15 @@ SCHEMAS: dict[str, dict] = {
                          "name": _STR, "value": _null(_NUM), "step": _null(_INT),
                          "rank": _null(_INT)},
                         {"attempt": _null(_INT), "node": _null(_INT), "device": _null(_STR)}),
+    "Downsampled": _obj(
+        {"until": _NUM, "bucket_seconds": _NUM, "dropped": _INT, "keep_last": _INT},
+        description="Points logged up to `until` are downsampled: of each bucket of "
+                    "`bucket_seconds`, the points with its minimum, maximum, last value and "
+                    "first NaN are kept; the last `keep_last` points of a series are as logged."),
     "Metrics": _obj({"points": {"type": "array", "items": _ref("MetricPoint")},
-                     "last_seq": _INT}),
+                     "last_seq": _INT,
+                     "downsampled": {**_null(_ref("Downsampled")),
+                                     "description": "null while every point is as logged"}}),
     "Event": _obj({"seq": _INT, "job_id": _STR, "t": _NUM, "type": _STR,
                    "reason": _null(_STR)},
                   {"attempt": _null(_INT), "state": _null(_ref("JobState")),
@@ -117,7 +124,10 @@ SCHEMAS: dict[str, dict] = {
                     "events": {"type": "array", "items": _ref("Event")}}),
     "Script": _obj({"script": _STR, "files": {"type": "array", "items": _STR}}),
     "ReportAnswer": _obj({"ok": {"type": "boolean"}, "commands": {"type": "array"}},
-                         {"stale": {"type": "boolean"}}),
+                         {"stale": {"type": "boolean"},
+                          "rank_commands": {"type": "object", "description":
+                                            "a node batch's answer: rank → its commands",
+                                            "additionalProperties": {"type": "array"}}}),
     "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
                     "started": _NUM}),
 }
@@ -188,7 +198,8 @@ PATHS: dict[str, dict[str, Any]] = {
         "responses": {"201": _json("JobDetail", "The new job"),
                       **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/report": {"parameters": [_JOB], "post": {
-        "operationId": "report", "description": "From a rank's runtime; the job token works too.",
+        "operationId": "report", "description": "From a rank's runtime, or a node reporter's "
+                                               "batch of its ranks' reports; the job token works too.",
         "requestBody": _body("Report"),
         "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {

@@ -303,3 +303,21 @@ def test_numpy_and_tensor_scalars_log_and_anything_else_is_refused_where_logged(
     assert len(refused) == 5, out
     assert "step must be a whole number" in refused[0] and "step must be a whole number" in refused[1]
     assert all("loss= must be a number" in line for line in refused[2:])
+
+
+def test_a_rank_reports_directly_when_its_node_reporter_is_gone(launcher, tmp_path, monkeypatch):
+    """A node reporter's URL file left behind by one that ended: the rank's report goes to
+    the launcher itself, at once and complete."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    (tmp_path / "node-1.reporter").write_text(f"http://127.0.0.1:{dead}\n")
+    monkeypatch.setenv("DLC_ATTEMPT_DIR", str(tmp_path))
+    reporter = make_reporter(launcher.url)  # node 1
+    for step in range(20):
+        reporter.metric(step, {"loss": 1.0})
+    assert reporter.flush(10)
+    assert [m["step"] for m in launcher.entries("metrics")] == list(range(20))
+    assert reporter.reports_via_node == 0 and reporter.dropped == 0

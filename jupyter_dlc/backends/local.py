@@ -329,6 +329,10 @@ class LocalBackend(Backend):
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
+            if ctx.spec.nproc_per_node > 1:
+                # The node's ranks report through one node reporter (node_reporter.py), which
+                # leaves with this shell.
+                wrapper = f"{shlex.quote(argv[0])} -m jupyter_dlc.node_reporter & {wrapper}"
             nodes.append({"node": node, "pid": _spawn(ctx, node, ["/bin/sh", "-c", wrapper])})
         return {"nodes": nodes}
 

@@ -21,6 +21,7 @@ import tornado.ioloop
 
 from .. import paths
 from .app import Launcher, make_app
+from .retention import RetentionPolicy
 from .storage import DiskGuard
 from .store import Store
 from .supervisor import Supervisor
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="what clients and ranks trust for the certificate ($DLC_LAUNCHER_CA; "
                              "default: the certificate itself)")
     parser.add_argument("--connection-file", default=None)
+    parser.add_argument("--metrics-cap", type=int, default=None,
+                        help="metric points kept per job before older ones are downsampled "
+                             "more coarsely (default: DLC_METRICS_CAP, else 2,000,000)")
     args = parser.parse_args(argv)
     # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
     # processes get back the umask the launcher was started with.
@@ -178,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
     backends.launcher_url = url
     supervisor = Supervisor(store, data_dir, url, ca_file=ca_file)
-    launcher = Launcher(store, supervisor, data_dir, token)
+    try:
+        retention = RetentionPolicy.from_env(args.metrics_cap)
+    except ValueError as error:
+        print(f"launcher: {error}", file=sys.stderr)
+        return 2
+    launcher = Launcher(store, supervisor, data_dir, token, retention)
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)

@@ -22,6 +22,8 @@ from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies
 from .alerts import rules_for
+from .ingest import ReportIngest
+from .retention import Retention, RetentionPolicy
 from .storage import is_disk_full
 from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
@@ -48,22 +50,27 @@ def _clean(value: Any) -> Any:
 class Launcher:
     """What the handlers share: the store, the supervisor, the token."""
 
-    def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str):
+    def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str,
+                 retention: RetentionPolicy | None = None):
         self.store = store
         self.supervisor = supervisor
         self.data_dir = data_dir
         self.token = token
         self.started = time.time()
-        # Rank reports are stored on this thread, so that a large batch never holds up the
-        # event loop (/healthz, the panel); one thread keeps each job's reports in order.
-        self.report_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlc-reports")
+        # Rank reports are checked on arrival and stored in group commits on one writer
+        # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
+        # loop (/healthz, the panel); one thread keeps each job's reports in order.
+        self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlc-reads")
+        self.retention = Retention(store, retention)
+        self.retention.start()
+        self.ingest = ReportIngest(store, self.retention.run_slices)
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
 # refused before it is buffered or parsed, and the event loop stays free for /healthz.
 BODY_LIMIT = 64 << 10
 SUBMIT_LIMIT = 8 << 20      # a cell body of up to 4 MB, with room for JSON escaping
-REPORT_LIMIT = 2 << 20      # the runtime's largest batch is well under 1 MB
+REPORT_LIMIT = 8 << 20      # a rank's largest batch is under 1 MB; a node's reporter splits at 4 MB
 SEQ_MAX = 2**63 - 1         # SQLite's INTEGER range
 
 
@@ -122,17 +129,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def body(self, schema: dict | None = None) -> dict:
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
-        raw = b"".join(self._chunks)
-        if not raw.strip():
-            self.fail(400, "body: empty; send a JSON object ({} at the least)")
         try:
-            data = json.loads(raw)
-        except RecursionError:
-            self.fail(400, "body: JSON nested too deeply")
-        except ValueError:
-            self.fail(400, "body: not valid JSON (UTF-8)")
-        try:
-            return bodies.check_body(data, schema or {"type": "object"})
+            return bodies.parse_body(b"".join(self._chunks), schema)
         except SpecError as error:
             self.fail(400, str(error))
 
@@ -304,17 +302,30 @@ class ReportHandler(BaseHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        report = self.body(bodies.REPORT)
+        try:
+            report = await self.launcher.ingest.parse(b"".join(self._chunks))
+        except SpecError as error:
+            self.fail(400, str(error))
         attempt = report.get("attempt") or row["attempt"]
         if attempt != row["attempt"]:
             # A straggler of an attempt that already ended: accepted, not stored, and given no
             # command (a "stop" would make it save into the checkpoints the new attempt writes).
-            self.reply({"ok": True, "commands": [], "stale": True})
+            self.reply({"ok": True, "commands": [], "rank_commands": {}, "stale": True})
             return
-        await asyncio.get_running_loop().run_in_executor(
-            self.launcher.report_writer, self.store.record_report, row["id"], attempt, report)
-        self.reply({"ok": True, "commands": self.launcher.supervisor.commands_for(row["id"],
-                                                                               report.get("rank", 0))})
+        # A node's batch (runtime/node_reporter.py) holds one report per rank; each is a
+        # heartbeat of its own rank, so the supervisor's verdict stays per rank.
+        batch = report.get("ranks")
+        reports = [report] if batch is None else [
+            dict(r, node=r.get("node", report.get("node"))) for r in batch]
+        await asyncio.wrap_future(self.launcher.ingest.store_reports(row["id"], attempt, reports))
+        commands_for = self.launcher.supervisor.commands_for
+        answer: dict[str, Any] = {"ok": True, "commands": []}
+        if batch is None:
+            answer["commands"] = commands_for(row["id"], report.get("rank", 0))
+        else:
+            answer["rank_commands"] = {str(rank): commands for rank in {r.get("rank", 0) for r in batch}
+                                       if (commands := commands_for(row["id"], rank))}
+        self.reply(answer)
 
 
 class LogsHandler(BaseHandler):
@@ -389,11 +400,33 @@ def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> t
 
 
 class MetricsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        points = self.store.metrics(row["id"], self.int_arg("since", 0) or 0)
-        self.reply({"points": points, "last_seq": points[-1]["seq"] if points else
-                    (self.int_arg("since", 0) or 0)})
+        since = self.int_arg("since", 0) or 0
+        # Up to 20,000 points: read and encoded on a reader thread (its own SQLite connection),
+        # so that a view's large answer never holds up the reports on the event loop.
+        body = await asyncio.get_running_loop().run_in_executor(
+            self.launcher.readers, metrics_answer, self.store, row["id"], since)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+
+def metrics_answer(store: Store, job_id: str, since: int) -> bytes:
+    points = store.metrics(job_id, since)
+    answer = {"points": points, "last_seq": points[-1]["seq"] if points else since,
+              "downsampled": downsampled(store.retention_state(job_id))}
+    try:
+        return json.dumps(answer, allow_nan=False).encode()
+    except ValueError:  # a non-finite number somewhere: as strings, as every answer does
+        return json.dumps(_clean(answer), default=_json_default).encode()
+
+
+def downsampled(state: dict | None) -> dict | None:
+    """What a view says about older points (retention.py): null while all are as logged."""
+    if not state or not state["dropped"]:
+        return None
+    return {"until": state["downsampled_until"], "bucket_seconds": state["bucket"],
+            "dropped": state["dropped"], "keep_last": state["keep_last"]}
 
 
 class EventsHandler(BaseHandler):

@@ -8,6 +8,7 @@ anyOf); `check_schema_keywords` in the tests keeps it that way.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -33,7 +34,7 @@ VALUES = {"type": "object", "maxProperties": 256, "additionalProperties": {"type
           "description": "metric name → finite number"}
 MAX_ENTRIES = 5000
 
-REPORT = {
+RANK_REPORT = {
     "type": "object",
     "description": "What a rank's runtime posts: identity, metric and system samples, events.",
     "properties": {
@@ -66,6 +67,15 @@ REPORT = {
     # A newer runtime may send more identity fields; flat scalars are accepted and ignored.
     "additionalProperties": SCALAR,
 }
+MAX_RANKS_PER_BATCH = 1024
+# One node's reporter (runtime/node_reporter.py) sends its ranks' reports in one body: the
+# node's identity on top, each rank's report (the rank form above) under "ranks".
+REPORT = {**RANK_REPORT,
+          "description": "A rank's report, or a node's batch of its ranks' reports under "
+                         "`ranks` (then without metrics, system or events of its own).",
+          "properties": {**RANK_REPORT["properties"],
+                         "ranks": {"type": "array", "maxItems": MAX_RANKS_PER_BATCH,
+                                   "items": RANK_REPORT}}}
 
 STOP = {"type": "object", "additionalProperties": False, "properties": {
     "grace": nullable({"type": "number", "minimum": 0, "maximum": SECONDS_MAX,
@@ -134,6 +144,109 @@ def _check_object(value: dict, schema: dict, where: str) -> None:
             raise SpecError(path, f"unknown field; known fields are {', '.join(properties) or 'none'}")
         elif isinstance(extra, dict):
             check(item, extra, path)
+
+
+def parse_body(raw: bytes, schema: dict | None = None) -> dict:
+    """A request body: JSON, an object, checked against `schema`; SpecError otherwise."""
+    if not raw.strip():
+        raise SpecError("body", "empty; send a JSON object ({} at the least)")
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise SpecError("body", "JSON nested too deeply") from None
+    except ValueError:
+        raise SpecError("body", "not valid JSON (UTF-8)") from None
+    if schema is REPORT:
+        return check_report(data)
+    return check_body(data, schema or {"type": "object"})
+
+
+def check_report(value: Any) -> dict:
+    """A report or a node batch, checked as `REPORT`. Metric and system samples are almost
+    all of a report: a fast test of their usual shape passes them, and only what it does not
+    pass goes through the generic checker (which then names the field)."""
+    if not isinstance(value, dict):
+        raise SpecError("body", "expected a JSON object")
+    _check_rank_report(value, "")
+    ranks = value.get("ranks")
+    if ranks is not None:
+        if not isinstance(ranks, list) or len(ranks) > MAX_RANKS_PER_BATCH:
+            check(ranks, REPORT["properties"]["ranks"], "ranks")
+        own = [kind for kind in ("metrics", "system", "events") if value.get(kind)]
+        if own:
+            raise SpecError(own[0], "a node batch carries data only per rank; move it into "
+                                    "the rank's entry under ranks")
+        for index, report in enumerate(ranks):
+            if not isinstance(report, dict):
+                raise SpecError(f"ranks[{index}]", f"expected an object, got {show(report)}")
+            if "ranks" in report:
+                raise SpecError(f"ranks[{index}].ranks", "a rank's report cannot hold ranks")
+            _check_rank_report(report, f"ranks[{index}]")
+    return value
+
+
+# The identity fields every report carries: (lowest, highest, whether null is allowed).
+_IDENTITY = {"rank": (0, 1 << 20, False), "node": (0, 1 << 20, True),
+             "attempt": (1, 1 << 30, True), "pid": (1, 1 << 32, True)}
+
+
+def _check_rank_report(report: dict, where: str) -> None:
+    if not _head_ok(report):
+        head = {k: v for k, v in report.items() if k not in ("metrics", "system", "ranks")}
+        check(head, RANK_REPORT, where)
+    for kind, label in (("metrics", "step"), ("system", "device")):
+        if kind in report and not _samples_ok(report[kind], label):
+            check(report[kind], RANK_REPORT["properties"][kind], f"{where}.{kind}" if where else kind)
+
+
+def _head_ok(report: dict) -> bool:
+    """The usual identity fields and no events; anything else goes to the generic checker."""
+    for key, item in report.items():
+        bounds = _IDENTITY.get(key)
+        if bounds is not None:
+            if item is None and bounds[2]:
+                continue
+            if type(item) is not int or not bounds[0] <= item <= bounds[1]:
+                return False
+        elif key == "t":
+            if type(item) not in (int, float) or not 0 <= item <= 1e11:
+                return False
+        elif key == "events":
+            if item != []:
+                return False
+        elif key not in ("metrics", "system", "ranks"):
+            return False
+    return True
+
+
+def _samples_ok(entries: Any, label: str) -> bool:
+    """True only for what the generic checker accepts too (see check_report)."""
+    if type(entries) is not list or len(entries) > MAX_ENTRIES:
+        return False
+    for entry in entries:
+        if type(entry) is not dict:
+            return False
+        for key, item in entry.items():
+            if key == "values":
+                if type(item) is not dict or len(item) > 256:
+                    return False
+                for number in item.values():
+                    kind = type(number)
+                    if not (kind is int or (kind is float and math.isfinite(number))):
+                        return False
+            elif key == "t":
+                if type(item) not in (int, float) or not 0 <= item <= 1e11:
+                    return False
+            elif key != label:
+                return False
+            elif item is None:
+                continue
+            elif label == "step":
+                if type(item) is not int or not 0 <= item <= INT64:
+                    return False
+            elif type(item) is not str or not 1 <= len(item) <= 255:
+                return False
+    return True
 
 
 def check_body(value: Any, schema: dict) -> dict:

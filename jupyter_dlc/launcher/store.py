@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS metrics (
     name TEXT NOT NULL, value REAL, device TEXT
 );
 CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job_id, seq);
+CREATE TABLE IF NOT EXISTS metric_retention (
+    job_id TEXT PRIMARY KEY, bucket REAL NOT NULL, keep_last INTEGER NOT NULL,
+    recent_steps INTEGER NOT NULL, downsampled_until REAL, dropped INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
     job_id TEXT NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, time REAL,
     size INTEGER, world_size INTEGER, attempt INTEGER, seconds REAL,
@@ -71,9 +75,34 @@ def token_hash(token: str) -> str:
 def _finite(value: Any) -> float | None:
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return number
+
+
+def _metric_rows(rows: list, job_id: str, attempt: int, rank: int, report: dict,
+                 now: float) -> tuple[int | None, tuple[float | None] | None]:
+    """Append a report's metric and system rows; returns its last step and (rank's last loss,)."""
+    node = report.get("node")
+    last_step = None
+    loss = None
+    for entry in report.get("metrics") or ():
+        step = entry.get("step")
+        t = float(entry.get("t", now))
+        for name, value in (entry.get("values") or {}).items():
+            value = _finite(value)
+            rows.append((job_id, t, attempt, rank, node, step, "train", str(name), value, None))
+            if name == "loss":
+                loss = (value,)
+        if step is not None and (last_step is None or step > last_step):
+            last_step = step
+    for entry in report.get("system") or ():
+        t = float(entry.get("t", now))
+        device = entry.get("device")
+        for name, value in (entry.get("values") or {}).items():
+            rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
+                         _finite(value), device))
+    return last_step, loss
 
 
 class Store:
@@ -251,7 +280,8 @@ class Store:
 
     def delete_job(self, job_id: str) -> None:
         with self.tx() as db:
-            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints"):
+            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints",
+                          "metric_retention"):
                 key = "id" if table == "jobs" else "job_id"
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
 
@@ -314,67 +344,96 @@ class Store:
     # -- reports from ranks -------------------------------------------------------------
     def record_report(self, job_id: str, attempt: int, report: dict) -> dict:
         """Store one rank report; returns what changed, for the supervisor and the stream."""
+        return self.record_reports([(job_id, attempt, [report])])[0]
+
+    def record_reports(self, items: list[tuple[str, int, list[dict]]]) -> list[dict]:
+        """Store the rank reports of several requests (job id, attempt, reports) in one
+        transaction (launcher/ingest.py); returns, per request, what changed.
+
+        Thousands of ranks report several times a second: the rows of every report are
+        gathered first and written with one statement per kind of change."""
         now = time.time()
-        if self.storage_problem:
-            # The disk is full: keep the heartbeat and events (small, and what keeps a healthy
-            # job from being judged dead), not the metrics.
-            report = {k: v for k, v in report.items() if k not in ("metrics", "system")}
-        rank = int(report.get("rank", 0))
-        node = report.get("node")
-        rows = []
-        last_step = None
-        last_loss = None
-        for entry in report.get("metrics") or []:
-            step = entry.get("step")
-            t = float(entry.get("t", now))
-            for name, value in (entry.get("values") or {}).items():
-                rows.append((job_id, t, attempt, rank, node, step, "train", str(name),
-                             _finite(value), None))
-                if name == "loss":
-                    last_loss = _finite(value)
-            if step is not None:
-                last_step = step if last_step is None else max(last_step, step)
-        for entry in report.get("system") or []:
-            t = float(entry.get("t", now))
-            for name, value in (entry.get("values") or {}).items():
-                rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
-                             _finite(value), entry.get("device")))
+        full = bool(self.storage_problem)
+        rows: list[tuple] = []
+        beats: list[tuple] = []
+        steps: list[tuple] = []
+        job_steps: dict[tuple[str, int], int] = {}
+        job_losses: dict[str, float | None] = {}
+        events: list[tuple[str, int, int, dict]] = []
+        out = []
+        for job_id, attempt, reports in items:
+            changed = {"steps": False, "events": False}
+            for report in reports:
+                rank = int(report.get("rank", 0))
+                # The disk is full: keep the heartbeat and events (small, and what keeps a
+                # healthy job from being judged dead), not the metrics.
+                last_step, loss = (None, None) if full else _metric_rows(
+                    rows, job_id, attempt, rank, report, now)
+                pid = report.get("pid")
+                beats.append((now, int(pid) if pid else None, job_id, attempt, rank))
+                if last_step is not None:
+                    changed["steps"] = True
+                    steps.append((last_step, now, job_id, attempt, rank, last_step))
+                    key = (job_id, attempt)
+                    job_steps[key] = max(last_step, job_steps.get(key, last_step))
+                if loss is not None and rank == 0:
+                    job_losses[job_id] = loss[0]
+                for event in report.get("events") or []:
+                    changed["events"] = True
+                    events.append((job_id, attempt, rank, event))
+            out.append(changed)
         with self.tx() as db:
             if rows:
                 db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
                                " value, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            fields = {"last_heartbeat": now, "state": "running"}
-            if report.get("pid"):
-                fields["pid"] = int(report["pid"])
-            sets = ", ".join(f"{key} = ?" for key in fields)
-            db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
-                       " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
-            if last_step is not None:
-                db.execute("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
-                           " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)",
-                           (last_step, now, job_id, attempt, rank, last_step))
+            db.executemany("UPDATE ranks SET last_heartbeat = ?, state = 'running', pid = COALESCE(?, pid)"
+                           " WHERE job_id = ? AND attempt = ? AND rank = ? AND exit_code IS NULL", beats)
+            db.executemany("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
+                           " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)", steps)
+            for (job_id, attempt), last_step in job_steps.items():
                 db.execute("UPDATE jobs SET last_step = ? WHERE id = ? AND"
                            " (last_step IS NULL OR last_step < ? OR attempt = ?)",
                            (last_step, job_id, last_step, attempt))
-            if last_loss is not None and rank == 0:
-                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (last_loss, job_id))
-            for event in report.get("events") or []:
-                kind = str(event.get("type", "event"))
-                if kind == "checkpoint":
-                    db.execute("INSERT OR REPLACE INTO checkpoints (job_id, step, path, time, size,"
-                               " world_size, attempt, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               (job_id, event.get("step"), event.get("path"), event.get("t", now),
-                                event.get("size"), event.get("world_size"), attempt,
-                                event.get("seconds")))
-                reason = event.get("message") or f"rank {rank}: {kind}" + (
-                    f" at step {event['step']}" if event.get("step") is not None else "")
-                self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
-        return {"steps": last_step is not None, "events": bool(report.get("events"))}
+            for job_id, loss in job_losses.items():
+                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (loss, job_id))
+            for job_id, attempt, rank, event in events:
+                self._report_event(db, job_id, attempt, rank, event, now)
+        return out
+
+    def _report_event(self, db, job_id: str, attempt: int, rank: int, event: dict, now: float) -> None:
+        kind = str(event.get("type", "event"))
+        if kind == "checkpoint":
+            db.execute("INSERT OR REPLACE INTO checkpoints (job_id, step, path, time, size,"
+                       " world_size, attempt, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (job_id, event.get("step"), event.get("path"), event.get("t", now),
+                        event.get("size"), event.get("world_size"), attempt,
+                        event.get("seconds")))
+        reason = event.get("message") or f"rank {rank}: {kind}" + (
+            f" at step {event['step']}" if event.get("step") is not None else "")
+        self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
-        rows = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                               (job_id, since, limit)).fetchall()
-        return [dict(row) for row in rows]
+        cursor = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                                 (job_id, since, limit))
+        cursor.row_factory = None  # plain tuples: a view reads many thousands of points
+        keys = [column[0] for column in cursor.description]
+        return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
+
+    def retention_state(self, job_id: str) -> dict | None:
+        """How far retention.py downsampled this job's metrics; None while it has not."""
+        row = self.db.execute("SELECT * FROM metric_retention WHERE job_id = ?", (job_id,)).fetchone()
+        return dict(row) if row else None
+
+    def set_retention_state(self, job_id: str, state: dict, db: sqlite3.Connection | None = None) -> None:
+        """In the caller's transaction `db`, else in one of its own."""
+        if db is None:
+            with self.tx() as db:
+                self.set_retention_state(job_id, state, db)
+            return
+        db.execute("INSERT OR REPLACE INTO metric_retention (job_id, bucket, keep_last,"
+                   " recent_steps, downsampled_until, dropped) VALUES (?, ?, ?, ?, ?, ?)",
+                   (job_id, state["bucket"], state["keep_last"], state["recent_steps"],
+                    state["downsampled_until"], state["dropped"]))
 
     def metric_window(self, job_id: str, t_from: float) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND t >= ? ORDER BY seq",

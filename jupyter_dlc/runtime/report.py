@@ -7,6 +7,11 @@ launcher that is down or restarting costs retries, never data (unless the buffer
 which drops the oldest entries and counts them). Every report is a heartbeat; with nothing
 to say the thread still reports every DLC_HEARTBEAT_INTERVAL seconds.
 
+Where the node runs a reporter (jupyter_dlc/node_reporter.py, started beside the torchrun
+agent by the engine), the POST goes to it over loopback and it forwards the node's reports
+as one batch; its answer is still the launcher's. Where none runs, or it stopped answering,
+the report goes to the launcher directly (a plain torchrun run, an engine without one).
+
 Heartbeats never wait on data: a batch the launcher refuses (4xx), one that cannot be
 encoded, or one that keeps failing while a bare heartbeat gets through, is dropped with its
 reason on stderr; and nothing a batch holds can end the thread.
@@ -24,6 +29,7 @@ import urllib.error
 import urllib.request
 
 from . import control, system
+from ..node_reporter import url_file
 from .env import rank_info
 
 # Metrics reach live views within about this long; batching keeps it to four POSTs a second
@@ -33,6 +39,8 @@ MAX_BATCH = 2000
 HTTP_TIMEOUT = 3.0
 MAX_BACKOFF = 5.0
 EXIT_FLUSH_SECONDS = 5.0
+# How long a rank that found no node reporter reports directly before it looks again.
+NODE_REPORTER_RECHECK = 5.0
 # 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
 _RETRYABLE_CLIENT_ERRORS = (408, 429)
 # A batch that failed this many times while a bare heartbeat got through is what the
@@ -79,6 +87,11 @@ class Reporter:
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
         self.on_commands = on_commands
+        attempt_dir = os.environ.get("DLC_ATTEMPT_DIR", "")
+        self._node_file = url_file(attempt_dir, info.node_rank) if attempt_dir else None
+        self._node_url = None
+        self._node_recheck = 0.0
+        self.reports_via_node = 0
         self.reports_sent = 0
         self._cond = threading.Condition()
         self._buffers = {"metrics": _BoundedBuffer(capacity),
@@ -204,8 +217,31 @@ class Reporter:
         except (TypeError, ValueError) as error:
             self._note(f"report dropped, it cannot be sent as JSON: {error}")
             return REFUSED
+        node_url = self._node_reporter()
+        if node_url:
+            outcome = self._send(node_url + "/report", data)
+            if outcome is not None:
+                self.reports_via_node += outcome == DELIVERED
+                return outcome
+            # Nobody listens there (the node reporter ended): report directly for a while.
+            self._node_url, self._node_recheck = None, time.monotonic() + NODE_REPORTER_RECHECK
+        return self._send(self.url, data) or RETRY
+
+    def _node_reporter(self):
+        """The node reporter's URL, or None (looked up again every NODE_REPORTER_RECHECK)."""
+        if self._node_url or not self._node_file or time.monotonic() < self._node_recheck:
+            return self._node_url
+        try:
+            with open(self._node_file) as f:
+                self._node_url = f.read().strip() or None
+        except OSError:
+            self._node_recheck = time.monotonic() + NODE_REPORTER_RECHECK
+        return self._node_url
+
+    def _send(self, url, data):
+        """DELIVERED, REFUSED, RETRY, or None when nothing listens at `url`."""
         request = urllib.request.Request(
-            self.url, data=data, method="POST",
+            url, data=data, method="POST",
             headers={"Content-Type": "application/json",
                      "Authorization": f"token {self.token}"})
         try:
@@ -216,9 +252,13 @@ class Reporter:
                 self._warn_refused(error)
                 return REFUSED
             return RETRY
+        except urllib.error.URLError as error:
+            return None if isinstance(error.reason, ConnectionRefusedError) else RETRY
+        except ConnectionRefusedError:
+            return None
         except (OSError, ValueError):
-            # Connection refused or reset, timeout, half-written answer: the launcher is
-            # down or restarting; keep the batch and retry.
+            # Connection reset, timeout, half-written answer: the launcher is down or
+            # restarting; keep the batch and retry.
             return RETRY
         self.reports_sent += 1
         commands = answer.get("commands") if isinstance(answer, dict) else None

@@ -184,7 +184,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description From a rank's runtime; the job token works too. */
+        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. */
         post: operations["report"];
         delete?: never;
         options?: never;
@@ -373,6 +373,13 @@ export interface components {
             time?: number | null;
             where?: string | null;
         };
+        /** @description Points logged up to `until` are downsampled: of each bucket of `bucket_seconds`, the points with its minimum, maximum, last value and first NaN are kept; the last `keep_last` points of a series are as logged. */
+        Downsampled: {
+            bucket_seconds: number;
+            dropped: number;
+            keep_last: number;
+            until: number;
+        };
         EmptyBody: Record<string, never>;
         /** @description Every 4xx/5xx: one line, naming the field. */
         Error: {
@@ -500,6 +507,8 @@ export interface components {
             value: number | null;
         };
         Metrics: {
+            /** @description null while every point is as logged */
+            downsampled: components["schemas"]["Downsampled"] | null;
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
         };
@@ -514,7 +523,7 @@ export interface components {
             rank: number;
             state: string;
         };
-        /** @description What a rank's runtime posts: identity, metric and system samples, events. */
+        /** @description A rank's report, or a node's batch of its ranks' reports under `ranks` (then without metrics, system or events of its own). */
         Report: {
             attempt?: number | null;
             events?: ({
@@ -543,6 +552,48 @@ export interface components {
             node?: number | null;
             pid?: number | null;
             rank?: number;
+            ranks?: ({
+                attempt?: number | null;
+                events?: ({
+                    error?: string | null;
+                    message?: string | null;
+                    path?: string | null;
+                    seconds?: number | null;
+                    size?: number | null;
+                    step?: number | null;
+                    /** @description seconds since the epoch */
+                    t?: number;
+                    type: string;
+                    world_size?: number | null;
+                } & {
+                    [key: string]: string | number | boolean | null;
+                })[];
+                metrics?: {
+                    step?: number | null;
+                    /** @description seconds since the epoch */
+                    t?: number;
+                    /** @description metric name → finite number */
+                    values?: {
+                        [key: string]: number;
+                    };
+                }[];
+                node?: number | null;
+                pid?: number | null;
+                rank?: number;
+                system?: {
+                    device?: string | null;
+                    /** @description seconds since the epoch */
+                    t?: number;
+                    /** @description metric name → finite number */
+                    values?: {
+                        [key: string]: number;
+                    };
+                }[];
+                /** @description seconds since the epoch */
+                t?: number;
+            } & {
+                [key: string]: string | number | boolean | null;
+            })[];
             system?: {
                 device?: string | null;
                 /** @description seconds since the epoch */
@@ -560,6 +611,10 @@ export interface components {
         ReportAnswer: {
             commands: unknown[];
             ok: boolean;
+            /** @description a node batch's answer: rank → its commands */
+            rank_commands?: {
+                [key: string]: unknown[];
+            };
             stale?: boolean;
         };
         ResumeBody: {

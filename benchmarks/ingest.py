@@ -1,0 +1,249 @@
+"""Report ingest at scale: N simulated ranks on M nodes against a real launcher (issue 14).
+
+No torch: each simulated node sends what its node reporter (jupyter_dlc/node_reporter.py)
+sends, one batch of its ranks' reports every quarter second (a rank's reporter batches for
+0.25 s), each rank logging `--rate` times a second (loss and samples_per_s) and rank 0 of
+each node adding a system sample every 5 s. Batches go through the real report route with
+the job's own token (the job's script hands it over through a file), over keep-alive
+connections from `--procs` client processes. The job is a real 1x1 job on the local engine;
+its ranks table is widened to the simulated world (Store.init_ranks on the launcher's
+database), so that every batch updates real per-rank heartbeat rows and the detail read
+returns every rank, as for a real job of that size, which this machine cannot run.
+
+While loaded, one reader polls as a view does: metrics since its last seq, the job list,
+the job's detail, each latency recorded. Printed per size: ingest p50/p99, accepted
+reports/s (rank reports, against what was offered), read p99s, launcher CPU, database growth
+per minute. The last line is the 4,096-rank ingest p99 against the 50 ms goal.
+
+    python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import random
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import private_launcher, stop_launcher  # noqa: E402
+
+GOAL_MS = 50.0
+BATCH_INTERVAL = 0.25
+SYSTEM_EVERY = 5.0
+JOB_SCRIPT = """
+import os, time
+path = os.path.join(os.environ["DLC_JOB_DIR"], "bench-token")
+with open(path + ".tmp", "w") as f:
+    f.write(os.environ["DLC_TOKEN"])
+os.replace(path + ".tmp", path)
+while not os.path.exists(os.path.join(os.environ["DLC_JOB_DIR"], "bench-done")):
+    time.sleep(0.2)
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# -- the simulated nodes (client processes) ----------------------------------------------
+
+def node_body(node: int, ranks: range, attempt: int, step: int, rate: float, now: float,
+              system: bool) -> bytes:
+    per_rank = rate * BATCH_INTERVAL
+    # 10 logs/s over 0.25 s: 2 or 3 entries, 2.5 on average.
+    count = int(per_rank) + (1 if random.random() < per_rank - int(per_rank) else 0)
+    reports = []
+    for rank in ranks:
+        metrics = [{"t": now, "step": step + i, "values": {"loss": 1.0 / (step + i + 1),
+                                                            "samples_per_s": 1000.0 + rank}}
+                   for i in range(count)]
+        entry = {"rank": rank, "node": node, "attempt": attempt, "pid": 1000 + rank, "t": now,
+                 "metrics": metrics, "system": [], "events": []}
+        if system and rank == ranks[0]:
+            entry["system"] = [{"t": now, "device": "cpu", "values": {"cpu_util": 0.5,
+                                                                      "host_mem": 0.25}}]
+        reports.append(entry)
+    return json.dumps({"node": node, "attempt": attempt, "t": now, "ranks": reports}).encode()
+
+
+async def run_node(host, port, path, token, node, ranks, attempt, rate, until, out):
+    reader, writer = await asyncio.open_connection(host, port)
+    await asyncio.sleep(random.random() * BATCH_INTERVAL)  # nodes do not report in lockstep
+    step, next_send, next_system = 0, time.monotonic(), time.monotonic()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: token {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: ").encode()
+    while time.monotonic() < until:
+        now = time.monotonic()
+        system = now >= next_system
+        if system:
+            next_system = now + SYSTEM_EVERY
+        body = node_body(node, ranks, attempt, step, rate, time.time(), system)
+        step += int(rate * BATCH_INTERVAL) + 1
+        start = time.perf_counter()
+        writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+        status_line = await reader.readline()
+        length = 0
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+        elapsed = (time.perf_counter() - start) * 1000
+        ok = status_line.split()[1:2] == [b"200"]
+        out.append((elapsed, ok, len(ranks)))
+        next_send += BATCH_INTERVAL
+        await asyncio.sleep(max(0.0, next_send - time.monotonic()))
+    writer.close()
+
+
+def client_process(args: dict, nodes: list[int], queue) -> None:
+    async def main():
+        out: list = []
+        until = args["start"] + args["seconds"]
+        await asyncio.sleep(max(0.0, args["start"] - time.monotonic()))
+        tasks = [run_node(args["host"], args["port"], args["path"], args["token"], node,
+                          range(node * args["per_node"], (node + 1) * args["per_node"]),
+                          args["attempt"], args["rate"], until, out) for node in nodes]
+        await asyncio.gather(*tasks)
+        return out
+
+    results = asyncio.run(main())
+    queue.put(results)
+
+
+# -- the reader and the launcher's own numbers -------------------------------------------
+
+def reader_thread(client, job_id: str, until: float, reads: dict) -> None:
+    cursor = {"since": client.metrics(job_id)["last_seq"]}
+    calls = {"metrics": lambda: client.metrics(job_id, cursor["since"]),
+             "list": lambda: client.request("GET", "/api/jobs"),
+             "detail": lambda: client.job(job_id)}
+    while time.monotonic() < until:
+        for kind, call in calls.items():
+            start = time.perf_counter()
+            answer = call()
+            reads[kind].append((time.perf_counter() - start) * 1000)
+            if kind == "metrics":
+                cursor["since"] = answer["last_seq"]
+        time.sleep(BATCH_INTERVAL)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def db_bytes(data_dir: str) -> int:
+    base = os.path.join(data_dir, "launcher.sqlite")
+    return sum(os.path.getsize(p) for p in (base, base + "-wal") if os.path.exists(p))
+
+
+def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate: float,
+             seconds: float, procs: int) -> dict:
+    from jupyter_dlc.launcher.store import Store
+
+    nodes = max(1, ranks // per_node)
+    job = client.submit({"script": script, "name": f"ingest-{ranks}"})
+    token_path = os.path.join(job["job_dir"], "bench-token")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(token_path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job['id']} did not start: {client.job(job['id'])['reason']}")
+        time.sleep(0.2)
+    with open(token_path) as f:
+        token = f.read()
+    attempt = client.job(job["id"])["attempt"]
+    Store(os.path.join(data_dir, "launcher.sqlite")).init_ranks(job["id"], attempt, nodes, per_node)
+    pid = client.request("GET", "/healthz")[1]["pid"]
+    host, port = client.url.split("//")[1].split(":")
+    start = time.monotonic() + 1.0
+    args = {"host": host, "port": int(port), "path": f"/api/jobs/{job['id']}/report",
+            "token": token, "attempt": attempt, "rate": rate, "per_node": per_node,
+            "start": start, "seconds": seconds}
+    queue = multiprocessing.Queue()
+    workers = [multiprocessing.Process(target=client_process,
+                                       args=(args, list(range(i, nodes, procs)), queue))
+               for i in range(min(procs, nodes))]
+    for worker in workers:
+        worker.start()
+    reads: dict[str, list[float]] = {"metrics": [], "list": [], "detail": []}
+    while time.monotonic() < start:
+        time.sleep(0.01)
+    cpu0, db0, t0 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
+    reader = threading.Thread(target=reader_thread,
+                              args=(client, job["id"], start + seconds, reads))
+    reader.start()
+    results = [r for _ in workers for r in queue.get()]
+    reader.join()
+    cpu1, db1, t1 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
+    for worker in workers:
+        worker.join()
+    open(os.path.join(job["job_dir"], "bench-done"), "w").close()
+    client.wait(job["id"], timeout=60)
+    latencies = [ms for ms, ok, _ in results if ok]
+    accepted = sum(n for _, ok, n in results if ok)
+    failed = sum(1 for _, ok, _ in results if not ok)
+    wall = t1 - t0
+    return {"ranks": ranks, "nodes": nodes, "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99), "accepted": accepted / seconds,
+            "offered": ranks / BATCH_INTERVAL, "batches": len(results), "failed": failed,
+            "reads": {k: percentile(v, 99) for k, v in reads.items()},
+            "read_counts": {k: len(v) for k, v in reads.items()},
+            "cpu": (cpu1 - cpu0) / wall, "db_mb_min": (db1 - db0) / wall * 60 / 1e6,
+            "db_mb": db1 / 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="64,1024,4096")
+    parser.add_argument("--per-node", type=int, default=8, help="ranks per node")
+    parser.add_argument("--rate", type=float, default=10.0, help="logs a second per rank")
+    parser.add_argument("--seconds", type=float, default=30.0, help="load per size")
+    parser.add_argument("--procs", type=int, default=2, help="client processes")
+    parser.add_argument("--metrics-cap", type=int, default=None,
+                        help="the launcher's DLC_METRICS_CAP (points per job)")
+    args = parser.parse_args()
+    if args.metrics_cap:
+        os.environ["DLC_METRICS_CAP"] = str(args.metrics_cap)
+    client, root, script = private_launcher("dlc-ingest-", "job.py", JOB_SCRIPT)
+    data_dir = os.environ["DLC_DATA_DIR"]
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"{args.per_node} ranks a node, {args.rate:g} logs/s a rank, {args.seconds:g} s a size",
+          flush=True)
+    results = []
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            r = run_size(client, script, data_dir, size, args.per_node, args.rate,
+                         args.seconds, args.procs)
+            results.append(r)
+            print(f"{r['ranks']:>5} ranks / {r['nodes']:>4} nodes: ingest p50 {r['p50']:.1f} ms "
+                  f"p99 {r['p99']:.1f} ms, {r['accepted']:.0f} rank reports/s accepted "
+                  f"(offered {r['offered']:.0f}), {r['failed']} failed batches; read p99 "
+                  f"metrics {r['reads']['metrics']:.0f} ms, list {r['reads']['list']:.0f} ms, "
+                  f"detail {r['reads']['detail']:.0f} ms ({sum(r['read_counts'].values())} reads);"
+                  f" launcher CPU {r['cpu'] * 100:.0f}%; DB +{r['db_mb_min']:.1f} MB/min "
+                  f"({r['db_mb']:.0f} MB); load {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        stop_launcher(client)
+    last = results[-1]
+    print(f"{last['ranks']}-rank ingest p99 {last['p99']:.1f} ms vs goal {GOAL_MS:g} ms: ratio "
+          f"{last['p99'] / GOAL_MS:.2f} ({'met' if last['p99'] < GOAL_MS else 'not met'})")
+
+
+if __name__ == "__main__":
+    main()

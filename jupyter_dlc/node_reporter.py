@@ -1,0 +1,225 @@
+"""One reporter per node: the node's ranks report to it, it reports to the launcher.
+
+With thousands of ranks, one request per rank every quarter second is more than one
+launcher can take. The engine's per-node command starts this process beside the torchrun
+agent (`python -m jupyter_dlc.node_reporter`, see backends/local.py); it listens on
+loopback and writes its URL to `<attempt dir>/node-<K>.reporter`, where the ranks'
+runtime/report.py looks for it. Each rank still POSTs its own report (the protocol of
+ARCHITECTURE.md), now to this process, which checks it (token and body, so that a bad entry
+is refused to its rank alone), holds the request, and forwards everything that arrived
+within COALESCE seconds as one node batch: `{"node", "attempt", "t", "ranks": [report...]}`.
+
+Each rank's request is answered with the launcher's verdict on the batch that carried it:
+200 with that rank's commands once the launcher committed it, the launcher's 4xx, or 503
+when the launcher could not be reached (the rank keeps its entries and retries, as when it
+reports directly). Nothing is acknowledged before the launcher acknowledged it, so this
+process holds no data of its own. Ranks that find no reporter (a plain torchrun run, an
+engine that does not start one) report directly.
+
+The process leaves when the shell that started it (the node's wrapper) is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+COALESCE = 0.05            # seconds a batch waits for more ranks after its first report
+FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIMEOUT)
+MAX_BODY = 4 << 20         # a batch body; the launcher takes 8 MB
+MAX_RANK_BODY = 2 << 20    # one rank's report
+PARENT_POLL = 0.5
+
+
+def url_file(attempt_dir: str, node: int) -> str:
+    """Where the node's reporter writes its URL (and where the ranks look for it)."""
+    return os.path.join(attempt_dir, f"node-{node}.reporter")
+
+
+class _Waiter:
+    """One rank's held request: answered with (status, answer) once its batch is decided."""
+
+    def __init__(self, report: dict):
+        self.report = report
+        # Encoded again here rather than forwarded as received: one encoding for the batch.
+        self.body = json.dumps(report, allow_nan=False)
+        self.done = threading.Event()
+        self.status = 503
+        self.answer: dict = {"error": "node reporter: launcher unreachable; retry"}
+
+    def finish(self, status: int, answer: dict) -> None:
+        self.status, self.answer = status, answer
+        self.done.set()
+
+
+class NodeReporter:
+    """Batches the reports handed to `submit` into one launcher request per COALESCE."""
+
+    def __init__(self, launcher_url: str, job_id: str, token: str, node: int, attempt: int):
+        self.url = f"{launcher_url.rstrip('/')}/api/jobs/{job_id}/report"
+        self.token = token
+        self.node = node
+        self.attempt = attempt
+        self.batches_sent = 0
+        self._pending: list[_Waiter] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="dlc-node-reporter", daemon=True)
+        self._thread.start()
+
+    def submit(self, report: dict) -> _Waiter:
+        """A checked rank report; the waiter is answered once its batch is decided."""
+        waiter = _Waiter(report)
+        with self._cond:
+            self._pending.append(waiter)
+            self._cond.notify()
+        return waiter
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+            time.sleep(COALESCE)  # let the node's other ranks join this batch
+            with self._cond:
+                waiters, self._pending = self._pending, []
+            for part in _split(waiters):
+                try:
+                    self._forward(part)
+                except Exception as error:  # noqa: BLE001 - the ranks' requests must be answered
+                    for waiter in part:
+                        waiter.finish(503, {"error": f"node reporter: {error!r}; retry"})
+
+    def _forward(self, waiters: list[_Waiter]) -> None:
+        head = json.dumps({"node": self.node, "attempt": self.attempt, "t": time.time()})
+        data = (head[:-1] + ', "ranks": [' + ", ".join(w.body for w in waiters)
+                + "]}").encode()
+        request = urllib.request.Request(
+            self.url, data=data, method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"token {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT) as response:
+                answer = json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            detail = error.read(500).decode(errors="replace")
+            try:
+                refusal = json.loads(detail)
+            except ValueError:
+                refusal = {"error": detail.strip() or f"launcher answered {error.code}"}
+            for waiter in waiters:
+                waiter.finish(error.code, refusal)
+            return
+        except (OSError, ValueError):
+            for waiter in waiters:  # launcher down or restarting: the ranks keep and retry
+                waiter.finish(503, {"error": "node reporter: launcher unreachable; retry"})
+            return
+        self.batches_sent += 1
+        commands = answer.get("rank_commands") or {}
+        for waiter in waiters:
+            rank = waiter.report.get("rank", 0)
+            waiter.finish(200, {"ok": True, "commands": commands.get(str(rank), []),
+                                **({"stale": True} if answer.get("stale") else {})})
+
+
+def _split(waiters: list[_Waiter]) -> list[list[_Waiter]]:
+    """Batches whose bodies stay under MAX_BODY (a rank's report alone always fits)."""
+    parts: list[list[_Waiter]] = [[]]
+    size = 0
+    for waiter in waiters:
+        if parts[-1] and size + len(waiter.body) > MAX_BODY:
+            parts.append([])
+            size = 0
+        parts[-1].append(waiter)
+        size += len(waiter.body) + 2
+    return parts
+
+
+def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """The loopback route the ranks post to: `POST /report` with the job token."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            if self.path != "/report":
+                self._answer(404, {"error": f"route: {self.path} does not exist; use /report"})
+                return
+            if self.headers.get("Authorization", "") != f"token {reporter.token}":
+                self._answer(401, {"error": "token: missing or wrong for this job"})
+                return
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit() or int(length) > MAX_RANK_BODY:
+                self._answer(413, {"error": f"body: larger than {MAX_RANK_BODY} bytes"})
+                return
+            body = self.rfile.read(int(length))
+            try:
+                report = check_report(body)
+            except ValueError as error:  # SpecError: one line naming the field
+                self._answer(400, {"error": str(error)})
+                return
+            waiter = reporter.submit(report)
+            if not waiter.done.wait(FORWARD_TIMEOUT + COALESCE + 0.5):
+                waiter = _Waiter(report)  # 503: the rank retries
+            self._answer(waiter.status, waiter.answer)
+
+        def _answer(self, status: int, answer: dict) -> None:
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="dlc-node-reporter-http", daemon=True).start()
+    return server
+
+
+def _check_rank_report(body: bytes) -> dict:
+    from .launcher import bodies  # stdlib only; keeps torch and tornado out of this process
+    from .spec import SpecError
+
+    try:
+        report = bodies.parse_body(body, bodies.REPORT)
+    except SpecError as error:
+        raise ValueError(str(error)) from None
+    if "ranks" in report:
+        raise ValueError("ranks: a rank reports for itself; node batches go to the launcher")
+    return report
+
+
+def main() -> int:
+    env = os.environ
+    attempt_dir, node = env["DLC_ATTEMPT_DIR"], int(env.get("DLC_NODE_RANK", "0"))
+    reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
+                            node, int(env.get("DLC_ATTEMPT", "1")))
+    server = serve(reporter, _check_rank_report)
+    path = url_file(attempt_dir, node)
+    with open(path + ".tmp", "w") as f:
+        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
+    os.replace(path + ".tmp", path)
+    # A stop signals every process of the job at once: keep serving the ranks' last reports
+    # (their final checkpoint event) until the node's wrapper, which outlives torchrun, is gone.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

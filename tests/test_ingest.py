@@ -1,0 +1,259 @@
+"""Ingest at scale (issue 14): node batches, group commits, retention. A real launcher on
+loopback with real SQLite, real torchrun jobs where ranks matter; retention's bucket rules
+also straight on a real SQLite store, where every bucket can be checked exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from conftest import wait_for
+from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
+from jupyter_dlc.launcher.store import Store
+
+SLEEPER = "import time\nwhile True:\n    time.sleep(0.1)\n"
+
+
+def post_report(launcher, job_id: str, body, token: str | None = None,
+                client=None) -> tuple[int, dict]:
+    client = client or launcher.client
+    req = urllib.request.Request(
+        f"{client.url}/api/jobs/{job_id}/report", data=json.dumps(body).encode(),
+        method="POST", headers={"Authorization": f"token {token or client.token}",
+                                "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def all_points(client, job_id: str) -> list[dict]:
+    points, since = [], 0
+    while True:
+        answer = client.metrics(job_id, since)
+        if not answer["points"]:
+            return points
+        points += answer["points"]
+        since = answer["last_seq"]
+
+
+def ended_job(launcher, nproc: int = 2) -> dict:
+    script = launcher.script("quick.py", "print('hello')\n")
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": nproc})
+    return launcher.client.wait(job["id"], timeout=120)
+
+
+# -- retention ---------------------------------------------------------------------------
+
+def test_retention_keeps_min_max_last_and_nan_of_every_bucket(tmp_path):
+    store = Store(str(tmp_path / "db.sqlite"))
+    store.insert_job("j", "j", {}, "token", str(tmp_path))
+    t0 = 1_700_000_000.0
+    # 40 one-second buckets of 10 points; a spike in bucket 7, a NaN in bucket 12, and two
+    # series (loss on rank 0 and rank 1) that must not mix.
+    values = {}
+    entries = {0: [], 1: []}
+    for rank in (0, 1):
+        for i in range(400):
+            value = math.sin(i * 0.7) + rank
+            if i == 75:
+                value = 1e6
+            if i == 123:
+                value = float("nan")
+            values[(rank, i)] = value
+            entries[rank].append({"t": t0 + i / 10, "step": i, "values": {"loss": value}})
+    store.record_reports([("j", 1, [{"rank": r, "metrics": entries[r]} for r in (0, 1)])])
+    retention = Retention(store, RetentionPolicy(keep_last=25, recent_steps=50, max_points=10**6))
+    retention.run_pass()
+
+    kept = {(p["rank"], p["step"]) for p in store.metrics("j")}
+    for rank in (0, 1):
+        # The last 25 points, and steps within 50 of the last (399), stay as logged.
+        assert all((rank, i) in kept for i in range(349, 400))
+        for bucket in range(34):  # steps 0-339: entirely old
+            steps = range(bucket * 10, bucket * 10 + 10)
+            finite = [i for i in steps if not math.isnan(values[(rank, i)])]
+            here = {i for i in steps if (rank, i) in kept}
+            assert min(finite, key=lambda i: values[(rank, i)]) in here
+            assert max(finite, key=lambda i: values[(rank, i)]) in here
+            assert steps[-1] in here  # the bucket's last value
+            nans = [i for i in steps if math.isnan(values[(rank, i)])]
+            if nans:
+                assert nans[0] in here
+            assert len(here) <= 3 + len(nans[:1]), (bucket, sorted(here))
+        assert (rank, 75) in kept and (rank, 123) in kept
+    spike = [p for p in store.metrics("j") if p["step"] == 75 and p["rank"] == 0]
+    assert spike[0]["value"] == 1e6
+    state = store.retention_state("j")
+    assert state["dropped"] > 400 and state["downsampled_until"] < t0 + 35
+
+    # Buckets are fixed intervals of time: a second analysis removes nothing more.
+    before = len(kept)
+    Retention(store, retention.policy).run_pass()
+    assert len(store.metrics("j")) == before
+
+
+def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monkeypatch):
+    monkeypatch.setenv("DLC_METRICS_CAP", "400")
+    monkeypatch.setenv("DLC_METRICS_KEEP_LAST", "50")
+    launcher.restart()  # the launcher reads the policy at start
+    job = ended_job(launcher, nproc=1)
+    assert launcher.client.metrics(job["id"])["downsampled"] is None
+    t0 = time.time() - 3600
+    ranks = [{"rank": r, "metrics": [{"t": t0 + step, "step": step, "values": {"loss": 1.0 / (step + 1)}}
+                                     for step in range(1000)]} for r in (0, 1)]
+    status, answer = post_report(launcher, job["id"], {"node": 0, "attempt": job["attempt"],
+                                                       "ranks": ranks})
+    assert status == 200, answer
+    wait_for(lambda: len(all_points(launcher.client, job["id"])) <= 400, 60,
+             what="the job's points brought under its cap of 400")
+    answer = launcher.client.metrics(job["id"])
+    assert answer["downsampled"]["dropped"] >= 1600 and answer["downsampled"]["bucket_seconds"] > 1
+    points = all_points(launcher.client, job["id"])
+    for rank in (0, 1):
+        steps = [p["step"] for p in points if p["rank"] == rank]
+        assert 999 in steps and 0 in steps  # the last point and the first bucket's maximum
+
+
+# -- node batches ------------------------------------------------------------------------
+
+def test_a_bad_batch_entry_is_a_one_line_400_naming_it_and_nothing_is_stored(launcher):
+    job = ended_job(launcher)
+    events = launcher.client.events(job["id"])
+    good = {"rank": 0, "metrics": [{"t": time.time(), "step": 1, "values": {"loss": 0.5}}],
+            "events": [{"type": "note", "step": 1}]}
+    bad = {"rank": 1, "metrics": [{"t": time.time(), "step": 1, "values": {"loss": "high"}}]}
+    status, answer = post_report(launcher, job["id"], {"node": 0, "ranks": [good, bad]})
+    assert status == 400
+    assert answer["error"].startswith("ranks[1].metrics[0].values.loss: ") and "\n" not in answer["error"]
+    status, answer = post_report(launcher, job["id"], {"node": 0, "ranks": [good, {"rank": "1"}]})
+    assert status == 400 and answer["error"].startswith("ranks[1].rank: ")
+    status, answer = post_report(launcher, job["id"], {"node": 0, "ranks": [good], "metrics": []})
+    assert status == 200, answer  # an empty list of its own is no data
+    status, answer = post_report(launcher, job["id"], {"node": 0, "ranks": [good],
+                                                       "metrics": good["metrics"]})
+    assert status == 400 and answer["error"].startswith("metrics: ")
+    points = all_points(launcher.client, job["id"])
+    assert [(p["rank"], p["step"]) for p in points] == [(0, 1)]  # only the accepted batch
+    assert len(launcher.client.events(job["id"])) == len(events) + 1
+    status, _ = post_report(launcher, job["id"], {"node": 0, "ranks": [good]}, token="nope")
+    assert status == 401
+
+
+def test_node_batches_keep_per_rank_heartbeat_verdicts(launcher):
+    """A batch is a heartbeat of each rank in it, not of the node: a rank that stops
+    reporting is judged silent while its node's batches still arrive."""
+    script = launcher.script("sleeper.py", SLEEPER)
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
+                                  "heartbeat_interval": "1s", "heartbeat_misses": 3,
+                                  "max_restarts": 0})
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
+    stop = threading.Event()
+    sent = []
+
+    def node_reporter():
+        step = 0
+        while not stop.is_set():
+            ranks = [{"rank": 0, "metrics": [{"t": time.time(), "step": step, "values": {"loss": 1.0}}]}]
+            if step < 3:
+                ranks.append({"rank": 1})  # rank 1 reports at first, then goes silent
+            sent.append(post_report(launcher, job["id"], {"node": 0, "attempt": 1, "ranks": ranks})[0])
+            step += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=node_reporter, daemon=True)
+    thread.start()
+    try:
+        ended = launcher.client.wait(job["id"], timeout=120)
+    finally:
+        stop.set()
+        thread.join()
+    assert ended["state"] == "FAILED"
+    assert ended["reason"].startswith("rank 1 missed 3 heartbeats"), ended["reason"]
+    assert set(sent) == {200} and len(sent) > 10  # rank 0's batches went on all along
+    rank0 = {r["rank"]: r for r in ended["ranks"]}[0]
+    assert rank0["last_step"] >= 10
+
+
+def test_ranks_report_through_their_node_reporter(launcher):
+    """A 1x2 job: the local engine starts the node reporter beside torchrun, both ranks'
+    metrics arrive complete through it, and it leaves with the job."""
+    script = launcher.script("logger.py", """
+        import os
+        from jupyter_dlc import runtime
+        from jupyter_dlc.runtime.report import get_reporter
+        runtime.init()
+        for step in range(50):
+            runtime.log(step, loss=1.0 / (step + 1))
+        assert get_reporter().flush(30)
+        print("VIA", get_reporter().reports_via_node, flush=True)
+        """)
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2})
+    job = launcher.client.wait(job["id"], timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    points = all_points(launcher.client, job["id"])
+    for rank in (0, 1):
+        steps = sorted(p["step"] for p in points if p["rank"] == rank and p["name"] == "loss")
+        assert steps == list(range(50))
+    via = [line["text"] for line in launcher.client.logs(job["id"])["lines"]
+           if line["text"].startswith("VIA ")]
+    assert len(via) == 2 and all(int(text.split()[1]) > 0 for text in via), via
+    attempt_dir = os.path.join(job["job_dir"], "attempt-1")
+    wait_for(lambda: not os.path.exists(os.path.join(attempt_dir, "node-0.reporter")), 30,
+             what="the node reporter gone with its node")
+    wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the job left")
+
+
+# -- restart under load ------------------------------------------------------------------
+
+def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
+    job = ended_job(launcher)
+    acknowledged: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    restarting = threading.Event()
+    errors = []
+
+    def node(node_id: int) -> None:
+        step = 0
+        while not stop.is_set():
+            ranks = [{"rank": node_id * 8 + r, "metrics": [
+                {"t": time.time(), "step": step, "values": {"loss": float(step)}}]} for r in range(8)]
+            client = launcher.client
+            try:
+                status, _ = post_report(launcher, job["id"], {"node": node_id, "ranks": ranks},
+                                        client=client)
+            except OSError:
+                status = None  # the launcher is down: this batch is not acknowledged
+            if status == 401 and (restarting.is_set() or client is not launcher.client):
+                status = None  # the old launcher's token, sent to the new one
+            if status == 200:
+                with lock:
+                    acknowledged.update((r["rank"], step) for r in ranks)
+            elif status is not None:
+                errors.append(status)
+            step += 1
+
+    threads = [threading.Thread(target=node, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(acknowledged) >= 32 * 20, 60, what="load before the kill")
+        restarting.set()
+        launcher.restart(kill=True)  # kill -9 mid-load, then a new launcher on the same data
+        restarting.clear()
+        count = len(acknowledged)
+        wait_for(lambda: len(acknowledged) >= count + 32 * 20, 60, what="load after the restart")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    stored = {(p["rank"], p["step"]) for p in all_points(launcher.client, job["id"])}
+    assert acknowledged <= stored, sorted(acknowledged - stored)[:10]

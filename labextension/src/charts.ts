@@ -256,6 +256,9 @@ export function lineChart(
       .join(' ');
     path.setAttribute('d', d);
     path.setAttribute('class', band ? 'dlc-chart-line dlc-chart-outlier' : 'dlc-chart-line');
+    // what the line reaches, for the browser test and benchmarks/live_view.py
+    path.dataset.label = s.label;
+    path.dataset.lastX = String(s.points[s.points.length - 1][0]);
     path.setAttribute('stroke', COLORS[i % COLORS.length]);
     const tip = document.createElementNS(SVG_NS, 'title');
     const last = s.points[s.points.length - 1];

@@ -60,7 +60,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
             tabs.delete(id);
           }
         });
-        app.shell.add(tab, 'main');
+        // beside what the user works on (the notebook that runs the job); later details
+        // open as tabs next to the first one
+        const other = [...tabs.values()].find(t => t !== tab && !t.isDisposed && t.isAttached);
+        app.shell.add(tab, 'main', other ? { mode: 'tab-after', ref: other.id } : { mode: 'split-right' });
       }
       app.shell.activateById(detailTabId(id));
     };

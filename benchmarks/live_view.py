@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from labserver import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_until  # noqa: E402
+from labserver import CHROMIUM, CHROMIUM_ARGS, run_cell, running_lab, wait_until  # noqa: E402
 
 TOKEN = "bench-" + os.urandom(4).hex()
 
@@ -124,14 +124,19 @@ def main() -> int:
                 raise SystemExit("live_view: the labextension did not load BokehJS (body has no "
                                  "dlc-bokehjs-loaded class)") from None
             page.evaluate(OBSERVE_JS)
-            cells = page.locator(".jp-Notebook .jp-CodeCell")
-            cells.nth(0).locator(".jp-InputArea-editor").click()
-            page.keyboard.press("Shift+Enter")
-            page.wait_for_function("() => /\\[\\d+\\]/.test(document.querySelectorAll("
-                                   "'.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0].textContent)",
-                                   timeout=120000)
-            cells.nth(1).locator(".jp-InputArea-editor").click()
-            page.keyboard.press("Shift+Enter")
+            # the kernel first, then each cell (Shift+Enter again when a prompt did not change)
+            wait_until(lambda: "| Idle" in page.locator("#jp-main-statusbar").first.inner_text(),
+                       120, "the kernel idle")
+            run_cell(page, 0)
+            try:
+                page.wait_for_function("() => /\\[\\d+\\]/.test(document.querySelectorAll("
+                                       "'.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0].textContent)",
+                                       timeout=120000)
+            except Exception:
+                page.screenshot(path=str(tmp / "first-cell.png"))
+                raise SystemExit(f"live_view: the first cell did not run in 120 s (screenshot: "
+                                 f"{tmp / 'first-cell.png'}; Lab's log: {tmp / 'lab.log'})") from None
+            run_cell(page, 1)
 
             # the launcher this Lab started (its connection file is in our runtime dir)
             os.environ.update(JUPYTER_RUNTIME_DIR=env["JUPYTER_RUNTIME_DIR"],

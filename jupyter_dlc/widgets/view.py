@@ -109,7 +109,10 @@ class JobView:
         self.ended_interval = ended_interval
         self.capacity = capacity
         self.log_lines = log_lines
+        # _lock guards what the widgets show (held briefly: the stream's points wait on it);
+        # _refresh_lock only keeps two refreshes apart, and is held across their HTTP calls.
         self._lock = threading.RLock()
+        self._refresh_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -219,7 +222,7 @@ class JobView:
     def refresh_now(self) -> dict | None:
         """Poll the launcher once and update every part; returns the job (None when the
         launcher cannot be reached or the job is gone)."""
-        with self._lock:
+        with self._refresh_lock:
             return self._refresh()
 
     def stop(self, grace: float | None = None) -> dict:
@@ -377,9 +380,10 @@ class JobView:
         self.refreshes += 1
         try:
             job = self.client.job(f.job_id)
-            self._ensure_world(f, job)
-            if not self._pushing():
-                self._poll_metrics(f)
+            with self._lock:
+                self._ensure_world(f, job)
+                if not self._pushing():
+                    self._poll_metrics(f)
             self._poll_logs(f)
             self._poll_events(f)
             self._poll_checkpoints(f, job)
@@ -395,12 +399,15 @@ class JobView:
             # 401: a launcher that restarted has a new token; anything else: keep trying
             self._launcher_down(str(error))
             return None
-        if self._down:
-            self._down, self._down_count = None, 0
-        f.job = job
-        self._render(job)
-        if job["state"] in TERMINAL:
-            self._finalise(f, job)
+        with self._lock:
+            if f is not self._f:
+                return job  # the view follows a clone now; its own refresh draws it
+            if self._down:
+                self._down, self._down_count = None, 0
+            f.job = job
+            self._render(job)
+            if job["state"] in TERMINAL:
+                self._finalise(f, job)
         return job
 
     def _ensure_world(self, f: _Followed, job: dict) -> None:
@@ -414,13 +421,18 @@ class JobView:
             self._set_log_filter_options()
 
     def _launcher_down(self, message: str) -> None:
-        self._down = message
-        self._down_count += 1
+        with self._lock:
+            self._down = message
+            self._down_count += 1
+            self._render_banner()
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        """A launcher that came back on a new port (its connection file says where)."""
         fresh = LauncherClient.from_connection_file()
         if fresh is not None and (fresh.url, fresh.token) != (self.client.url, self.client.token) \
                 and fresh.alive():
             self.client = fresh
-        self._render_banner()
 
     def _poll_metrics(self, f: _Followed) -> None:
         for _ in range(1000):
@@ -434,20 +446,27 @@ class JobView:
     def _poll_logs(self, f: _Followed) -> None:
         answer = self.client.logs(f.job_id, cursor=f.log_cursor,
                                   tail=None if f.log_cursor else self.log_lines)
-        attempt = answer.get("attempt")
-        if attempt is not None and attempt != f.log_attempt:
-            if f.log_attempt is not None or (attempt or 1) > 1:
-                f.add_log(None, f"--- attempt {attempt} ---")
-            f.log_attempt = attempt
-        for line in answer.get("lines") or []:
-            f.add_log(line.get("rank"), line.get("text", ""))
-        f.log_cursor = answer.get("cursor") or f.log_cursor
-        if answer.get("lines") or f.log_counter != getattr(f, "_rendered_counter", None):
-            f._rendered_counter = f.log_counter
-            self._render_logs()
+        with self._lock:
+            attempt = answer.get("attempt")
+            if attempt is not None and attempt != f.log_attempt:
+                if f.log_attempt is not None or (attempt or 1) > 1:
+                    f.add_log(None, f"--- attempt {attempt} ---")
+                f.log_attempt = attempt
+            for line in answer.get("lines") or []:
+                f.add_log(line.get("rank"), line.get("text", ""))
+            f.log_cursor = answer.get("cursor") or f.log_cursor
+            if answer.get("lines") or f.log_counter != getattr(f, "_rendered_counter", None):
+                f._rendered_counter = f.log_counter
+                self._render_logs()
 
     def _poll_events(self, f: _Followed) -> None:
-        for event in self.client.events(f.job_id, since=f.events_seq):
+        events = self.client.events(f.job_id, since=f.events_seq)
+        with self._lock:
+            self._apply_events(f, events)
+
+    @staticmethod
+    def _apply_events(f: _Followed, events: list) -> None:
+        for event in events:
             f.events_seq = max(f.events_seq, int(event.get("seq") or 0))
             data = event.get("data") or {}
             kind = event.get("type")
@@ -466,9 +485,10 @@ class JobView:
         last = job.get("last_checkpoint") or {}
         key = (last.get("step"), job.get("attempt"), job["state"] in TERMINAL)
         if f.checkpoints is None or key != f.checkpoint_key:
-            f.checkpoints = self.client.checkpoints(f.job_id)
-            f.checkpoint_key = key
-            self._set_resume_options(f.checkpoints)
+            checkpoints = self.client.checkpoints(f.job_id)
+            with self._lock:
+                f.checkpoints, f.checkpoint_key = checkpoints, key
+                self._set_resume_options(checkpoints)
 
     def _poll_diagnosis(self, f: _Followed, job: dict) -> None:
         failed = sum(1 for a in job.get("attempts") or [] if a.get("failure"))

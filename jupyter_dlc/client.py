@@ -150,6 +150,14 @@ class LauncherClient:
         return self._get(f"/api/jobs/{job_id}/logs", rank=rank, tail=tail, cursor=cursor,
                          attempt=attempt)
 
+    def metrics_stream(self, job_id: str, since: int = 0,
+                       timeout: float = 30.0) -> Iterator[tuple[str, dict]]:
+        """A job's metric points pushed as they are stored (`metrics` events), and its summary
+        when it changes (`job`); the launcher pings every few seconds, so `timeout` bounds
+        how long a dead connection goes unnoticed."""
+        return self.stream(timeout, f"/api/jobs/{urllib.parse.quote(job_id)}/metrics/stream",
+                           {"since": since}, comments=True)
+
     def metrics(self, job_id: str, since: int = 0) -> dict:
         return self._get(f"/api/jobs/{job_id}/metrics", since=since)
 
@@ -178,9 +186,13 @@ class LauncherClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout:g}s")
             time.sleep(poll)
 
-    def stream(self, timeout: float = 60.0) -> Iterator[tuple[str, dict]]:
-        """(event, data) pairs from the launcher's server-sent events."""
-        req = urllib.request.Request(self.url + "/api/stream",
+    def stream(self, timeout: float = 60.0, path: str = "/api/stream", params: dict | None = None,
+               comments: bool = False) -> Iterator[tuple[str, dict]]:
+        """(event, data) pairs from one of the launcher's server-sent event routes; with
+        `comments`, also ("comment", {}) for each keep-alive line, so that a reader gets
+        control back while nothing happens."""
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        req = urllib.request.Request(self.url + path + query,
                                      headers={"Authorization": f"token {self.token}"})
         try:
             resp = urllib.request.urlopen(req, timeout=timeout, context=self._tls)
@@ -196,6 +208,8 @@ class LauncherClient:
                     if data:
                         yield event, json.loads("\n".join(data))
                     event, data = "message", []
+                elif line.startswith(":") and comments:
+                    yield "comment", {}
                 elif line.startswith("event:"):
                     event = line[6:].strip()
                 elif line.startswith("data:"):

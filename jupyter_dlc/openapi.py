@@ -216,6 +216,16 @@ PATHS: dict[str, dict[str, Any]] = {
             _query("since", "points after this seq", {"type": "integer", "minimum": 0,
                                                       "maximum": 2**63 - 1})],
         "responses": {"200": _json("Metrics"), **_errors(400, *_ON_JOB)}}},
+    "/api/jobs/{job}/metrics/stream": {"parameters": [_JOB], "get": {
+        "operationId": "jobMetricsStream", "x-streaming": True, "parameters": [
+            _query("since", "points after this seq", {"type": "integer", "minimum": 0,
+                                                      "maximum": 2**63 - 1})],
+        "responses": {
+            "200": {"description": "Server-sent events: `metrics` (a Metrics answer: the "
+                                   "points stored after `since`, pushed as they are stored), "
+                                   "`job` (a JobSummary, when it changed), `deleted` ({id}).",
+                    "content": {"text/event-stream": {"schema": _STR}}},
+            **_errors(400, *_ON_JOB)}}},
     "/api/jobs/{job}/events": {"parameters": [_JOB], "get": {
         "operationId": "jobEvents", "parameters": [
             _query("since", "events after this seq", {"type": "integer", "minimum": 0,

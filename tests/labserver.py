@@ -70,6 +70,12 @@ def running_lab(prefix: str, base_url: str, token: str, *, timeout: float = 90,
     env.update(JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTER_CONFIG_DIR=str(tmp / "config"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), DLC_DATA_DIR=str(tmp / "data"),
                PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD="1")
+    base_share = os.path.join(sys.base_prefix, "share", "jupyter")
+    if sys.base_prefix != sys.prefix and os.path.isdir(base_share):
+        # A venv made with --system-site-packages: its packages come from the base install, and
+        # so must their labextensions (ipywidgets' manager), or widgets show as plain text.
+        # Ours in tmp/labext still comes first (extra_labextensions_path wins over JUPYTER_PATH).
+        env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [env.get("JUPYTER_PATH"), base_share]))
     port = free_port()
     url = f"http://127.0.0.1:{port}{base_url}"
     with open(tmp / "lab.log", "wb") as log:
@@ -100,3 +106,19 @@ def running_lab(prefix: str, base_url: str, token: str, *, timeout: float = 90,
                 proc.kill()
             subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "launcher", "stop"], env=env,
                            capture_output=True, timeout=30, check=False)
+
+
+def run_cell(page, index: int) -> None:
+    """Select code cell `index` and run it (Shift+Enter); again if its prompt did not change."""
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    for _ in range(3):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        try:
+            page.wait_for_function("(el) => /\\[(\\*|\\d+)\\]/.test(el.textContent)",
+                                   arg=prompt.element_handle(), timeout=10000)
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"code cell {index} did not start running")

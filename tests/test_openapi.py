@@ -133,6 +133,7 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "checkpoints": ("Checkpoints", {"checkpoints": c.checkpoints(good)}),
         "logs": ("Logs", logs),
         "metrics": ("Metrics", c.metrics(good)),
+        "metrics_stream": ("Metrics", next(d for e, d in c.metrics_stream(good) if e == "metrics")),
         "events": ("Events", {"events": c.events(good)}),
         "alerts": ("Alerts", c.alerts(good)),
         "script": ("Script", c.script(good)),

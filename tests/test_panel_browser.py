@@ -143,11 +143,27 @@ def test_panel_end_to_end(lab):
 
             # -- detail view: charts, ranks, logs; wait for a few checkpoints -------------------
             r.click()
-            detail = panel.locator(".dlc-detail")
+            # the detail opens as a main-area tab; the sidebar keeps the list
+            detail = page.locator("#jp-main-dock-panel .dlc-detail-tab .dlc-detail")
             expect(detail).to_be_visible()
             expect(detail).to_have_attribute("data-job-id", job_id)
+            expect(panel.locator(".dlc-joblist")).to_be_visible()
+            expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="DLC: panel-e2e")).to_be_visible()
             expect(detail.locator('svg[data-chart="loss"] path.dlc-chart-line').first).to_be_visible(timeout=30000)
             expect(detail.locator(".dlc-rank-table tr[data-rank]")).to_have_count(2, timeout=30000)
+            expect(detail.locator(".dlc-rank-pages")).to_have_text("2 ranks · page 1 of 1")
+            # points are pushed over the metrics stream; cut, it polls, then it is back
+            expect(detail).to_have_attribute("data-feed", "live", timeout=30000)
+            wait_until(lambda: int(detail.get_attribute("data-pushed") or 0) > 0, 30, "pushed points")
+            page.evaluate("""(id) => {
+                const el = document.querySelector('#jp-main-dock-panel .dlc-detail');
+                window.__dlcFeed = [];
+                new MutationObserver(() => window.__dlcFeed.push(el.dataset.feed))
+                    .observe(el, {attributes: true, attributeFilter: ['data-feed']});
+                window.jupyterDlc.feed(id).cut();
+            }""", job_id)
+            wait_until(lambda: page.evaluate("window.__dlcFeed.join(',')").startswith("polling,live"),
+                       30, "the stream cut, polled, and back")
             client = launcher_client(env)
             wait_until(lambda: len(client.checkpoints(job_id)) >= 2, 90, "two committed checkpoints")
             page.screenshot(path=str(ART / "03-job-detail.png"))
@@ -178,6 +194,7 @@ def test_panel_end_to_end(lab):
             client.stop(job_id, grace=2)
             expect(detail).to_have_attribute("data-state", "STOPPED", timeout=90000)
             detail.locator(".dlc-back").click()
+            expect(detail).to_have_count(0)
             expect(panel.locator(".dlc-joblist")).to_be_visible()
 
             # -- a failing job notifies, while the panel is closed --------------------------------

@@ -168,6 +168,7 @@ SAMPLES = {
                   "api/stream", "api/jobs/x/report"],
     "healthz$": ["healthz"],
     "stream$": ["stream"],
+    "jobs/([^/]+)/metrics/stream$": ["jobs/x/metrics/stream", "jobs/last/metrics/stream"],
     "bokeh.json$": ["bokeh.json"],
     "static/bokeh/(.*)$": ["static/bokeh/bokeh.min.js", "static/bokeh/bokeh-widgets.min.js",
                            "static/bokeh/nonexistent.js"],
@@ -297,6 +298,45 @@ def test_stream_relays_launcher_events(server):
     resp.close()
     assert seen_states and seen_states[-1] == "SUCCEEDED", seen_states
     assert len(set(seen_states)) >= 2, seen_states  # it saw the job change, live
+
+
+METRICS_CODE = """import time
+from jupyter_dlc import runtime
+runtime.init()
+for step in range(1, 31):
+    runtime.log(step, loss=1.0 / step)
+    time.sleep(0.05)
+"""
+
+
+def test_metrics_stream_relays_pushed_points(server):
+    dlc = server["dlc"]
+    status, raw = http("POST", dlc + "api/jobs",
+                       body={"name": "pushed", "code": METRICS_CODE, "nodes": 1, "nproc_per_node": 1})
+    assert status == 201, raw
+    jid = json.loads(raw)["id"]
+    req = urllib.request.Request(dlc + f"jobs/{jid}/metrics/stream?since=0",
+                                 headers={"Authorization": f"token {TOKEN}"})
+    resp = urllib.request.urlopen(req, timeout=30)
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    steps, seqs, event = set(), [], None
+    deadline = time.time() + 90
+    while time.time() < deadline and len(steps) < 30:
+        line = resp.readline().decode().rstrip("\n")
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:") and event == "metrics":
+            data = json.loads(line[5:])
+            seqs += [p["seq"] for p in data["points"]]
+            steps |= {p["step"] for p in data["points"] if p["name"] == "loss"}
+    resp.close()
+    assert steps == set(range(1, 31)), sorted(steps)
+    assert seqs == sorted(set(seqs)), "each point once, in seq order"
+    # an unknown job: the launcher's 404 ends the relay with the launcher's reason
+    req = urllib.request.Request(dlc + "jobs/no-such-job/metrics/stream",
+                                 headers={"Authorization": f"token {TOKEN}"})
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
+    assert "launcher answered 404" in text
 
 
 def test_bokehjs_is_served_locally(server):

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 import pytest
-from labserver import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_until
+from labserver import CHROMIUM, CHROMIUM_ARGS, run_cell, running_lab, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -95,22 +95,6 @@ def test_view_live_stop_resume_in_jupyterlab(lab):
     bokeh_requests = [u for u in requests if "bokeh" in u and u.endswith(".js")]
     assert not [u for u in bokeh_requests if "cdn.bokeh.org" in u or not u.startswith(lab["url"])]
     assert any(u.startswith(lab["url"] + "dlc/static/bokeh/bokeh.min.js") for u in bokeh_requests)
-
-
-def run_cell(page, index: int) -> None:
-    """Select code cell `index` and run it (Shift+Enter); again if its prompt did not change."""
-    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
-    prompt = cell.locator(".jp-InputPrompt")
-    for _ in range(3):
-        cell.locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
-        try:
-            page.wait_for_function("(el) => /\\[(\\*|\\d+)\\]/.test(el.textContent)",
-                                   arg=prompt.element_handle(), timeout=10000)
-            return
-        except Exception:
-            continue
-    raise AssertionError(f"code cell {index} did not start running")
 
 
 def _state(page) -> tuple[str | None, str | None]:

@@ -93,8 +93,50 @@ def test_train_data_resumed_attempt_and_mean_past_eight_ranks():
         for rank in range(16):
             big.add({"t": step, "attempt": 1, "rank": rank, "step": step, "kind": "train",
                      "name": "loss", "value": float(rank)})
-    assert big.keys == [0, "mean"]
-    assert big.lines["loss"]["mean"].y == [7.5, 7.5] and big.lines["loss"][0].y == [0.0, 0.0]
+    assert big.keys == ["mean"] and big.outliers == [], "an even spread has no outlier"
+    mean = big.lines["loss"]["mean"]
+    assert mean.y == [7.5, 7.5] and mean.cols["lo"] == [0.0, 0.0] and mean.cols["hi"] == [15.0, 15.0]
+
+
+def test_band_and_outlier_ranks_with_4096_ranks():
+    """4,096 ranks: the chart keeps a mean with its min-max band and gives a line only to
+    the ranks that stand out (rank 77 diverges from step 3, rank 4000 spikes at step 5)."""
+    from jupyter_dlc.widgets.series import MAX_OUTLIERS, outlier_ranks
+
+    world = 4096
+    data = TrainData(world_size=world, capacity=1000)
+    for step in range(1, 9):
+        for rank in range(world):
+            value = 1.0 / step + (rank % 7) * 1e-3
+            if rank == 77 and step >= 3:
+                value += step          # diverges, and keeps diverging
+            if rank == 4000 and step == 5:
+                value = -50.0          # one spike
+            data.add({"t": step, "attempt": 1, "rank": rank, "step": step, "kind": "train",
+                      "name": "loss", "value": value})
+    mean = data.lines["loss"]["mean"]
+    assert mean.x == list(range(1, 9)) and len(data.lines["loss"]) == 3
+    assert mean.cols["hi"][4] == pytest.approx(1 / 5 + 5) and mean.cols["lo"][4] == -50.0
+    assert data.outliers == [77, 4000] and data.keys == ["mean", 77, 4000]
+    assert data.lines["loss"][77].x == list(range(3, 9)), "rank 77's line from where it stood out"
+    assert data.lines["loss"][4000].x == [5, 6, 7, 8]
+    assert outlier_ranks({r: 1.0 for r in range(10)}) == []
+    assert outlier_ranks({0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0}) == [3]
+    assert len(outlier_ranks({r: float(r * r * r) for r in range(100)}, MAX_OUTLIERS)) <= MAX_OUTLIERS
+
+
+def test_rank_table_pages_and_sorts():
+    from jupyter_dlc.widgets.ranktable import PAGE_SIZE, page_of
+
+    ranks = [{"rank": r, "node": r // 8, "last_step": 100 - (r == 4001) * 60 + (r % 3),
+              "last_heartbeat": 1000.0 + r - (r == 17) * 900} for r in range(4096)]
+    rows, page, pages = page_of(ranks, "rank", 0)
+    assert pages == -(-4096 // PAGE_SIZE) and [r["rank"] for r in rows] == list(range(PAGE_SIZE))
+    rows, page, _ = page_of(ranks, "rank", 10**6)
+    assert page == pages - 1 and rows[-1]["rank"] == 4095, "a page past the end shows the last"
+    assert page_of(ranks, "step", 0)[0][0]["rank"] == 4001, "slowest step first"
+    assert page_of(ranks, "heartbeat", 0)[0][0]["rank"] == 17, "oldest heartbeat first"
+    assert page_of([{"rank": 0}], "step", 0)[2] == 1
 
 
 def test_page_echo_of_a_stream_is_not_applied_twice():

@@ -519,6 +519,63 @@ class StreamHandler(BaseHandler):
             return
 
 
+class MetricsStreamHandler(BaseHandler):
+    """Server-sent events of one job: `metrics` ({points, last_seq}: every point stored after
+    `since`, in seq order) as soon as a write committed, and `job` (its JobSummary) when the
+    summary changed. The views follow this instead of polling `metrics?since=`; a view that
+    loses it falls back to polling from its last seq, so no point is lost either way."""
+
+    CHECK_S = 0.02      # how often the store's write counter is looked at (no SQL when unchanged)
+    PING_S = 5.0        # a comment line this often, so a client (and we) notice a dead peer
+
+    def on_connection_close(self) -> None:
+        self._gone = True
+
+    async def get(self, ref: str) -> None:
+        job_id = self.job_or_404(ref)["id"]
+        since = self.int_arg("since", 0) or 0
+        self._gone = False
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        self.write("retry: 1000\n\n")
+        summary = None
+        seen_version = -1
+        last_ping = time.time()
+        try:
+            while not self._gone:
+                version = self.store.version
+                if version != seen_version:
+                    seen_version = version
+                    since = self._send_points(job_id, since)
+                    row = self.store.job_row(job_id)
+                    if row is None:
+                        self.write(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
+                        await self.flush()
+                        return
+                    current = _clean(self.store.summary(row))
+                    if current != summary:
+                        summary = current
+                        self.write(f"event: job\ndata: {json.dumps(summary)}\n\n")
+                    await self.flush()
+                if time.time() - last_ping > self.PING_S:
+                    self.write(": ping\n\n")
+                    last_ping = time.time()
+                    await self.flush()
+                await asyncio.sleep(self.CHECK_S)
+        except tornado.iostream.StreamClosedError:
+            return
+
+    def _send_points(self, job_id: str, since: int) -> int:
+        """Write every point after `since` (in pages of what the store answers); the new seq."""
+        while True:
+            points = self.store.metrics(job_id, since)
+            if not points:
+                return since
+            since = points[-1]["seq"]
+            data = json.dumps(_clean({"points": points, "last_seq": since}), default=_json_default)
+            self.write(f"event: metrics\ndata: {data}\n\n")
+
+
 class PrometheusHandler(BaseHandler):
     def get(self) -> None:
         rows = self.store.job_rows()
@@ -564,6 +621,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
         (job + r"/report", ReportHandler, args),
         (job + r"/logs", LogsHandler, args),
         (job + r"/metrics", MetricsHandler, args),
+        (job + r"/metrics/stream", MetricsStreamHandler, args),
         (job + r"/events", EventsHandler, args),
         (job + r"/checkpoints", CheckpointsHandler, args),
         (job + r"/diagnosis", DiagnosisHandler, args),

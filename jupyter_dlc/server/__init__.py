@@ -5,6 +5,8 @@ Routes (every one requires Jupyter's auth; a request without it gets 403):
 ``{base_url}/dlc/api/<rest>``         GET/POST/DELETE forwarded to the launcher's ``/api/<rest>``
 ``{base_url}/dlc/healthz``            the launcher's ``/healthz`` (503 when it cannot be reached)
 ``{base_url}/dlc/stream``             server-sent events relayed from the launcher's ``/api/stream``
+``{base_url}/dlc/jobs/<job>/metrics/stream``  a job's pushed metric points, relayed from the
+                                      launcher's ``/api/jobs/<job>/metrics/stream?since=``
 ``{base_url}/dlc/bokeh.json``         the BokehJS version and the URLs of its files, below
 ``{base_url}/dlc/static/bokeh/<f>``   BokehJS from the installed ``bokeh`` package (no CDN)
 

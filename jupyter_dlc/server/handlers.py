@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -212,9 +213,13 @@ class StreamHandler(_DlcMixin, APIHandler):
         self.write(text)
         return self.flush()
 
+    def upstream(self, *args) -> str:
+        """The launcher path (with its query) this relay follows."""
+        return "/api/stream"
+
     @web.authenticated
     @authorized("read")
-    async def get(self):
+    async def get(self, *args):
         self._dlc_closed = False
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
@@ -251,7 +256,7 @@ class StreamHandler(_DlcMixin, APIHandler):
         try:
             await http.fetch(
                 httpclient.HTTPRequest(
-                    url + "/api/stream",
+                    url + self.upstream(*args),
                     headers={"Authorization": f"token {token}", "Accept": "text/event-stream"},
                     streaming_callback=on_chunk,
                     connect_timeout=5,
@@ -288,6 +293,17 @@ class StreamHandler(_DlcMixin, APIHandler):
             )
         except LauncherUnavailable:
             pass
+
+
+class MetricsStreamHandler(StreamHandler):
+    """``/dlc/jobs/<job>/metrics/stream?since=SEQ``: the launcher's push of one job's metric
+    points, relayed as server-sent events (the panel's detail tab follows it, and polls
+    ``/dlc/api/jobs/<job>/metrics`` while it is down)."""
+
+    def upstream(self, job: str) -> str:
+        since = self.get_query_argument("since", "0")
+        return (f"/api/jobs/{urllib.parse.quote(job, safe='')}/metrics/stream?"
+                + urllib.parse.urlencode({"since": since}))
 
 
 def bokeh_js_dir() -> str:
@@ -337,6 +353,7 @@ def handler_specs(base_url: str) -> list[tuple]:
         (url_path_join(root, "api", "(.*)"), ApiForwardHandler),
         (url_path_join(root, "healthz"), HealthHandler),
         (url_path_join(root, "stream"), StreamHandler),
+        (url_path_join(root, "jobs", "([^/]+)", "metrics", "stream"), MetricsStreamHandler),
         (url_path_join(root, "bokeh.json"), BokehJsonHandler),
         (url_path_join(root, "static", "bokeh", "(.*)"), BokehStaticHandler,
          {"path": bokeh_js_dir()}),

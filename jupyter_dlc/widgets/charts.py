@@ -50,14 +50,8 @@ class Charts:
         self.train_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
                                          spacing=0, padding=4), "right")
         self.train_sources: dict = {}
-        for i, key in enumerate(train.keys):
-            # name: the benchmark and the browser test find the sources by it
-            source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-train-{key}")
-            label = f"rank {key}" if key != "mean" else f"mean of {train.world_size} ranks"
-            self.train_fig.line("x", "y", source=source, line_width=1.5 if key != "mean" else 2.5,
-                                color=_colour(i) if key != "mean" else "black",
-                                legend_label=label)
-            self.train_sources[key] = source
+        for key in train.keys:
+            self._add_train_line(key)
         self.train_fig.add_tools(HoverTool(tooltips=[("step", "@x{0}"), ("value", "@y{0.0000}")]))
 
         self.sys_fig = figure(name="dlc-system", width=WIDTH, height=HEIGHT,
@@ -72,15 +66,38 @@ class Charts:
         self.layout = row(self.train_fig, self.sys_fig, name="dlc-charts")
 
     # -- the train chart ----------------------------------------------------------------
+    def _add_train_line(self, key) -> ColumnDataSource:
+        """A rank's line, or past MAX_RANK_LINES ranks the mean with its min-max band (one
+        source: x, y = mean, lo, hi) and, as found, an outlier rank's line."""
+        # name: the benchmark and the browser test find the sources by it
+        if key == "mean":
+            source = ColumnDataSource({"x": [], "y": [], "lo": [], "hi": []}, name="dlc-train-mean")
+            self.train_fig.varea("x", "lo", "hi", source=source, fill_color="#90a4ae",
+                                 fill_alpha=0.35, legend_label=f"min-max of {self.train.world_size} ranks")
+            self.train_fig.line("x", "y", source=source, line_width=2.5, color="black",
+                                legend_label=f"mean of {self.train.world_size} ranks")
+        else:
+            source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-train-{key}")
+            outlier = not self.train.by_rank
+            colour = _colour(self.train.outliers.index(key) + 3 if outlier else key)
+            self.train_fig.line("x", "y", source=source, line_width=1.5, color=colour,
+                                legend_label=f"rank {key}" + (" (outlier)" if outlier else ""))
+        self.train_sources[key] = source
+        return source
+
     def select_metric(self, name: str) -> None:
         """Show train metric `name` (the full kept history of every line)."""
         self.metric = name
+        for key in self.train.keys:
+            if key not in self.train_sources:
+                self._add_train_line(key)
         self.train_fig.title.text = name
         self.train_fig.yaxis.axis_label = name
         lines = self.train.lines.get(name, {})
         for key, source in self.train_sources.items():
             line = lines.get(key)
-            source.data = {"x": list(line.x), "y": list(line.y)} if line else {"x": [], "y": []}
+            source.data = ({n: list(v) for n, v in line.cols.items()} if line
+                           else {n: [] for n in source.data})
 
     def push(self) -> int:
         """Send what changed since the last push; returns the number of points sent."""
@@ -88,8 +105,11 @@ class Charts:
         for name, lines in self.train.lines.items():
             for key, line in lines.items():
                 change = line.take_new()
-                if change is None or name != self.metric or key not in self.train_sources:
+                if change is None or name != self.metric:
                     continue
+                if key not in self.train_sources:  # an outlier rank just found
+                    self._add_train_line(key)
+                    change = ("reset", {n: list(v) for n, v in line.cols.items()})
                 sent += self._apply(self.train_sources[key], change)
         for key, line in sorted(self.system.lines.items()):
             change = line.take_new()

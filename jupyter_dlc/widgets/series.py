@@ -8,8 +8,12 @@ Pure Python (no widgets, no bokeh) so that the reduction rules can be tested on 
 - a resumed attempt continues from its checkpoint: when the first point of a new attempt
   arrives at step s, every train line drops its points at steps >= s, so the chart shows
   the trajectory that the model actually has;
-- with more than MAX_RANK_LINES ranks a train metric is drawn as rank 0 and the mean over
-  ranks (a step's mean is emitted once every rank has logged that step).
+- with more than MAX_RANK_LINES ranks a train metric is drawn as the mean over ranks with a
+  min-max band (a step's is emitted once every rank has logged that step, or as a partial
+  one when 64 newer steps wait on a rank that stopped logging), plus a line for each rank
+  found to be an outlier (`outlier_ranks`, at most MAX_OUTLIERS), from the step where it
+  first stood out: one line per rank does not scale to 4,096 ranks, and the one rank that
+  diverges is what the user needs to see.
 """
 
 from __future__ import annotations
@@ -17,35 +21,45 @@ from __future__ import annotations
 from collections import deque
 
 MAX_RANK_LINES = 8
+MAX_OUTLIERS = 3
+PENDING_STEPS = 64      # steps waiting for their last rank before a partial mean is drawn
 SAMPLE_RATE_NAMES = ("samples_per_s", "samples_per_sec", "samples/s", "samples_per_second")
 
 
 class Line:
-    """x/y columns of one line with the halving rule above. `new_x/new_y` hold what was
-    accepted since the last `take_new()`; `reset` says the whole line must be re-sent."""
+    """x and y columns (plus any `extra` columns, e.g. a band's lo/hi) of one line with the
+    halving rule above. `take_new()` hands over what was accepted since the last call, or
+    the whole line when it must be re-sent (`reset`)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, extra: tuple[str, ...] = ()):
         self.capacity = max(4, int(capacity))
-        self.x: list[float] = []
-        self.y: list[float] = []
+        self.names = ("x", "y") + tuple(extra)
+        self.cols: dict[str, list[float]] = {n: [] for n in self.names}
         self.stride = 1
         self._skipped = 0
-        self.new_x: list[float] = []
-        self.new_y: list[float] = []
+        self.new: dict[str, list[float]] = {n: [] for n in self.names}
         self.reset = False
 
-    def append(self, x: float, y: float) -> None:
+    @property
+    def x(self) -> list[float]:
+        return self.cols["x"]
+
+    @property
+    def y(self) -> list[float]:
+        return self.cols["y"]
+
+    def append(self, x: float, y: float, **extra: float) -> None:
         if self.stride > 1:
             self._skipped += 1
             if self._skipped < self.stride:
                 return
             self._skipped = 0
-        self.x.append(x)
-        self.y.append(y)
-        self.new_x.append(x)
-        self.new_y.append(y)
-        if len(self.x) >= self.capacity:
-            self.x, self.y = self.x[::2], self.y[::2]
+        row = dict(extra, x=x, y=y)
+        for name in self.names:
+            self.cols[name].append(row[name])
+            self.new[name].append(row[name])
+        if len(self.cols["x"]) >= self.capacity:
+            self.cols = {n: v[::2] for n, v in self.cols.items()}
             self.stride *= 2
             self.reset = True
 
@@ -53,32 +67,50 @@ class Line:
         """Drop points at x >= `x` (a resumed attempt re-does those steps)."""
         if self.x and self.x[-1] >= x:
             keep = sum(1 for v in self.x if v < x)
-            self.x, self.y = self.x[:keep], self.y[:keep]
+            self.cols = {n: v[:keep] for n, v in self.cols.items()}
             self.reset = True
 
     def take_new(self) -> tuple[str, dict] | None:
         """("reset", full columns) or ("stream", new columns) or None; clears the pending."""
         if self.reset:
-            out = ("reset", {"x": list(self.x), "y": list(self.y)})
-        elif self.new_x:
-            out = ("stream", {"x": list(self.new_x), "y": list(self.new_y)})
+            out = ("reset", {n: list(v) for n, v in self.cols.items()})
+        elif self.new["x"]:
+            out = ("stream", {n: list(v) for n, v in self.new.items()})
         else:
             out = None
         self.reset = False
-        self.new_x, self.new_y = [], []
+        self.new = {n: [] for n in self.names}
         return out
 
 
+def outlier_ranks(values: dict[int, float], limit: int = 3) -> list[int]:
+    """The ranks whose value at one step lies far from the others: more than 5 scaled
+    median absolute deviations from the median (every differing rank when all others
+    agree), farthest first, at most `limit`. Robust to the outliers themselves, unlike a
+    mean and standard deviation, which one wild rank of eight drags along."""
+    if len(values) < 3:
+        return []
+    ordered = sorted(values.values())
+    median = ordered[len(ordered) // 2]
+    deviations = sorted(abs(v - median) for v in ordered)
+    mad = deviations[len(deviations) // 2] * 1.4826
+    bound = 5 * mad if mad > 0 else 1e-12 * max(1.0, abs(median))
+    far = [(abs(v - median), r) for r, v in values.items() if abs(v - median) > bound]
+    return [r for _, r in sorted(far, reverse=True)[:limit]]
+
+
 class TrainData:
-    """Train metrics (kind "train") by name and line key: a rank number or "mean"."""
+    """Train metrics (kind "train") by name and line key: a rank number, or "mean" (with its
+    band's "lo"/"hi" columns) past MAX_RANK_LINES ranks."""
 
     def __init__(self, world_size: int, capacity: int):
         self.world_size = max(1, int(world_size))
         self.capacity = capacity
         self.by_rank = self.world_size <= MAX_RANK_LINES
-        self.keys: list = list(range(self.world_size)) if self.by_rank else [0, "mean"]
+        self.keys: list = list(range(self.world_size)) if self.by_rank else ["mean"]
+        self.outliers: list[int] = []  # ranks with a line of their own, in the order found
         self.lines: dict[str, dict] = {}  # name -> {key: Line}
-        self._pending: dict[str, dict[float, list]] = {}  # name -> step -> [sum, count]
+        self._pending: dict[str, dict[float, dict[int, float]]] = {}  # name -> step -> rank -> value
         self.attempt = 0
         self.last_step: dict[int, float] = {}  # rank -> last step (current attempt)
         self.steps: deque = deque(maxlen=400)  # (t, step) of the lowest rank seen, this attempt
@@ -93,8 +125,11 @@ class TrainData:
         return names
 
     def _line(self, name: str, key) -> Line:
-        lines = self.lines.setdefault(name, {k: Line(self.capacity) for k in self.keys})
-        return lines[key]
+        lines = self.lines.setdefault(name, {})
+        line = lines.get(key)
+        if line is None:
+            line = lines[key] = Line(self.capacity, ("lo", "hi") if key == "mean" else ())
+        return line
 
     def add(self, point: dict) -> None:
         step, value, rank = point.get("step"), point.get("value"), point.get("rank")
@@ -114,9 +149,9 @@ class TrainData:
             if rank < self.world_size:
                 self._line(name, rank).append(step, value)
         else:
-            if rank == 0:
-                self._line(name, 0).append(step, value)
-            self._add_to_mean(name, step, value)
+            if rank in self.outliers:
+                self._line(name, rank).append(step, value)
+            self._add_to_band(name, step, rank, value)
         if step != self.last_step.get(rank):
             self.last_step[rank] = step
             if self._rate_rank is None or rank < self._rate_rank:
@@ -125,18 +160,39 @@ class TrainData:
             if rank == self._rate_rank:
                 self.steps.append((point["t"], step))
 
-    def _add_to_mean(self, name: str, step: float, value: float) -> None:
+    def _add_to_band(self, name: str, step: float, rank: int, value: float) -> None:
         pending = self._pending.setdefault(name, {})
-        acc = pending.setdefault(step, [0.0, 0])
-        acc[0] += value
-        acc[1] += 1
-        if acc[1] >= self.world_size:
-            self._line(name, "mean").append(step, acc[0] / acc[1])
+        values = pending.setdefault(step, {})
+        values[rank] = value
+        if len(values) >= self.world_size:
             del pending[step]
-        if len(pending) > 64:  # a rank that stopped logging: emit the oldest partial means
-            for old in sorted(pending)[: len(pending) - 64]:
-                total, count = pending.pop(old)
-                self._line(name, "mean").append(old, total / count)
+            self._emit(name, step, values)
+        if len(pending) > PENDING_STEPS:  # a rank that stopped logging: draw the oldest partially
+            for old in sorted(pending)[: len(pending) - PENDING_STEPS]:
+                self._emit(name, old, pending.pop(old))
+
+    def _emit(self, name: str, step: float, values: dict[int, float]) -> None:
+        numbers = list(values.values())
+        self._line(name, "mean").append(step, sum(numbers) / len(numbers),
+                                        lo=min(numbers), hi=max(numbers))
+        room = MAX_OUTLIERS - len(self.outliers)
+        for rank in outlier_ranks(values, MAX_OUTLIERS):
+            if room <= 0:
+                break
+            if rank not in self.outliers:
+                room -= 1
+                self._promote(rank, name, step, values[rank])
+
+    def _promote(self, rank: int, name: str, step: float, value: float) -> None:
+        """Give `rank` a line of its own, starting with what is still at hand: this step and
+        the steps that wait for other ranks (later points are added as they come)."""
+        self.outliers.append(rank)
+        self.keys.append(rank)
+        self._line(name, rank).append(step, value)
+        for other, pending in self._pending.items():
+            for s in sorted(pending):
+                if rank in pending[s] and (other != name or s > step):
+                    self._line(other, rank).append(s, pending[s][rank])
 
     def _new_attempt(self, first_step: float) -> None:
         for lines in self.lines.values():

@@ -6,10 +6,13 @@ failed attempt), buttons (Stop, Resume from a committed step, Clone), the per-ra
 the charts (a train metric against step with a metric dropdown, and utilisation per GPU per
 node, or CPU where there is no GPU), and a log tail with a rank filter.
 
-How it updates: ONE daemon thread per view calls `refresh_now()` every `interval` seconds
-while the job is active: job detail, metrics since the last seq (all pages), logs from the
-cursor, events since the last seq, checkpoints when a new one committed, diagnosis when an
-attempt failed. Each refresh turns into at most one message per changed widget and one bokeh
+How it updates: metric points are PUSHED: a `push.MetricsFollower` thread follows the
+launcher's `metrics/stream` for the job and draws each batch as soon as it arrives (and wakes
+the updater when the job's summary changes state). ONE updater thread per view calls
+`refresh_now()` every `push_interval` seconds while the stream is live (every `interval`
+while it is down, when it also polls metrics since the last seq, all pages): job detail,
+logs from the cursor, events since the last seq, checkpoints when a new one committed,
+diagnosis when an attempt failed. Each refresh turns into at most one message per changed widget and one bokeh
 stream per changed line, so the front end gets a few updates a second however fast the job
 logs. When the job has ended the thread waits `ended_interval`, refreshes a last time and
 exits (Resume or Clone start it again). When the launcher cannot be reached the view keeps
@@ -40,6 +43,8 @@ from .. import formatting
 from ..client import TERMINAL, LauncherClient, LauncherError, LauncherUnavailable
 from .charts import Charts, JobChartsModel
 from .kernelthread import adopt_parent, capture_parent
+from .push import MetricsFollower
+from .ranktable import PAGE_SIZE, SORTS, page_of
 from .series import SystemData, TrainData
 
 STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c41",
@@ -95,15 +100,19 @@ class JobView:
     `refresh_now()` polls once, synchronously (tests, `%%dlc --wait`)."""
 
     def __init__(self, client, job_id: str, interval: float = 0.25, ended_interval: float = 1.5,
-                 capacity: int = 4000, log_lines: int = 200):
+                 capacity: int = 4000, log_lines: int = 200, push_interval: float = 1.0):
         import ipywidgets as w
 
         self.client = client
         self.interval = interval
+        self.push_interval = push_interval
         self.ended_interval = ended_interval
         self.capacity = capacity
         self.log_lines = log_lines
+        # _lock guards what the widgets show (held briefly: the stream's points wait on it);
+        # _refresh_lock only keeps two refreshes apart, and is held across their HTTP calls.
         self._lock = threading.RLock()
+        self._refresh_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,6 +121,10 @@ class JobView:
         self._down: str | None = None
         self._down_count = 0
         self.refreshes = 0
+        self._push: MetricsFollower | None = None
+        self.points_pushed = 0  # points drawn from the stream / from a poll (tests, benchmark)
+        self.points_polled = 0
+        self.rank_page = 0
 
         self.header = w.HTML()
         self.banner = w.HTML()
@@ -125,6 +138,13 @@ class JobView:
                                      tooltip="Submit a new job with the same spec; this view follows it")
         self.action_note = w.HTML()
         self.rank_table = w.HTML()
+        self.rank_sort = w.Dropdown(description="ranks", options=[(label, key) for key, label in SORTS],
+                                    value="rank", layout=w.Layout(width="260px"))
+        self.rank_prev = w.Button(description="◀", layout=w.Layout(width="36px"), tooltip="previous page")
+        self.rank_next = w.Button(description="▶", layout=w.Layout(width="36px"), tooltip="next page")
+        self.rank_pages = w.HTML()
+        self.rank_bar = w.HBox([self.rank_sort, self.rank_prev, self.rank_pages, self.rank_next])
+        self.rank_bar.layout.display = "none"  # shown when the ranks need more than one page
         self.metric_select = w.Dropdown(description="metric", options=["loss"], value="loss",
                                         layout=w.Layout(width="260px"))
         self.chart_note = w.HTML(NO_BOKEH_NOTE)
@@ -142,12 +162,15 @@ class JobView:
         self.clone_button.on_click(lambda _: self._act(self.clone))
         self.metric_select.observe(self._on_metric, names="value")
         self.log_filter.observe(lambda _: self._render_logs(), names="value")
+        self.rank_sort.observe(lambda _: self._turn_rank_page(None), names="value")
+        self.rank_prev.on_click(lambda _: self._turn_rank_page(-1))
+        self.rank_next.on_click(lambda _: self._turn_rank_page(+1))
 
         self.widget = w.VBox([
             self.header, self.banner,
             w.HBox([self.stop_button, self.resume_steps, self.resume_button, self.clone_button,
                     self.action_note]),
-            self.rank_table, self.metric_select, self.bokeh, self.chart_note,
+            self.rank_bar, self.rank_table, self.metric_select, self.bokeh, self.chart_note,
             self.log_filter, self.log_view,
         ])
         self.widget.add_class("dlc-job-view")
@@ -187,6 +210,7 @@ class JobView:
         self._auto = False
         self._closed.set()
         self._wake.set()
+        self._stop_push()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the updater thread to finish (the job ended); True when it has."""
@@ -198,7 +222,7 @@ class JobView:
     def refresh_now(self) -> dict | None:
         """Poll the launcher once and update every part; returns the job (None when the
         launcher cannot be reached or the job is gone)."""
-        with self._lock:
+        with self._refresh_lock:
             return self._refresh()
 
     def stop(self, grace: float | None = None) -> dict:
@@ -248,6 +272,7 @@ class JobView:
         final_pending = False
         while not self._closed.is_set():
             self._wake.clear()
+            self._ensure_push()
             try:
                 job = self.refresh_now()
             except Exception as error:  # a bug must not end the view silently
@@ -265,6 +290,7 @@ class JobView:
                     with self._lock:
                         if not self._wake.is_set():
                             self._thread = None
+                            self._stop_push()
                             return
                     final_pending = False
                     continue
@@ -272,11 +298,69 @@ class JobView:
                 delay = self.ended_interval
             else:
                 final_pending = False
-                delay = self.interval
+                delay = self.push_interval if self._pushing() else self.interval
             self._wake.wait(delay)
         with self._lock:
             if self._thread is threading.current_thread():
                 self._thread = None
+                self._stop_push()
+
+    # -- pushed points ----------------------------------------------------------------------
+    def _ensure_push(self) -> None:
+        """Follow the stream of the job shown now (a clone replaces it)."""
+        with self._lock:
+            push = self._push
+            if push is not None and push.job_id == self.job_id and not push.stopped:
+                return
+            if push is not None:
+                push.stop()
+            f = self._f
+            self._push = MetricsFollower(
+                lambda: self.client, f.job_id, lambda: f.metrics_seq,
+                lambda points, last: self._pushed(f, points, last),
+                lambda job: self._job_changed(f, job), self._push_state).start()
+
+    def _stop_push(self) -> None:
+        push, self._push = self._push, None
+        if push is not None:
+            push.stop()
+
+    def _pushing(self) -> bool:
+        push = self._push
+        return push is not None and push.state != "down"
+
+    def _pushed(self, f: _Followed, points: list, last_seq: int) -> None:
+        with self._lock:
+            if f is not self._f:
+                return  # the view follows another job now
+            added = self._add_points(f, points)
+            f.metrics_seq = max(f.metrics_seq, last_seq)
+            self.points_pushed += added
+            if added:
+                self.charts.push()
+
+    def _job_changed(self, f: _Followed, job: dict) -> None:
+        known = f.job or {}
+        if (job.get("state"), job.get("attempt")) != (known.get("state"), known.get("attempt")):
+            self._wake.set()  # a state change shows now, not at the next refresh
+
+    def _push_state(self, state: str) -> None:
+        if state == "down":
+            self._wake.set()  # poll at once what the stream would have brought
+
+    @staticmethod
+    def _add_points(f: _Followed, points: list) -> int:
+        """Add the points not seen yet (a poll and the stream may both bring one)."""
+        added = 0
+        for point in points:
+            if int(point.get("seq") or 0) <= f.metrics_seq:
+                continue
+            if point.get("kind") == "system":
+                f.system.add(point)
+            else:
+                f.train.add(point)
+            added += 1
+        return added
 
     # -- one refresh ----------------------------------------------------------------------
     def _new_followed(self, job_id: str) -> _Followed:
@@ -296,8 +380,10 @@ class JobView:
         self.refreshes += 1
         try:
             job = self.client.job(f.job_id)
-            self._ensure_world(f, job)
-            self._poll_metrics(f)
+            with self._lock:
+                self._ensure_world(f, job)
+                if not self._pushing():
+                    self._poll_metrics(f)
             self._poll_logs(f)
             self._poll_events(f)
             self._poll_checkpoints(f, job)
@@ -313,12 +399,15 @@ class JobView:
             # 401: a launcher that restarted has a new token; anything else: keep trying
             self._launcher_down(str(error))
             return None
-        if self._down:
-            self._down, self._down_count = None, 0
-        f.job = job
-        self._render(job)
-        if job["state"] in TERMINAL:
-            self._finalise(f, job)
+        with self._lock:
+            if f is not self._f:
+                return job  # the view follows a clone now; its own refresh draws it
+            if self._down:
+                self._down, self._down_count = None, 0
+            f.job = job
+            self._render(job)
+            if job["state"] in TERMINAL:
+                self._finalise(f, job)
         return job
 
     def _ensure_world(self, f: _Followed, job: dict) -> None:
@@ -332,23 +421,24 @@ class JobView:
             self._set_log_filter_options()
 
     def _launcher_down(self, message: str) -> None:
-        self._down = message
-        self._down_count += 1
+        with self._lock:
+            self._down = message
+            self._down_count += 1
+            self._render_banner()
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        """A launcher that came back on a new port (its connection file says where)."""
         fresh = LauncherClient.from_connection_file()
         if fresh is not None and (fresh.url, fresh.token) != (self.client.url, self.client.token) \
                 and fresh.alive():
             self.client = fresh
-        self._render_banner()
 
     def _poll_metrics(self, f: _Followed) -> None:
         for _ in range(1000):
             answer = self.client.metrics(f.job_id, since=f.metrics_seq)
             points = answer.get("points") or []
-            for point in points:
-                if point.get("kind") == "system":
-                    f.system.add(point)
-                else:
-                    f.train.add(point)
+            self.points_polled += self._add_points(f, points)
             f.metrics_seq = max(f.metrics_seq, int(answer.get("last_seq") or 0))
             if len(points) < METRIC_PAGE:
                 break
@@ -356,20 +446,27 @@ class JobView:
     def _poll_logs(self, f: _Followed) -> None:
         answer = self.client.logs(f.job_id, cursor=f.log_cursor,
                                   tail=None if f.log_cursor else self.log_lines)
-        attempt = answer.get("attempt")
-        if attempt is not None and attempt != f.log_attempt:
-            if f.log_attempt is not None or (attempt or 1) > 1:
-                f.add_log(None, f"--- attempt {attempt} ---")
-            f.log_attempt = attempt
-        for line in answer.get("lines") or []:
-            f.add_log(line.get("rank"), line.get("text", ""))
-        f.log_cursor = answer.get("cursor") or f.log_cursor
-        if answer.get("lines") or f.log_counter != getattr(f, "_rendered_counter", None):
-            f._rendered_counter = f.log_counter
-            self._render_logs()
+        with self._lock:
+            attempt = answer.get("attempt")
+            if attempt is not None and attempt != f.log_attempt:
+                if f.log_attempt is not None or (attempt or 1) > 1:
+                    f.add_log(None, f"--- attempt {attempt} ---")
+                f.log_attempt = attempt
+            for line in answer.get("lines") or []:
+                f.add_log(line.get("rank"), line.get("text", ""))
+            f.log_cursor = answer.get("cursor") or f.log_cursor
+            if answer.get("lines") or f.log_counter != getattr(f, "_rendered_counter", None):
+                f._rendered_counter = f.log_counter
+                self._render_logs()
 
     def _poll_events(self, f: _Followed) -> None:
-        for event in self.client.events(f.job_id, since=f.events_seq):
+        events = self.client.events(f.job_id, since=f.events_seq)
+        with self._lock:
+            self._apply_events(f, events)
+
+    @staticmethod
+    def _apply_events(f: _Followed, events: list) -> None:
+        for event in events:
             f.events_seq = max(f.events_seq, int(event.get("seq") or 0))
             data = event.get("data") or {}
             kind = event.get("type")
@@ -388,9 +485,10 @@ class JobView:
         last = job.get("last_checkpoint") or {}
         key = (last.get("step"), job.get("attempt"), job["state"] in TERMINAL)
         if f.checkpoints is None or key != f.checkpoint_key:
-            f.checkpoints = self.client.checkpoints(f.job_id)
-            f.checkpoint_key = key
-            self._set_resume_options(f.checkpoints)
+            checkpoints = self.client.checkpoints(f.job_id)
+            with self._lock:
+                f.checkpoints, f.checkpoint_key = checkpoints, key
+                self._set_resume_options(checkpoints)
 
     def _poll_diagnosis(self, f: _Followed, job: dict) -> None:
         failed = sum(1 for a in job.get("attempts") or [] if a.get("failure"))
@@ -472,8 +570,22 @@ class JobView:
             text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
         return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'
 
+    def _turn_rank_page(self, by: int | None) -> None:
+        with self._lock:
+            self.rank_page = 0 if by is None else self.rank_page + by
+            if self._f.job:
+                self.rank_table.value = self._ranks_html(self._f.job)
+
     def _ranks_html(self, job: dict) -> str:
-        ranks = sorted(job.get("ranks") or [], key=lambda r: (r.get("node") or 0, r.get("rank") or 0))
+        everyone = job.get("ranks") or []
+        ranks, self.rank_page, pages = page_of(everyone, self.rank_sort.value, self.rank_page)
+        self.rank_bar.layout.display = "" if pages > 1 else "none"
+        self.rank_prev.disabled = self.rank_page == 0
+        self.rank_next.disabled = self.rank_page >= pages - 1
+        first = self.rank_page * PAGE_SIZE
+        self.rank_pages.value = (f'<span class="dlc-rank-pages" style="padding:0 6px">ranks {first + 1}-'
+                                 f"{first + len(ranks)} of {len(everyone)} · page {self.rank_page + 1}"
+                                 f" of {pages}</span>")
         if not ranks:
             return '<div class="dlc-ranks" style="color:#888">no ranks started yet</div>'
         cell = 'style="padding:1px 8px;text-align:left"'

@@ -113,12 +113,17 @@ export class DlcApi {
     return this.request('DELETE', `api/jobs/${encodeURIComponent(id)}`);
   }
 
-  /** Open the event stream; resolves once the relay answered 200, with a reader of its body. */
-  async openStream(signal: AbortSignal): Promise<ReadableStreamDefaultReader<Uint8Array>> {
+  /** Open an event stream (the summaries by default, or `jobs/{id}/metrics/stream`);
+   * resolves once the relay answered 200, with a reader of its body. */
+  async openStream(
+    signal: AbortSignal,
+    path = 'stream',
+    params?: Record<string, string | number | undefined>
+  ): Promise<ReadableStreamDefaultReader<Uint8Array>> {
     let resp: Response;
     try {
       resp = await ServerConnection.makeRequest(
-        this.url('stream'),
+        this.url(path, params),
         { method: 'GET', signal, headers: { Accept: 'text/event-stream' }, cache: 'no-store' },
         this.settings
       );

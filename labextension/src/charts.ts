@@ -82,6 +82,78 @@ export class MetricSeries {
   }
 }
 
+/** Past this many series a chart draws the mean with a min-max band, plus the outliers. */
+export const MAX_RANK_LINES = 8;
+export const MAX_OUTLIERS = 3;
+
+/**
+ * The series whose value at one x lies far from the others: more than 5 scaled median
+ * absolute deviations from the median (every differing one when all others agree), farthest
+ * first. The same rule as the notebook view (jupyter_dlc/widgets/series.py outlier_ranks).
+ */
+export function outliersAt(values: Map<string, number>): { label: string; distance: number }[] {
+  if (values.size < 3) {
+    return [];
+  }
+  const ordered = [...values.values()].sort((a, b) => a - b);
+  const median = ordered[Math.floor(ordered.length / 2)];
+  const deviations = ordered.map(v => Math.abs(v - median)).sort((a, b) => a - b);
+  const mad = deviations[Math.floor(deviations.length / 2)] * 1.4826;
+  const bound = mad > 0 ? 5 * mad : 1e-12 * Math.max(1, Math.abs(median));
+  const far: { label: string; distance: number }[] = [];
+  for (const [label, v] of values) {
+    const distance = Math.abs(v - median);
+    if (distance > bound) {
+      far.push({ label, distance: mad > 0 ? distance / mad : Infinity });
+    }
+  }
+  return far.sort((a, b) => b.distance - a.distance);
+}
+
+export interface Band {
+  /** [x, mean, min, max] per x, x ascending */
+  rows: [number, number, number, number][];
+  /** the series that stood out most (farthest, in MADs, at any x), at most `limit` */
+  outliers: Series[];
+}
+
+/** Mean and min-max band over `series` at every x, and the outlier series. */
+export function bandOf(series: Series[], limit = MAX_OUTLIERS): Band {
+  const byX = new Map<number, Map<string, number>>();
+  for (const s of series) {
+    for (const [x, y] of s.points) {
+      let at = byX.get(x);
+      if (!at) {
+        at = new Map();
+        byX.set(x, at);
+      }
+      at.set(s.label, y);
+    }
+  }
+  const rows: [number, number, number, number][] = [];
+  const worst = new Map<string, number>();
+  for (const x of [...byX.keys()].sort((a, b) => a - b)) {
+    const at = byX.get(x)!;
+    let sum = 0;
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const v of at.values()) {
+      sum += v;
+      lo = Math.min(lo, v);
+      hi = Math.max(hi, v);
+    }
+    rows.push([x, sum / at.size, lo, hi]);
+    for (const { label, distance } of outliersAt(at)) {
+      worst.set(label, Math.max(worst.get(label) ?? 0, distance));
+    }
+  }
+  const picked = [...worst.entries()].sort((a, b) => b[1] - a[1]).slice(0, limit).map(([l]) => l);
+  return {
+    rows,
+    outliers: series.filter(s => picked.includes(s.label)).map(s => ({ ...s, label: `${s.label} (outlier)` }))
+  };
+}
+
 function fmt(v: number): string {
   if (v === 0) {
     return '0';
@@ -158,13 +230,35 @@ export function lineChart(
   if (opts.xLabel) {
     text(W - R, H - 3, opts.xLabel, 'end');
   }
+  const band = series.length > MAX_RANK_LINES ? bandOf(series) : null;
+  if (band) {
+    // the min-max area, then the mean; the outliers are drawn as the lines below
+    const area = document.createElementNS(SVG_NS, 'path');
+    const top = band.rows.map(([x, , , hi], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)} ${sy(hi).toFixed(1)}`);
+    const bottom = [...band.rows].reverse().map(([x, , lo]) => `L${sx(x).toFixed(1)} ${sy(lo).toFixed(1)}`);
+    area.setAttribute('d', top.join(' ') + ' ' + bottom.join(' ') + ' Z');
+    area.setAttribute('class', 'dlc-chart-band');
+    svg.appendChild(area);
+    const mean = document.createElementNS(SVG_NS, 'path');
+    mean.setAttribute('d', band.rows.map(([x, m], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)} ${sy(m).toFixed(1)}`).join(' '));
+    mean.setAttribute('class', 'dlc-chart-line dlc-chart-mean');
+    mean.setAttribute('stroke', '#000');
+    svg.appendChild(mean);
+    series = [{ label: `mean of ${series.length}`, points: [] }, ...band.outliers];
+  }
   series.forEach((s, i) => {
+    if (!s.points.length) {
+      return;
+    }
     const path = document.createElementNS(SVG_NS, 'path');
     const d = s.points
       .map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)} ${sy(y).toFixed(1)}`)
       .join(' ');
     path.setAttribute('d', d);
-    path.setAttribute('class', 'dlc-chart-line');
+    path.setAttribute('class', band ? 'dlc-chart-line dlc-chart-outlier' : 'dlc-chart-line');
+    // what the line reaches, for the browser test and benchmarks/live_view.py
+    path.dataset.label = s.label;
+    path.dataset.lastX = String(s.points[s.points.length - 1][0]);
     path.setAttribute('stroke', COLORS[i % COLORS.length]);
     const tip = document.createElementNS(SVG_NS, 'title');
     const last = s.points[s.points.length - 1];

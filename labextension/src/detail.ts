@@ -7,7 +7,8 @@ import { PageConfig } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { DlcApi, DlcError } from './api';
-import { MetricSeries, lineChart } from './charts';
+import { MetricPoint, MetricSeries, lineChart } from './charts';
+import { FeedStatus, MetricsFeed } from './metricsfeed';
 import { stateClass } from './listview';
 import { JobDetail, JobEntry, age, isActive } from './store';
 import {
@@ -16,12 +17,15 @@ import {
   Diagnosis,
   LogLine,
   RANK_COLUMNS,
+  RANK_SORTS,
   Rank,
+  RankOrder,
   alertLine,
   checkpointLabel,
   diagnosisParts,
   logText,
-  rankCells
+  rankCells,
+  rankPage
 } from './views';
 
 const LOG_TAIL = 200;
@@ -99,11 +103,17 @@ export class DetailView {
   private lastFullRev = -1;
   private logRank = '';
   private parts: Record<string, HTMLElement> = {};
+  /** the job's metric points: pushed by the launcher, polled while the stream is down */
+  feed: MetricsFeed | null = null;
+  private chartFrame: number | null = null;
+  private ranks: Rank[] = [];
+  private rankOrder: RankOrder = 'rank';
+  private rankPageNo = 0;
 
   constructor(private host: DetailHost) {
     this.node = el('div', 'dlc-detail');
     const head = el('div', 'dlc-detail-head');
-    const back = el('button', 'jp-Button dlc-back', '← Jobs');
+    const back = el('button', 'jp-Button dlc-back', 'Close');
     back.onclick = () => this.host.back();
     head.appendChild(back);
     this.parts.title = el('span', 'dlc-detail-title');
@@ -146,6 +156,33 @@ export class DetailView {
     const ranksBox = el('details', 'dlc-section');
     ranksBox.open = true;
     ranksBox.appendChild(el('summary', '', 'Ranks'));
+    const bar = el('div', 'dlc-rank-bar');
+    const order = el('select', 'dlc-rank-sort');
+    for (const [value, label] of RANK_SORTS) {
+      const o = el('option', '', label);
+      o.value = value;
+      order.appendChild(o);
+    }
+    order.onchange = () => {
+      this.rankOrder = order.value as RankOrder;
+      this.rankPageNo = 0;
+      this.renderRanks(this.ranks);
+    };
+    const prev = el('button', 'jp-Button dlc-rank-prev', '◀');
+    prev.onclick = () => {
+      this.rankPageNo -= 1;
+      this.renderRanks(this.ranks);
+    };
+    const next = el('button', 'jp-Button dlc-rank-next', '▶');
+    next.onclick = () => {
+      this.rankPageNo += 1;
+      this.renderRanks(this.ranks);
+    };
+    this.parts.rankPages = el('span', 'dlc-rank-pages');
+    this.parts.rankPrev = prev;
+    this.parts.rankNext = next;
+    bar.append(order, prev, this.parts.rankPages, next);
+    ranksBox.appendChild(bar);
     this.parts.ranks = el('div', 'dlc-ranks');
     ranksBox.appendChild(this.parts.ranks);
     const logBox = el('details', 'dlc-section');
@@ -173,6 +210,17 @@ export class DetailView {
     if (this.id !== entry.job.id) {
       this.id = entry.job.id;
       this.metrics = new MetricSeries();
+      this.feed?.dispose();
+      const metrics = this.metrics;
+      this.feed = new MetricsFeed(
+        this.host.api,
+        entry.job.id,
+        () => metrics.lastSeq,
+        points => this.pointsArrived(metrics, points),
+        status => this.feedStatus(status)
+      );
+      this.ranks = [];
+      this.rankPageNo = 0;
       this.lastFullRev = -1;
       this.logRank = '';
       this.parts.charts.textContent = '';
@@ -189,6 +237,8 @@ export class DetailView {
   hide(): void {
     this.id = null;
     this.entry = null;
+    this.feed?.dispose();
+    this.feed = null;
     if (this.timer !== null) {
       window.clearTimeout(this.timer);
       this.timer = null;
@@ -265,9 +315,8 @@ export class DetailView {
     this.loading = true;
     const api = this.host.api;
     try {
-      const [job, metrics, logs, alerts, diagnosis] = await Promise.all([
+      const [job, logs, alerts, diagnosis] = await Promise.all([
         api.job(id),
-        api.sub(id, 'metrics', { since: this.metrics.lastSeq }),
         api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank === '' ? undefined : this.logRank }),
         api.sub(id, 'alerts'),
         api.sub(id, 'diagnosis')
@@ -276,8 +325,7 @@ export class DetailView {
         return;
       }
       this.lastFullRev = entry.rev;
-      this.metrics.add(metrics.points);
-      this.renderCharts();
+      this.ranks = job.ranks;
       this.renderRanks(job.ranks);
       this.renderLogs(logs.lines, job.ranks);
       this.renderAlerts(alerts.alerts);
@@ -291,6 +339,26 @@ export class DetailView {
     } finally {
       this.loading = false;
     }
+  }
+
+  /** Points came (pushed or polled): draw them at the next frame. */
+  private pointsArrived(metrics: MetricSeries, points: MetricPoint[]): void {
+    if (metrics !== this.metrics) {
+      return; // another job is shown now
+    }
+    metrics.add(points);
+    this.node.dataset.pushed = String(this.feed?.pushed ?? 0);
+    this.node.dataset.polled = String(this.feed?.polled ?? 0);
+    if (this.chartFrame === null) {
+      this.chartFrame = requestAnimationFrame(() => {
+        this.chartFrame = null;
+        this.renderCharts();
+      });
+    }
+  }
+
+  private feedStatus(status: FeedStatus): void {
+    this.node.dataset.feed = status;
   }
 
   private renderCharts(): void {
@@ -310,7 +378,12 @@ export class DetailView {
     }
   }
 
-  private renderRanks(ranks: Rank[]): void {
+  private renderRanks(all: Rank[]): void {
+    const { rows: ranks, page, pages } = rankPage(all, this.rankOrder, this.rankPageNo);
+    this.rankPageNo = page;
+    (this.parts.rankPrev as HTMLButtonElement).disabled = page === 0;
+    (this.parts.rankNext as HTMLButtonElement).disabled = page >= pages - 1;
+    this.parts.rankPages.textContent = `${all.length} ranks · page ${page + 1} of ${pages}`;
     const table = el('table', 'dlc-rank-table');
     const head = el('tr');
     for (const h of RANK_COLUMNS) {

@@ -8,6 +8,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { DlcApi, LiveFeed } from './api';
 import { loadBokehJS } from './bokehjs';
+import { DetailTab, detailTabId } from './detailtab';
 import { DlcPanel } from './panel';
 import { Action, Notice, State, initialState, reduce } from './store';
 
@@ -32,6 +33,40 @@ const plugin: JupyterFrontEndPlugin<void> = {
     );
     let state: State = initialState();
     let panel: DlcPanel | null = null;
+    const tabs = new Map<string, DetailTab>();
+
+    /** A job's detail: its main-area tab, opened or brought forward. */
+    const openDetail = (id: string) => {
+      const entry = state.jobs.get(id);
+      if (!entry) {
+        return;
+      }
+      let tab = tabs.get(id);
+      if (!tab || tab.isDisposed) {
+        tab = new DetailTab(
+          {
+            api,
+            select: other => dispatch({ type: 'select', id: other }),
+            removed: gone => dispatch({ type: 'removed', id: gone }),
+            openPath: async path => {
+              await app.commands.execute('docmanager:open', { path });
+            }
+          },
+          entry
+        );
+        tabs.set(id, tab);
+        tab.disposed.connect(() => {
+          if (tabs.get(id) === tab) {
+            tabs.delete(id);
+          }
+        });
+        // beside what the user works on (the notebook that runs the job); later details
+        // open as tabs next to the first one
+        const other = [...tabs.values()].find(t => t !== tab && !t.isDisposed && t.isAttached);
+        app.shell.add(tab, 'main', other ? { mode: 'tab-after', ref: other.id } : { mode: 'split-right' });
+      }
+      app.shell.activateById(detailTabId(id));
+    };
 
     const notify = (n: Notice) => {
       const actions = [
@@ -58,10 +93,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const dispatch = (a: Action) => {
       const r = reduce(state, a);
       const changed = r.state !== state;
+      const before = state;
       state = r.state;
       r.notices.forEach(notify);
       if (changed) {
         panel?.scheduleRender();
+        for (const [id, tab] of tabs) {
+          const entry = state.jobs.get(id);
+          if (!entry) {
+            tab.close(); // the job was deleted
+          } else if (entry !== before.jobs.get(id)) {
+            tab.update_(entry);
+          }
+        }
+      }
+      if (a.type === 'select' && a.id) {
+        openDetail(a.id);
       }
     };
 
@@ -89,7 +136,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     feed.start();
     // for tests and debugging in the browser console
-    (window as Window & { jupyterDlc?: unknown }).jupyterDlc = { getState: () => state, dispatch };
+    (window as Window & { jupyterDlc?: unknown }).jupyterDlc = {
+      getState: () => state,
+      dispatch,
+      feed: (id: string) => tabs.get(id)?.view.feed ?? null
+    };
     void labShell;
   }
 };

@@ -1,12 +1,12 @@
 /**
- * The "DLC jobs" side panel: connection line, filter, search, the keyed job list and the
- * detail view. Renders from the store, at most once per animation frame.
+ * The "DLC jobs" side panel: connection line, filter, search and the keyed job list.
+ * Renders from the store, at most once per animation frame. A job's detail opens as a tab
+ * in the main area (detailtab.ts): the 240-pixel sidebar is too narrow for charts and tables.
  */
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
 import { DlcApi } from './api';
-import { DetailView } from './detail';
 import { JobListView } from './listview';
 import { Action, JOB_STATES, State, stateCounts } from './store';
 
@@ -27,7 +27,6 @@ export interface PanelHost {
 
 export class DlcPanel extends Widget {
   private list: JobListView;
-  private detail: DetailView;
   private statusLine: HTMLElement;
   private filterSel: HTMLSelectElement;
   private search: HTMLInputElement;
@@ -78,17 +77,7 @@ export class DlcPanel extends Widget {
     this.listBox.className = 'dlc-listbox';
     this.listBox.append(header, this.empty, this.list.node);
 
-    this.detail = new DetailView({
-      api: host.api,
-      back: () => host.dispatch({ type: 'select', id: null }),
-      select: id => host.dispatch({ type: 'select', id }),
-      removed: id => {
-        host.dispatch({ type: 'removed', id });
-      },
-      openPath: path => host.openPath(path),
-      isVisible: () => this.isVisible
-    });
-    this.node.append(this.statusLine, this.listBox, this.detail.node);
+    this.node.append(this.statusLine, this.listBox);
     this.ageTimer = window.setInterval(() => {
       if (this.isVisible) {
         this.list.tick();
@@ -102,7 +91,6 @@ export class DlcPanel extends Widget {
     if (this.frame !== null) {
       cancelAnimationFrame(this.frame);
     }
-    this.detail.hide();
     super.dispose();
   }
 
@@ -121,9 +109,6 @@ export class DlcPanel extends Widget {
     super.onAfterShow(msg);
     this.host.onVisible();
     this.render();
-    if (this.detail.jobId) {
-      void this.detail.refresh(true);
-    }
   }
 
   private render(): void {
@@ -158,22 +143,6 @@ export class DlcPanel extends Widget {
           : this.list.visibleCount === 0
             ? 'No job matches the filter.'
             : '';
-    }
-    const sel = state.selected ? state.jobs.get(state.selected) : undefined;
-    if (sel) {
-      this.listBox.style.display = 'none';
-      this.detail.node.style.display = '';
-      if (this.detail.jobId !== sel.job.id) {
-        this.detail.show(sel);
-      } else {
-        this.detail.update(sel);
-      }
-    } else {
-      if (this.detail.jobId) {
-        this.detail.hide();
-      }
-      this.listBox.style.display = '';
-      this.detail.node.style.display = 'none';
     }
   }
 }

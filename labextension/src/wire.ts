@@ -172,6 +172,25 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/jobs/{job}/metrics/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        get: operations["jobMetricsStream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/jobs/{job}/report": {
         parameters: {
             query?: never;
@@ -1135,6 +1154,59 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Metrics"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    jobMetricsStream: {
+        parameters: {
+            query?: {
+                /** @description points after this seq */
+                since?: number;
+            };
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Server-sent events: `metrics` (a Metrics answer: the points stored after `since`, pushed as they are stored), `job` (a JobSummary, when it changed), `deleted` ({id}). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
                 };
             };
             /** @description Bad input: the field and how to fix it */

@@ -1,4 +1,4 @@
-import { MetricSeries, MetricPoint, lineChart, MAX_POINTS_PER_SERIES } from '../src/charts';
+import { MetricSeries, MetricPoint, lineChart, MAX_POINTS_PER_SERIES, MAX_OUTLIERS, bandOf, outliersAt } from '../src/charts';
 
 function pt(seq: number, over: Partial<MetricPoint>): MetricPoint {
   return { seq, t: seq, attempt: 1, rank: 0, node: 0, step: seq, kind: 'train', name: 'loss', value: 1, device: null, ...over };
@@ -42,5 +42,39 @@ describe('lineChart', () => {
     expect(svg.querySelectorAll('path.dlc-chart-line').length).toBe(2);
     expect(svg.dataset.chart).toBe('loss');
     expect(lineChart('gpu_util', []).textContent).toContain('no data yet');
+  });
+});
+
+describe('bandOf and the band chart past 8 ranks', () => {
+  const ranks = (n: number, at: (rank: number, step: number) => number) =>
+    Array.from({ length: n }, (_, r) => ({
+      label: `rank ${r}`,
+      points: [1, 2, 3, 4].map((x): [number, number] => [x, at(r, x)])
+    }));
+
+  it('gives mean, min and max per step and picks the ranks that stand out', () => {
+    const series = ranks(4096, (r, x) => 1 / x + (r % 5) * 1e-3 + (r === 77 && x >= 3 ? 10 : 0) + (r === 9 && x === 2 ? -5 : 0));
+    const band = bandOf(series);
+    expect(band.rows.map(r => r[0])).toEqual([1, 2, 3, 4]);
+    const [, mean, lo, hi] = band.rows[2];
+    expect(hi).toBeCloseTo(1 / 3 + 10 + 0.001 * (77 % 5));
+    expect(lo).toBeCloseTo(1 / 3);
+    expect(mean).toBeGreaterThan(1 / 3);
+    expect(band.outliers.map(s => s.label).sort()).toEqual(['rank 77 (outlier)', 'rank 9 (outlier)']);
+  });
+
+  it('finds no outlier in an even spread, and every differing rank when the rest agree', () => {
+    expect(outliersAt(new Map(Array.from({ length: 10 }, (_, i): [string, number] => [`r${i}`, i])))).toEqual([]);
+    expect(outliersAt(new Map([['a', 1], ['b', 1], ['c', 1], ['d', 2]])).map(o => o.label)).toEqual(['d']);
+  });
+
+  it('draws a band, a mean and at most MAX_OUTLIERS outlier lines instead of one line per rank', () => {
+    const svg = lineChart('loss', ranks(64, (r, x) => x + (r < 5 ? 100 * (r + 1) : 0)), { xLabel: 'step' });
+    expect(svg.querySelectorAll('path.dlc-chart-band').length).toBe(1);
+    expect(svg.querySelectorAll('path.dlc-chart-mean').length).toBe(1);
+    expect(svg.querySelectorAll('path.dlc-chart-outlier').length).toBe(MAX_OUTLIERS);
+    const few = lineChart('loss', ranks(8, (r, x) => x + r));
+    expect(few.querySelectorAll('path.dlc-chart-band').length).toBe(0);
+    expect(few.querySelectorAll('path.dlc-chart-line').length).toBe(8);
   });
 });

@@ -314,6 +314,57 @@ def test_ddp_with_dropout_and_adam_resumes_bitwise(launcher):
     assert launcher.own_processes() == []
 
 
+# The same DDP run, but rank 1 of attempt 1 dies only once both nodes' standby agents for
+# attempt 2 are warm (node-K.go.ready), as they are for a failure minutes into training; each
+# rank of attempt 2 records where it came from.
+WARM_RUN = DDP_RUN.replace("""        if step == kill_at and info.attempt == 1 and info.rank == 1:
+""", """        if step == kill_at and info.attempt == 1 and info.rank == 1:
+            import glob, time
+            ready = os.path.join(os.environ["DLC_JOB_DIR"], "attempt-2", "node-*.go.ready")
+            while len(glob.glob(ready)) < 2:
+                time.sleep(0.05)
+""").replace("""info = runtime.init()
+""", """info = runtime.init()
+import json
+with open("/proc/self/cmdline", "rb") as f:
+    cmdline = f.read().split(b"\\0")[0:4]
+with open(os.path.join(os.environ["DLC_JOB_DIR"], f"origin-{info.attempt}-{info.rank}.json"), "w") as f:
+    json.dump({"ppid": os.getppid(), "argv": [a.decode() for a in cmdline],
+               "node": int(os.environ["GROUP_RANK"]), "threads": torch.get_num_threads(),
+               "omp": os.environ.get("OMP_NUM_THREADS"), "token": bool(os.environ["DLC_TOKEN"]),
+               "resume": os.environ["DLC_RESUME_PATH"], "attempt_env": os.environ["DLC_ATTEMPT"]}, f)
+""")
+
+
+def test_restart_on_warm_ranks_forked_by_the_standby_resumes_bitwise(launcher):
+    """kill -9 once the standbys are warm: attempt 2's ranks are children forked by each
+    node's standby agent (no new interpreter), with the worker environment torchrun gives,
+    and the run still ends bitwise equal to a clean one."""
+    a, b, faulty = _run_pair(launcher, "warm.py", WARM_RUN, 30, 15)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    job_dir = faulty["job_dir"]
+    attempt_dir = os.path.join(job_dir, "attempt-2")
+    import json
+
+    for rank in range(4):
+        with open(os.path.join(job_dir, f"origin-2-{rank}.json")) as f:
+            origin = json.load(f)
+        with open(os.path.join(attempt_dir, f"node-{origin['node']}.go.pid")) as f:
+            standby = int(f.read())
+        with open(os.path.join(attempt_dir, f"node-{origin['node']}.go.ready")) as f:
+            assert f.read() == "2"  # both local ranks were forked ahead
+        assert origin["ppid"] == standby, origin
+        assert "jupyter_dlc.backends.standby" in origin["argv"], origin
+        assert origin["omp"] == "1" and origin["threads"] == 1, origin
+        assert origin["token"] and origin["attempt_env"] == "2"
+        assert origin["resume"].endswith("step-10")
+    with open(os.path.join(job_dir, "origin-1-0.json")) as f:
+        cold = json.load(f)  # attempt 1 started cold: its ranks are torchrun's Popen children
+    assert "jupyter_dlc.runtime.bootstrap" in cold["argv"], cold
+    assert launcher.own_processes() == []
+
+
 def test_fsdp2_with_dropout_and_adam_resumes_bitwise(launcher):
     a, b, _ = _run_pair(launcher, "fsdp.py", FSDP_RUN, 30, 15)
     assert a.keys() == b.keys() and a

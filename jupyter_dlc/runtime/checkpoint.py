@@ -7,6 +7,7 @@ save that finds one still running waits for it first.
 """
 
 import atexit
+import io
 import os
 import sys
 import threading
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import control, ddp_layout, persist, rng, sharded_state
+from . import control, ddp_layout, node_copy, persist, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -68,6 +69,7 @@ class Checkpointer:
         self.timeout = info.collective_timeout
         self.last_committed_step = None
         self.last_error = None
+        self.restored_from = None  # "shared memory" or "disk" after a restore
         self._staging = HostStaging()
         self._thread = None
         self._last_saved_step = None
@@ -136,8 +138,7 @@ class Checkpointer:
         if saved_world != world_size:
             raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
                                f"this run has {world_size}")
-        state = torch.load(os.path.join(path, layout.rank_file_name(rank)),
-                           map_location="cpu", weights_only=False)
+        state = self._load_rank_file(path, rank)
         for name, obj in self.objects.items():
             if name not in state:
                 raise RuntimeError(f"resume path {path} holds no state for {name!r}")
@@ -146,6 +147,24 @@ class Checkpointer:
         ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
+
+    def _load_rank_file(self, path, rank):
+        """This rank's state of step `path`: from the node's shared-memory copy when it is
+        that committed file (node_copy.py), else from the checkpoint directory."""
+        job_dir = rank_info().job_dir
+        why = "not a launcher job"
+        if job_dir:
+            content, why = node_copy.load(job_dir, rank, path)
+            if content is not None:
+                self.restored_from = "shared memory"
+                print(f"jupyter_dlc: restoring {os.path.basename(path)} from this node's "
+                      "shared-memory copy", file=sys.stderr, flush=True)
+                return torch.load(io.BytesIO(content), map_location="cpu", weights_only=False)
+            print(f"jupyter_dlc: restoring {os.path.basename(path)} from disk: {why}",
+                  file=sys.stderr, flush=True)
+        self.restored_from = "disk"
+        return torch.load(os.path.join(path, layout.rank_file_name(rank)),
+                          map_location="cpu", weights_only=False)
 
     def _ddp_objects(self):
         if self._ddps is None:
@@ -175,6 +194,8 @@ class Checkpointer:
                                    seconds=round(time.monotonic() - started, 3))
             else:
                 persist.wait_for_commit(step_path, step, world_size, token, self.timeout)
+            if rank_info().job_dir and node_copy.enabled():
+                node_copy.hold(rank_info().job_dir, rank, step_path)
             self.last_committed_step = step
         except Exception as error:  # a failed save must never take training down
             self.last_error = f"checkpoint at step {step} failed: {error}"

@@ -11,7 +11,7 @@ and environment over the pipe, so a restarted rank costs a fork, not a cold star
 
 It is still a fresh process per rank and attempt: forked before any process group, thread,
 CUDA context or user code existed, in a session of its own, with exactly the environment
-torchrun gives a worker and the torch RNG as a fresh import leaves it. The children are the
+torchrun gives a worker and RNGs seeded afresh as a new interpreter's are. The children are the
 agent's own, so torchrun reaps them as it does its Popen workers; and the agent writes the
 exit of a worker killed by a signal into its rank record at once (the bootstrap, killed,
 cannot), which is how the launcher learns of the death within one tick.
@@ -56,10 +56,11 @@ def fork_ranks(count: int) -> list[WarmRank]:
     torch = sys.modules.get("torch")
     if threading.active_count() != 1 or (torch is not None and torch.cuda.is_initialized()):
         return []
-    rng = torch.get_rng_state() if torch is not None else None
+    sys.stdout.flush()  # or a child would write the agent's buffered output once more
+    sys.stderr.flush()
     ranks: list[WarmRank] = []
     for _ in range(count):
-        ranks.append(WarmRank.fork([r.order_fd for r in ranks], rng))
+        ranks.append(WarmRank.fork([r.order_fd for r in ranks]))
     return ranks
 
 
@@ -84,14 +85,14 @@ class WarmRank:
         self.order_fd = order_fd
 
     @classmethod
-    def fork(cls, siblings: list[int], rng) -> WarmRank:
+    def fork(cls, siblings: list[int]) -> WarmRank:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             # Only the agent may hold a write end, or a child would never see its pipe close.
             for fd in (write_fd, *siblings):
                 os.close(fd)
-            _wait_for_order(read_fd, rng)  # never returns
+            _wait_for_order(read_fd)  # never returns
         os.close(read_fd)
         return cls(pid, write_fd)
 
@@ -166,7 +167,7 @@ class ForkedWorker:
             pass  # no record yet: the launcher's scan still finds the pid gone
 
 
-def _wait_for_order(read_fd: int, rng) -> None:
+def _wait_for_order(read_fd: int) -> None:
     """In the child: block until the agent hands over a worker's argv and environment (or
     closes the pipe unused), then run the bootstrap as `python -m` would have."""
     code = 0
@@ -185,7 +186,7 @@ def _wait_for_order(read_fd: int, rng) -> None:
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 os.dup2(target, fd)
                 os.close(target)
-        _as_a_fresh_process(rng)
+        _as_a_fresh_process()
         from ..runtime import bootstrap
 
         sys.argv = list(order["argv"])
@@ -196,14 +197,15 @@ def _wait_for_order(read_fd: int, rng) -> None:
         os._exit(code)
 
 
-def _as_a_fresh_process(rng) -> None:
-    """What a new interpreter would have that a fork shares with its parent: torch's RNG as
-    import left it, its intra-op threads as the worker's OMP_NUM_THREADS says (torchrun sets
-    1; OpenMP read the agent's environment when torch was imported), and numpy's global RNG
-    seeded from the OS (Python's `random` reseeds itself at fork)."""
+def _as_a_fresh_process() -> None:
+    """What a new interpreter would have that a fork shares with its parent and siblings:
+    torch's and numpy's global RNGs seeded from the OS, as their import seeds them (Python's
+    `random` reseeds itself at fork), and torch's intra-op threads as the worker's
+    OMP_NUM_THREADS says (torchrun sets 1; OpenMP read the agent's environment when torch
+    was imported)."""
     torch = sys.modules.get("torch")
-    if torch is not None and rng is not None:
-        torch.set_rng_state(rng)
+    if torch is not None:
+        torch.seed()
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))

@@ -42,19 +42,34 @@ WORKER_ARGV = ("-u", "-m", "jupyter_dlc.runtime.bootstrap")
 _POLL = 0.01
 
 
+# torch.cuda.is_available() (which imports may call) asks NVML instead of initialising the
+# CUDA driver, which a forked child could not use (torch documents the variable).
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def preload() -> None:
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - an optional part of torch: the rank imports it if used
-            pass
+    previous = os.environ.get(_NVML_CHECK)
+    os.environ[_NVML_CHECK] = "1"
+    try:
+        for name in PRELOAD:
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - an optional part of torch: the rank imports it if used
+                pass
+    finally:  # not for the workers, whose environment is the agent's plus torchrun's
+        if previous is None:
+            os.environ.pop(_NVML_CHECK, None)
+        else:
+            os.environ[_NVML_CHECK] = previous
 
 
 def fork_ranks(count: int) -> list[WarmRank]:
     """`count` waiting children, or none where forking is not safe here: another Python
-    thread (a lock it holds would stay held in the child) or an initialised CUDA context."""
+    thread (a lock it holds would stay held in the child) or a CUDA driver already loaded
+    (its state does not survive a fork); the restart then starts its ranks cold."""
     torch = sys.modules.get("torch")
-    if threading.active_count() != 1 or (torch is not None and torch.cuda.is_initialized()):
+    if threading.active_count() != 1 or _cuda_driver_loaded() or \
+            (torch is not None and torch.cuda.is_initialized()):
         return []
     sys.stdout.flush()  # or a child would write the agent's buffered output once more
     sys.stderr.flush()
@@ -75,6 +90,15 @@ def route(ranks: list[WarmRank]) -> None:
         return free.pop(0).hand(list(args[4:]), env, stdout, stderr)
 
     torch_private.route_worker_starts(start)
+
+
+def _cuda_driver_loaded() -> bool:
+    """Whether this process has loaded the CUDA driver library (any CUDA call does)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return True  # cannot tell: do not fork
 
 
 class WarmRank:

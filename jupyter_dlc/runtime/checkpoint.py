@@ -2,8 +2,10 @@
 
 A save copies state into host buffers on the calling thread (staging.py), then a background
 thread serialises this rank's file and, on rank 0, commits the step once every rank wrote
-its part (persist.py). At most one persist is in flight: the host buffers are reused, so a
-save that finds one still running waits for it first.
+its part (persist.py); once committed, each rank copies its file to the node's shared
+memory (node_copy.py), which a restart on this node restores from. At most one persist is
+in flight: the host buffers are reused, so a save that finds one still running waits for
+it first.
 """
 
 import atexit
@@ -152,7 +154,6 @@ class Checkpointer:
         """This rank's state of step `path`: from the node's shared-memory copy when it is
         that committed file (node_copy.py), else from the checkpoint directory."""
         job_dir = rank_info().job_dir
-        why = "not a launcher job"
         if job_dir:
             content, why = node_copy.load(job_dir, rank, path)
             if content is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -70,7 +71,8 @@ PARTS = [
     ("failure detection (kill -> launcher's verdict)", "verdict"),
     ("survivor teardown (verdict -> attempt 2 queued)", "queued"),
     ("launch (preflight, go files to the standby agents)", "go"),
-    ("agent rendezvous + rank process start", "ranks_started"),
+    ("agent start + rendezvous (go -> last rank handed to a forked process)", "handed"),
+    ("rank process start (-> the last rank's bootstrap)", "ranks_started"),
     ("imports (torch, jupyter_dlc.runtime)", "imported"),
     ("process group (runtime.init)", "process_group"),
     ("DDP construction (its first use imports torch._dynamo)", "model"),
@@ -166,7 +168,8 @@ def with_launcher(client, script: str, root: str, rep: int, width: int) -> tuple
             with open(os.path.join(attempt_dir, f"rank-{rank}.json")) as f:
                 starts.append(json.load(f)["start"])
         moments = {"verdict": event("RESTARTING", 1), "queued": event("QUEUED", 2),
-                   "go": event("STARTING", 2), "ranks_started": max(starts)}
+                   "go": event("STARTING", 2), "handed": handed(attempt_dir),
+                   "ranks_started": max(starts)}
         for name in ("imported", "process_group", "model", "restored"):
             moments[name] = max(p[name] for p in phases)
         moments["first_step"] = t_kill + total
@@ -174,6 +177,17 @@ def with_launcher(client, script: str, root: str, rep: int, width: int) -> tuple
     finally:
         client.stop(job["id"], grace=0)
         client.wait(job["id"], timeout=60)
+
+
+def handed(attempt_dir: str) -> float:
+    """When the last rank was handed to a forked process (the standby agents' node logs)."""
+    times = []
+    for node in range(2):
+        with open(os.path.join(attempt_dir, f"node-{node}.log")) as f:
+            times += [float(m) for m in re.findall(r"handed to forked process \d+ at ([\d.]+)", f.read())]
+    if len(times) != 4:
+        raise RuntimeError(f"{len(times)} of 4 ranks ran on forked processes: the standbys were not warm")
+    return max(times)
 
 
 def print_breakdown(timelines: list[dict]) -> None:

@@ -125,6 +125,9 @@ class WarmRank:
                  "stdout": getattr(stdout, "name", None), "stderr": getattr(stderr, "name", None)}
         with os.fdopen(self.order_fd, "w") as pipe:
             json.dump(order, pipe)
+        # In the node log: the moment torchrun's rendezvous was done and this rank began.
+        print(f"jupyter_dlc: rank {env.get('RANK')} handed to forked process {self.pid} "
+              f"at {time.time():.3f}", file=sys.stderr, flush=True)
         return ForkedWorker(self.pid, [sys.executable, *WORKER_ARGV, *argv], env)
 
 

@@ -195,7 +195,7 @@ def print_breakdown(timelines: list[dict]) -> None:
     previous = "kill"
     for label, moment in PARTS:
         parts = [t[moment] - (t[previous] if previous != "kill" else 0.0) for t in timelines]
-        print(f"  {label:<55} {statistics.median(parts):6.2f}")
+        print(f"  {label:<70} {statistics.median(parts):6.2f}")
         previous = moment
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -49,6 +50,49 @@ def node_exit(attempt_dir_path, node):
 
 def default_checkpoint_dir(job_dir_path):
     return os.path.join(job_dir_path, "checkpoints")
+
+
+# -- the node-held copy of the newest committed step ---------------------------------------
+
+def node_copy_root():
+    """Shared memory on this node ($DLC_SHM_DIR, else /dev/shm), one directory per user."""
+    return os.path.join(os.environ.get("DLC_SHM_DIR") or "/dev/shm", f"jupyter-dlc-{os.getuid()}")
+
+
+def node_copy_dir(job_dir_path):
+    """Where this node holds its ranks' copies of the job's newest committed step (written by
+    runtime/node_copy.py, removed by the launcher when the job ends). Named by the job id and
+    a digest of its job directory, so that two launchers' jobs never share one, and a launcher
+    recognises its own."""
+    job_dir = os.path.abspath(job_dir_path)
+    digest = hashlib.sha256(job_dir.encode()).hexdigest()[:12]
+    return os.path.join(node_copy_root(), f"{os.path.basename(job_dir)}-{digest}")
+
+
+def node_copy_jobs():
+    """{job id: directory} of every node copy on this node, whoever's."""
+    try:
+        names = os.listdir(node_copy_root())
+    except OSError:
+        return {}
+    return {name.rpartition("-")[0]: os.path.join(node_copy_root(), name)
+            for name in names if "-" in name}
+
+
+def make_node_copy_dir(job_dir_path):
+    root = node_copy_root()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    os.makedirs(node_copy_dir(job_dir_path), mode=0o700, exist_ok=True)
+    return node_copy_dir(job_dir_path)
+
+
+def discard_node_copy(path):
+    """Remove a node copy directory, and the per-user root once it holds nothing more."""
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(node_copy_root())
+    except OSError:
+        pass  # another job's copy is still held, or there was none
 
 
 # -- checkpoint steps ---------------------------------------------------------------------

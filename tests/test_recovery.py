@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import wait_for
+from jupyter_dlc import layout
 
 DATA = """
 g = torch.Generator().manual_seed(0)
@@ -311,6 +312,129 @@ def test_ddp_with_dropout_and_adam_resumes_bitwise(launcher):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key  # bitwise, not approximately
+    assert launcher.own_processes() == []
+
+
+# The same DDP run, but rank 1 of attempt 1 dies only once both nodes' standby agents for
+# attempt 2 are warm (node-K.go.ready), as they are for a failure minutes into training; each
+# rank of attempt 2 records where it came from.
+WARM_RUN = DDP_RUN.replace("""        if step == kill_at and info.attempt == 1 and info.rank == 1:
+""", """        if step == kill_at and info.attempt == 1 and info.rank == 1:
+            import glob, time
+            ready = os.path.join(os.environ["DLC_JOB_DIR"], "attempt-2", "node-*.go.ready")
+            while len(glob.glob(ready)) < 2:
+                time.sleep(0.05)
+""").replace("""info = runtime.init()
+""", """info = runtime.init()
+import json
+with open("/proc/self/cmdline", "rb") as f:
+    cmdline = f.read().split(b"\\0")[0:4]
+with open(os.path.join(os.environ["DLC_JOB_DIR"], f"origin-{info.attempt}-{info.rank}.json"), "w") as f:
+    json.dump({"ppid": os.getppid(), "argv": [a.decode() for a in cmdline],
+               "node": int(os.environ["GROUP_RANK"]), "threads": torch.get_num_threads(),
+               "omp": os.environ.get("OMP_NUM_THREADS"), "token": bool(os.environ["DLC_TOKEN"]),
+               "resume": os.environ["DLC_RESUME_PATH"], "attempt_env": os.environ["DLC_ATTEMPT"]}, f)
+""")
+
+
+def test_restart_on_warm_ranks_forked_by_the_standby_resumes_bitwise(launcher):
+    """kill -9 once the standbys are warm: attempt 2's ranks are children forked by each
+    node's standby agent (no new interpreter), with the worker environment torchrun gives,
+    and the run still ends bitwise equal to a clean one."""
+    a, b, faulty = _run_pair(launcher, "warm.py", WARM_RUN, 30, 15)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    job_dir = faulty["job_dir"]
+    attempt_dir = os.path.join(job_dir, "attempt-2")
+    import json
+
+    for rank in range(4):
+        with open(os.path.join(job_dir, f"origin-2-{rank}.json")) as f:
+            origin = json.load(f)
+        with open(os.path.join(attempt_dir, f"node-{origin['node']}.go.pid")) as f:
+            standby = int(f.read())
+        with open(os.path.join(attempt_dir, f"node-{origin['node']}.go.ready")) as f:
+            assert f.read() == "2"  # both local ranks were forked ahead
+        assert origin["ppid"] == standby, origin
+        assert "jupyter_dlc.backends.standby" in origin["argv"], origin
+        assert origin["omp"] == "1" and origin["threads"] == 1, origin
+        assert origin["token"] and origin["attempt_env"] == "2"
+        assert origin["resume"].endswith("step-10")
+        with open(os.path.join(attempt_dir, f"rank-{rank}.log")) as f:
+            assert "restoring step-10 from this node's shared-memory copy" in f.read()
+    with open(os.path.join(job_dir, "origin-1-0.json")) as f:
+        cold = json.load(f)  # attempt 1 started cold: its ranks are torchrun's Popen children
+    assert "jupyter_dlc.runtime.bootstrap" in cold["argv"], cold
+    assert launcher.own_processes() == []
+    wait_for(lambda: not os.path.exists(layout.node_copy_dir(job_dir)), 10, what="copy removed")
+
+
+# Before rank 1 of attempt 1 dies, rank 1 flips a byte of its shared-memory copy of step 10
+# and rank 2 makes its copy name another step; a barrier makes sure both are done.
+SPOILED_RUN = DDP_RUN.replace("""        if step == kill_at and info.attempt == 1 and info.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+""", """        if step == kill_at and info.attempt == 1:
+            import json
+            from jupyter_dlc import layout
+            ckpt.wait()  # this rank's copy of step 10 is in place
+            copy = layout.node_copy_dir(os.environ["DLC_JOB_DIR"])
+            if info.rank == 1:
+                path = os.path.join(copy, "rank-1.pt")
+                raw = bytearray(open(path, "rb").read())
+                raw[len(raw) // 2] ^= 0xFF
+                open(path, "wb").write(bytes(raw))
+            if info.rank == 2:
+                path = os.path.join(copy, "rank-2.pt.json")
+                meta = json.load(open(path))
+                meta["step_path"] = meta["step_path"].replace("step-10", "step-0")
+                json.dump(meta, open(path, "w"))
+            torch.distributed.barrier()
+            if info.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_corrupted_and_stale_shared_memory_copies_are_read_from_disk(launcher):
+    """After kill -9, ranks whose node copy is intact restore from it, the corrupted and the
+    stale one from the checkpoint directory, and the run still ends bitwise equal."""
+    assert SPOILED_RUN != DDP_RUN
+    a, b, faulty = _run_pair(launcher, "spoiled.py", SPOILED_RUN, 30, 15)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    logs = {}
+    for rank in range(4):
+        with open(os.path.join(faulty["job_dir"], "attempt-2", f"rank-{rank}.log")) as f:
+            logs[rank] = [line for line in f if "restoring step-10" in line]
+    assert "from this node's shared-memory copy" in logs[0][0], logs
+    assert "from this node's shared-memory copy" in logs[3][0], logs
+    assert "from disk: the shared-memory copy does not match the manifest (corrupted)" in logs[1][0]
+    assert "from disk: the shared-memory copy is of step 10, not this one" in logs[2][0]
+    wait_for(lambda: not os.path.exists(layout.node_copy_dir(faulty["job_dir"])), 10,
+             what="copy removed")
+
+
+def test_shared_memory_copies_survive_a_launcher_kill_and_go_with_the_job(launcher):
+    """A running job's node copy outlives a kill -9 of the launcher (its ranks restore from
+    it); the new launcher removes it when the job is stopped, and sweeps copies of jobs it
+    no longer has, never another launcher's."""
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["400", "0.05"], "nodes": 1, "nproc_per_node": 2})
+    copy = layout.node_copy_dir(job["job_dir"])
+    wait_for(lambda: all(os.path.exists(os.path.join(copy, f"rank-{r}.pt.json")) for r in (0, 1)),
+             120, what="both ranks' copies")
+    launcher.restart(kill=True)
+    client = launcher.client
+    ours = layout.make_node_copy_dir(os.path.join(launcher.data_dir, "jobs", "deleted-abc123"))
+    theirs = layout.make_node_copy_dir(os.path.join(launcher.root, "other", "jobs", "x-abc123"))
+    try:
+        wait_for(lambda: not os.path.exists(ours), 10, what="the deleted job's copy swept")
+        assert os.path.exists(theirs) and os.path.exists(os.path.join(copy, "rank-0.pt"))
+        client.stop(job["id"], grace=0)
+        assert client.wait(job["id"], timeout=60)["state"] == "STOPPED"
+        wait_for(lambda: not os.path.exists(copy), 10, what="the stopped job's copy removed")
+    finally:
+        layout.discard_node_copy(theirs)
     assert launcher.own_processes() == []
 
 

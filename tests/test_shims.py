@@ -8,6 +8,7 @@ group throughout.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import socket
 import subprocess
@@ -75,6 +76,31 @@ def test_torch_agent_death_signal_text():
 
 def test_torch_agent_store_variable(torchrun_failure):
     assert "agent store: True" in torchrun_failure, _moved("torch_private", torch_private.AGENT_STORE_ENV)
+
+
+def test_torch_worker_starts_can_be_routed(tmp_path):
+    """torchrun's agent starts workers in SubprocessHandler._popen: route_worker_starts sees
+    each worker's argv and environment and may answer its own Popen-like object. (In a
+    child interpreter: the route is process-wide.)"""
+    code = textwrap.dedent("""
+        import json, subprocess, sys
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import get_subprocess_handler
+        from jupyter_dlc.shims import torch_private
+        seen = []
+        def start(args, env, stdout, stderr):
+            seen.append([list(args), env.get("RANK"), stdout is None])
+            return "ours" if env.get("RANK") == "1" else None
+        torch_private.route_worker_starts(start)
+        own = get_subprocess_handler(sys.executable, ("-c", "pass"), {"RANK": "0"}, "", "", 0)
+        routed = get_subprocess_handler(sys.executable, ("-c", "pass"), {"RANK": "1"}, "", "", 1)
+        assert own.proc.wait(30) == 0 and routed.proc == "ours"
+        print(json.dumps(seen))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, _moved("torch_private", "SubprocessHandler._popen") + out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == [[[sys.executable, "-c", "pass"], "0", True], [[sys.executable, "-c", "pass"], "1", True]]
 
 
 def test_torch_default_store_and_ddp_reducer_internals(tmp_path):

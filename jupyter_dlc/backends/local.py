@@ -348,6 +348,7 @@ class LocalBackend(Backend):
             running = exit_code is None and pid is not None and pid in alive
             status.nodes.append(NodeStatus(node, running, exit_code))
         summary_codes = self._agent_summary_codes(ctx)
+        peers_failing = None  # looked up only when a rank vanished
         for rank in range(ctx.spec.world_size):
             record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
             pid = record.get("pid")
@@ -363,9 +364,14 @@ class LocalBackend(Backend):
                 # Gone without a record: a script that left with os._exit (its agent's exit
                 # code will say 0), or a kill (torchrun's summary names the signal, or never
                 # comes if the agent hangs). Past a short wait for either, it was a kill.
+                # No wait when a peer already failed with an exception: the attempt fails
+                # either way, and peers blocked in a collective with the vanished rank fail
+                # within milliseconds of its death (gloo: "Connection reset by peer").
+                if peers_failing is None:
+                    peers_failing = _ranks_with_errors(ctx)
                 key = (ctx.job_id, ctx.attempt, rank)
                 first_seen = _vanished.setdefault(key, time.monotonic())
-                if time.monotonic() - first_seen > VANISHED_GRACE:
+                if time.monotonic() - first_seen > VANISHED_GRACE or peers_failing - {rank}:
                     exit_code = KILLED
             status.ranks[rank] = RankStatus(rank, pid, running, exit_code, record.get("start"),
                                             record.get("end"))
@@ -444,6 +450,12 @@ def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:
     # dropped, and marking it done keeps its destructor from warning about a live child.
     proc.returncode = 0
     return proc.pid
+
+
+def _ranks_with_errors(ctx: AttemptContext) -> set[int]:
+    """Ranks of the attempt whose bootstrap recorded an exception (`rank-R.error.json`)."""
+    return {rank for rank in range(ctx.spec.world_size)
+            if os.path.exists(layout.rank_error_json(ctx.attempt_dir, rank))}
 
 
 def _go_file(ctx: AttemptContext, node: int) -> str:

@@ -1,13 +1,17 @@
 """A standby torchrun agent: pays torchrun's start-up (importing torch) ahead of need.
 
 While attempt N runs, the launcher starts one of these per node for attempt N + 1, with that
-attempt's environment (so it is found, and cleaned up, like every process of the job). If
-attempt N fails, the launcher writes the go file with the agent's argv and the last
-variables (resume path); the standby becomes the agent at once instead of spending seconds
-on imports. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
+attempt's environment (so it is found, and cleaned up, like every process of the job). It
+imports torch and what ranks import on first use, then forks one waiting rank process per
+local rank (warm_ranks.py). If attempt N fails, the launcher writes the go file with the
+agent's argv and the last variables (resume path); the standby becomes the agent at once,
+and its workers are those forked ranks: no interpreter start and no torch import on the
+restart path. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
 come back, it leaves by itself once attempt N has no process left.
 
     python -m jupyter_dlc.backends.standby GO_FILE EXIT_FILE
+
+GO_FILE.ready appears once it is warm; it holds the number of ranks it forked.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ def _attempt_alive(job_id: str, attempt: int) -> bool:
 def main(go_file: str, exit_file: str) -> int:
     import torch.distributed.run as torchrun  # the cost this process exists to pay early
 
+    from . import warm_ranks
+
+    warm_ranks.preload()
+    ranks = warm_ranks.fork_ranks(int(os.environ.get("DLC_NPROC_PER_NODE", "0") or 0))
+    # For views and tests: this node's standby is warm, with this many forked ranks.
+    with open(f"{go_file}.ready", "w") as f:
+        f.write(str(len(ranks)))
     job_id = os.environ["DLC_JOB_ID"]
     previous = int(os.environ["DLC_ATTEMPT"]) - 1
     next_check = time.monotonic() + _ORPHAN_CHECK
@@ -48,6 +59,7 @@ def main(go_file: str, exit_file: str) -> int:
         order = json.load(f)
     os.unlink(go_file)  # it holds the attempt's job token: no copy of it stays on disk
     os.environ.update(order["env"])
+    warm_ranks.route(ranks)
     code = 1
     try:
         torchrun.main(order["args"])

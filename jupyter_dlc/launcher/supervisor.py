@@ -152,11 +152,22 @@ class Supervisor(threading.Thread):
             state = self.store.state(job_id)  # None: another launcher's job, not ours to touch
             if state in TERMINAL_STATES:
                 self.kill_leftovers(job_id, processes)
+        # Nor any node-held checkpoint copy (a rank may have written one as it was killed);
+        # ours are named by our job directories, and one of a deleted job goes too.
+        for job_id, path in layout.node_copy_jobs().items():
+            if path == layout.node_copy_dir(self.job_dir(job_id)) and \
+                    self.store.state(job_id) in (*TERMINAL_STATES, None):
+                layout.discard_node_copy(path)
 
     def kill_leftovers(self, job_id: str, processes) -> None:
-        """An ended job keeps no process: stragglers of any attempt, and standby agents."""
+        """An ended job keeps no process (stragglers of any attempt, standby agents, their
+        forked ranks) and no node-held checkpoint copy."""
         kill_job(job_id, processes)
         release_cgroups(job_id)
+        layout.discard_node_copy(layout.node_copy_dir(self.job_dir(job_id)))
+
+    def job_dir(self, job_id: str) -> str:
+        return job_dir_path(self.data_dir, job_id)
 
     def release_cgroups(self) -> None:
         """At exit: remove the empty cgroups of our jobs (a running job's stays, with its
@@ -200,6 +211,9 @@ class Supervisor(threading.Thread):
             "DLC_HEARTBEAT_INTERVAL": f"{spec.heartbeat_interval:g}",
             "DLC_KEEP_LAST": str(spec.keep_last),
             "DLC_COLLECTIVE_TIMEOUT": f"{spec.collective_timeout:g}",
+            # Node-held checkpoint copies only where this launcher can remove them again:
+            # engines whose nodes are this machine (runtime/node_copy.py).
+            "DLC_NODE_COPY": "1" if get_backend(spec.backend).capabilities(spec).standby_agents else "0",
         })
         if self.ca_file:
             env["DLC_LAUNCHER_CA"] = self.ca_file
@@ -452,6 +466,9 @@ class Supervisor(threading.Thread):
                 move("FAILED", f"{reason}; no restarts left (--max-restarts {ctx.spec.max_restarts})")
                 return
         move("RESTARTING", f"{reason}; restarting", {"outcome": outcome})
+        # The survivors were SIGKILLed above and are gone in milliseconds: look again at
+        # once rather than a tick later (recovery time is what users feel).
+        self.wake.set()
 
     def diagnose(self, ctx) -> dict | None:
         try:
@@ -592,8 +609,12 @@ class Supervisor(threading.Thread):
         return attempt is not None
 
 
+def job_dir_path(data_dir: str, job_id: str) -> str:
+    return os.path.join(data_dir, "jobs", job_id)
+
+
 def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
-    job_dir = os.path.join(data_dir, "jobs", job_id)
+    job_dir = job_dir_path(data_dir, job_id)
     os.makedirs(os.path.join(job_dir, "files"), exist_ok=True)
     script = os.path.join(job_dir, "script.py")
     if spec.code is not None:

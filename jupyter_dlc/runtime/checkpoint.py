@@ -2,11 +2,14 @@
 
 A save copies state into host buffers on the calling thread (staging.py), then a background
 thread serialises this rank's file and, on rank 0, commits the step once every rank wrote
-its part (persist.py). At most one persist is in flight: the host buffers are reused, so a
-save that finds one still running waits for it first.
+its part (persist.py); once committed, each rank copies its file to the node's shared
+memory (node_copy.py), which a restart on this node restores from. At most one persist is
+in flight: the host buffers are reused, so a save that finds one still running waits for
+it first.
 """
 
 import atexit
+import io
 import os
 import sys
 import threading
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import control, ddp_layout, persist, rng, sharded_state
+from . import control, ddp_layout, node_copy, persist, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -68,6 +71,7 @@ class Checkpointer:
         self.timeout = info.collective_timeout
         self.last_committed_step = None
         self.last_error = None
+        self.restored_from = None  # "shared memory" or "disk" after a restore
         self._staging = HostStaging()
         self._thread = None
         self._last_saved_step = None
@@ -136,8 +140,7 @@ class Checkpointer:
         if saved_world != world_size:
             raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
                                f"this run has {world_size}")
-        state = torch.load(os.path.join(path, layout.rank_file_name(rank)),
-                           map_location="cpu", weights_only=False)
+        state = self._load_rank_file(path, rank)
         for name, obj in self.objects.items():
             if name not in state:
                 raise RuntimeError(f"resume path {path} holds no state for {name!r}")
@@ -146,6 +149,23 @@ class Checkpointer:
         ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
+
+    def _load_rank_file(self, path, rank):
+        """This rank's state of step `path`: from the node's shared-memory copy when it is
+        that committed file (node_copy.py), else from the checkpoint directory."""
+        job_dir = rank_info().job_dir
+        if job_dir:
+            content, why = node_copy.load(job_dir, rank, path)
+            if content is not None:
+                self.restored_from = "shared memory"
+                print(f"jupyter_dlc: restoring {os.path.basename(path)} from this node's "
+                      "shared-memory copy", file=sys.stderr, flush=True)
+                return torch.load(io.BytesIO(content), map_location="cpu", weights_only=False)
+            print(f"jupyter_dlc: restoring {os.path.basename(path)} from disk: {why}",
+                  file=sys.stderr, flush=True)
+        self.restored_from = "disk"
+        return torch.load(os.path.join(path, layout.rank_file_name(rank)),
+                          map_location="cpu", weights_only=False)
 
     def _ddp_objects(self):
         if self._ddps is None:
@@ -175,6 +195,8 @@ class Checkpointer:
                                    seconds=round(time.monotonic() - started, 3))
             else:
                 persist.wait_for_commit(step_path, step, world_size, token, self.timeout)
+            if rank_info().job_dir and node_copy.enabled():
+                node_copy.hold(rank_info().job_dir, rank, step_path)
             self.last_committed_step = step
         except Exception as error:  # a failed save must never take training down
             self.last_error = f"checkpoint at step {step} failed: {error}"

@@ -14,6 +14,10 @@
   (`reducer._get_zeros_like_grad_buckets()`), `install_bucket_layout` builds a new reducer
   with it through DDP's own `_ddp_init_helper`, with `dist._compute_bucket_assignment_by_size`
   answering the saved layout for that one call.
+- torchrun's agent starts every worker with `subprocess.Popen` inside
+  `SubprocessHandler._popen(args, env)` (torch.distributed.elastic.multiprocessing.
+  subprocess_handler); `route_worker_starts` lets a standby agent hand a worker to a rank
+  process it forked ahead of time instead (backends/warm_ranks.py).
 
 Text patterns need no torch; the functions import it when called (the launcher never does).
 """
@@ -47,6 +51,23 @@ def default_store() -> Any:
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
+
+
+def route_worker_starts(start) -> None:
+    """In this process, torchrun's agent asks `start(args, env, stdout, stderr)` for each
+    worker first; it returns a Popen-like object (pid, poll, wait), or None for torchrun's
+    own Popen. `stdout`/`stderr` are the files torchrun opened for redirects, or None."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        subprocess_handler as handler,
+    )
+
+    original = handler.SubprocessHandler._popen
+
+    def _popen(self, args, env):
+        proc = start(tuple(args), env, self._stdout, self._stderr)
+        return proc if proc is not None else original(self, args, env)
+
+    handler.SubprocessHandler._popen = _popen
 
 
 # -- DDP's gradient bucket layout ----------------------------------------------------------

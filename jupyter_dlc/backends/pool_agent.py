@@ -26,23 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import sys
 import time
 
+from ..runtime.bootstrap import _write_json
 from .local import _read_json
 
 _POLL = 0.01
 LEASE_SECONDS = float(os.environ.get("DLC_POOL_LEASE", "60"))
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 def _lease_expired(pool_dir: str) -> bool:

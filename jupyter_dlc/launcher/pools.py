@@ -229,7 +229,7 @@ class Pools:
                         self.up(spec.nodes, spec.nproc_per_node, spec.cluster, auto=True)
                     except PoolError as error:
                         return None, f"cold start ({error})"
-                    return None, f"cold start; warm pool {pid} starting for the next job"
+                    return None, f"cold start; pool {pid} warming for the next job"
                 return None, "cold start (no warm pool for this shape)"
             if (spec.python or sys.executable) != record["python"]:
                 return None, f"cold start (pool {pid} runs another Python)"
@@ -279,6 +279,11 @@ class Pools:
                 pool.touch_lease(directory)
                 busy = self._busy(record, processes)
                 if busy:
+                    continue
+                if not pool.ready(directory, record["nodes"]) and \
+                        not pool.broken(directory, record["nodes"], record.get("started", record["created"])):
+                    record["last_used"] = now  # idle time counts from when it is ready
+                    self._save(record)
                     continue
                 if now - record["last_used"] > record["idle_timeout"]:
                     log.info("pool %s idle for %.0fs: released", record["id"], now - record["last_used"])

@@ -43,7 +43,12 @@ def jobs_table(jobs: list[dict]) -> str:
          age(j.get("created")))
         for j in jobs
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of text cells in aligned columns (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
@@ -157,3 +162,15 @@ def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
             continue
         text.append(line)
     return "\n".join(text)
+
+
+def pools_table(pools: list[dict]) -> str:
+    """Warm pools: shape, state, what they served and hold (node-hours so far)."""
+    if not pools:
+        return "no warm pools (start one: pool up --nodes N --nproc-per-node M)"
+    rows = [("POOL", "STATE", "JOB", "SERVED", "IDLE", "RELEASED AFTER", "NODE-HOURS")]
+    for p in pools:
+        rows.append((p["id"], p["state"], p["job"] or "-", str(p["jobs_served"]),
+                     f"{p['idle_seconds']:.0f}s", f"{p['idle_timeout']:.0f}s idle",
+                     f"{p['node_hours']:.3f}"))
+    return _table(rows)

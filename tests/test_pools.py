@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
 from jupyter_dlc import clusters
 from jupyter_dlc.client import LauncherError
+from jupyter_dlc.magics import DLCMagics
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 
 # Each job of a test file imports this helper module from its workdir and records what it
@@ -247,3 +251,27 @@ def test_a_profile_starts_a_pool_on_the_first_job(pooled):
     assert pool["id"] == "here-2x2" and pool["cluster"] == "here" and pool["idle_timeout"] == 300
     second = run(client, quick, cluster="here")
     assert second["state"] == "SUCCEEDED" and ran_warm(client, second["id"])
+
+
+def test_pool_up_status_down_from_the_cli_and_the_magic(pooled, capsys):
+    cli = [sys.executable, "-m", "jupyter_dlc.cli", "pool"]
+
+    def run_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cli + list(args), capture_output=True, text=True, env=dict(os.environ),
+                              timeout=60)
+
+    missing = run_cli("up", "--nodes", "1")
+    assert missing.returncode == 2 and "nodes: pool up needs the shape" in missing.stderr
+    up = run_cli("up", "--nodes", "1", "--nproc-per-node", "2", "--idle-timeout", "900")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.splitlines()[0].split() == ["POOL", "STATE", "JOB", "SERVED", "IDLE",
+                                                 "RELEASED", "AFTER", "NODE-HOURS"]
+    assert up.stdout.splitlines()[1].startswith("local-1x2") and "900s idle" in up.stdout
+    shell = InteractiveShell.instance()
+    shell.register_magics(DLCMagics)
+    shell.run_line_magic("dlc", "pool status")
+    assert "local-1x2" in capsys.readouterr().out
+    shell.run_line_magic("dlc", "pool down --nproc-per-node 2")
+    assert capsys.readouterr().out.strip() == "released local-1x2"
+    status = run_cli("status")
+    assert status.returncode == 0 and status.stdout.startswith("no warm pools")

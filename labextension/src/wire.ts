@@ -265,6 +265,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/pools": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["listPools"];
+        put?: never;
+        post: operations["poolUp"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/pools/down": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["poolDown"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/pools/{pool}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A pool id as listed, e.g. local-2x2. */
+                pool: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["releasePool"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/stream": {
         parameters: {
             query?: never;
@@ -503,6 +554,39 @@ export interface components {
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
         };
+        /** @description A warm pool: one agent per node with torch imported, serving one job at a time. */
+        Pool: {
+            agents?: number[];
+            cluster: string | null;
+            created: number;
+            engine: string;
+            id: string;
+            idle_seconds: number;
+            idle_timeout: number;
+            job: string | null;
+            jobs_served: number;
+            /** @description nodes held x hours so far */
+            node_hours: number;
+            nodes: number;
+            nproc_per_node: number;
+            /** @enum {string} */
+            state: "starting" | "ready" | "busy";
+        };
+        /** @description Release the pools that match; all of them when no field is given. */
+        PoolDownBody: {
+            cluster?: string | null;
+            nodes?: number | null;
+            nproc_per_node?: number | null;
+        };
+        PoolUpBody: {
+            cluster?: string | null;
+            idle_timeout?: number | null;
+            nodes: number;
+            nproc_per_node: number;
+        };
+        Pools: {
+            pools: components["schemas"]["Pool"][];
+        };
         Rank: {
             exit_code: number | null;
             last_heartbeat: number | null;
@@ -513,6 +597,9 @@ export interface components {
             pid: number | null;
             rank: number;
             state: string;
+        };
+        Released: {
+            released: string[];
         };
         /** @description What a rank's runtime posts: identity, metric and system samples, events. */
         Report: {
@@ -701,7 +788,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -740,7 +827,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -790,7 +877,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -831,7 +918,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -885,7 +972,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -935,7 +1022,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -988,7 +1075,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1047,7 +1134,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1100,7 +1187,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1154,7 +1241,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1217,7 +1304,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1276,7 +1363,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1330,7 +1417,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1379,6 +1466,178 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listPools: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Pools"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    poolUp: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolUpBody"];
+            };
+        };
+        responses: {
+            /** @description Started (or already up) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Pool"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Body over this route's size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    poolDown: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolDownBody"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Released"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Body over this route's size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    releasePool: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A pool id as listed, e.g. local-2x2. */
+                pool: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Released"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job or pool */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1489,4 +1748,5 @@ export const jobSpecNetworkAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<com
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
+export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];
 export const terminalStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalState"]> = ["SUCCEEDED", "FAILED", "STOPPED"];

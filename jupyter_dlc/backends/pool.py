@@ -22,7 +22,7 @@ from .local import CHILD_UMASK, _alive, _read_json, attempt_cgroup, torchrun_arg
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
 # Room in each agent's exec'd environment for a job's markers (see pool_agent).
-_ROOM = "x" * 256
+ROOM = "x" * 256
 
 
 def pool_id(cluster: str | None, nodes: int, nproc: int) -> str:
@@ -34,7 +34,7 @@ def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | N
     os.makedirs(pool_dir, exist_ok=True)
     touch_lease(pool_dir)
     agent_env = dict(env, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-                     DLC_POOL_DIR=os.path.abspath(pool_dir), DLC_POOL_ROOM=_ROOM, PYTHONUNBUFFERED="1")
+                     DLC_POOL_DIR=os.path.abspath(pool_dir), DLC_POOL_ROOM=ROOM, PYTHONUNBUFFERED="1")
     agent_env.pop("DLC_JOB_ID", None)
     pids = []
     for node in range(nodes):
@@ -120,6 +120,11 @@ def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0
     return False
 
 
+def head_address(pool_dir: str) -> str:
+    """Node 0's address, as its agent recorded it: the jobs' MASTER_ADDR."""
+    return (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
+
+
 def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | None:
     """Hand attempt `ctx` to the pool's agents; the engine handle (node processes' pids) as
     a cold start's, or None if the pool did not take it (then nothing of it runs)."""
@@ -135,7 +140,7 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | Non
     os.makedirs(ctx.attempt_dir, exist_ok=True)
     for node in range(spec.nodes):
         order = {"seq": seq, "node": node, "nnodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
-                 "master_addr": "127.0.0.1", "master_port": store["port"],
+                 "master_addr": head_address(pool_dir), "master_port": store["port"],
                  "script": ctx.script_path, "args": argv[argv.index(ctx.script_path) + 1:],
                  "cwd": spec.workdir or ctx.job_dir, "env": ctx.env, "cgroup": cgroup,
                  "attempt_dir": ctx.attempt_dir, "node_log": layout.node_log(ctx.attempt_dir, node),

@@ -109,12 +109,30 @@ def _enter(order: dict, env: dict[str, str]) -> None:
     _mark_environ_block(env)
 
 
+def _job_env(order: dict) -> dict[str, str]:
+    """The job's variables for this node; inside a Slurm allocation also the allocation's
+    own (SLURM_JOB_ID...), without the step's, as the Slurm engine's cold start gives them."""
+    return _ALLOCATION_ENV | dict(order["env"], DLC_NODE_RANK=str(order["node"]))
+
+
+def _allocation_env() -> dict[str, str]:
+    """Taken once in the zygote, whose environment its forks replace with each job's."""
+    if os.environ.get("DLC_POOL_ENGINE") != "slurm":
+        return {}
+    from .slurm import STEP_VARS
+
+    return {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k not in STEP_VARS}
+
+
+_ALLOCATION_ENV: dict[str, str] = {}
+
+
 def run_rank(order: dict, local_rank: int) -> None:
     """In a forked rank: what torchrun's agent gives a worker, then the bootstrap."""
     node, nproc = order["node"], order["nproc_per_node"]
     rank = node * nproc + local_rank
     world = order["nnodes"] * nproc
-    env = dict(order["env"], DLC_NODE_RANK=str(node))
+    env = _job_env(order)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "GROUP_RANK": str(node),
         "ROLE_RANK": str(rank), "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc),
@@ -146,7 +164,7 @@ def run_node(order: dict) -> int:
     """In a forked node process: fork the node's ranks, wait for them, record the exit as the
     torchrun agent's wrapper does (node-K.exit), and fill in the exit of a rank killed by a
     signal, which has no chance to write its own record."""
-    env = dict(order["env"], DLC_NODE_RANK=str(order["node"]))
+    env = _job_env(order)
     os.setsid()
     _enter(order, env)
     log = os.open(order["node_log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -202,6 +220,8 @@ def main(pool_dir: str, node: int) -> int:
     from ..runtime import bootstrap  # noqa: F401
     from ..runtime import checkpoint, report  # noqa: F401
 
+    global _ALLOCATION_ENV
+    _ALLOCATION_ENV = _allocation_env()
     keeper = None
     if node == 0:
         keeper = os.fork()  # before any thread: the keeper's store threads stay its own
@@ -216,7 +236,9 @@ def main(pool_dir: str, node: int) -> int:
                 code = 1
             sys.stdout.flush()
             os._exit(code)
-    _write_json(os.path.join(pool_dir, f"node-{node}.pid"), {"pid": os.getpid(), "keeper": keeper})
+    _write_json(os.path.join(pool_dir, f"node-{node}.pid"),
+                {"pid": os.getpid(), "keeper": keeper,
+                 "addr": os.environ.get("DLC_POOL_ADDR") or "127.0.0.1"})
     order_path = os.path.join(pool_dir, f"node-{node}.order")
     while not _lease_expired(pool_dir):
         _reap()

@@ -47,13 +47,17 @@ def engine_of(cluster: str | None) -> tuple[str, dict]:
     return profile.engine, dict(profile.options)
 
 
-def cannot_pool(engine: str) -> str | None:
+def cannot_pool(engine: str, options: dict | None = None) -> str | None:
     """Why an engine holds no warm pool, or None where it can."""
     if engine == "local":
         return None
+    if engine == "slurm":
+        # The agents take their orders from the pool directory, as ranks their job directory.
+        return None if (options or {}).get("shared_filesystem") else \
+            "a Slurm pool needs shared_filesystem: true in the profile; jobs start cold"
     if engine == "kubernetes":
         return "kubernetes cannot hold a warm pool (pods start per job); jobs start cold"
-    return f"{engine} pools are not built yet; jobs start cold"
+    return f"{engine} cannot hold a warm pool; jobs start cold"
 
 
 class Pools:
@@ -94,8 +98,10 @@ class Pools:
         release the ones whose agents died with or after the last launcher."""
         for name in os.listdir(self.root):
             record = self._record(name)
-            if record is None or not all(pool.agent_pids(self._dir(name), record["nodes"])):
+            if record is None:
                 pool.release(self._dir(name))
+            elif not all(pool.agent_pids(self._dir(name), record["nodes"])):
+                self._release(record)
             else:
                 pool.touch_lease(self._dir(name))
                 log.info("pool %s re-adopted", name)
@@ -107,14 +113,14 @@ class Pools:
             raise PoolError("nodes: a pool needs at least 1 node x 1 process; "
                             "use --nodes N --nproc-per-node M with N, M >= 1")
         engine, options = engine_of(cluster)
-        refusal = cannot_pool(engine)
+        refusal = cannot_pool(engine, options)
         if refusal:
             raise PoolError(f"cluster: {cluster}: {refusal}")
         if idle_timeout is None:
             idle_timeout = _duration(options.get("pool_idle_timeout"), DEFAULT_IDLE_TIMEOUT)
         from ..backends.local import process_slots
 
-        if nodes * nproc > process_slots()[0]:
+        if engine == "local" and nodes * nproc > process_slots()[0]:
             raise PoolError(f"nodes x nproc_per_node: {nodes * nproc} processes exceed what this "
                             f"machine runs at once ({process_slots()[0]}); ask for fewer")
         pid = pool.pool_id(cluster, nodes, nproc)
@@ -141,7 +147,17 @@ class Pools:
         for key in ("DLC_POOL_LEASE",):
             if key in os.environ:
                 env[key] = os.environ[key]
-        pool.start_agents(directory, record["nodes"], env, record["python"])
+        if record["engine"] == "slurm":
+            from ..backends import slurm_pool
+
+            env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
+                       DLC_POOL_DIR=os.path.abspath(directory), DLC_POOL_ROOM=pool.ROOM)
+            pool.touch_lease(directory)
+            record["engine_id"] = slurm_pool.start_allocation(
+                directory, record["cluster"], record["nodes"], record["nproc_per_node"], env)
+            self._save(record)
+        else:
+            pool.start_agents(directory, record["nodes"], env, record["python"])
 
     def down(self, nodes: int | None = None, nproc: int | None = None,
              cluster: str | None = None, everything: bool = False) -> list[str]:
@@ -154,16 +170,25 @@ class Pools:
                         (nproc is not None and record["nproc_per_node"] != nproc) or
                         (cluster is not None and record["cluster"] != cluster)):
                     continue
-                pool.release(self._dir(record["id"]))
+                self._release(record)
                 released.append(record["id"])
         return released
 
     def release(self, pool_id: str) -> list[str]:
         with self.lock:
-            if self._record(pool_id) is None:
+            record = self._record(pool_id)
+            if record is None:
                 return []
-            pool.release(self._dir(pool_id))
+            self._release(record)
             return [pool_id]
+
+    def _release(self, record: dict) -> None:
+        """The pool's processes go, and on Slurm its allocation with them."""
+        if record.get("engine_id"):
+            from ..backends import slurm_pool
+
+            slurm_pool.cancel(record["cluster"], record["engine_id"])
+        pool.release(self._dir(record["id"]))
 
     def shutdown(self) -> None:
         """A launcher that exits cleanly gives its pools back: they hold memory and nodes."""
@@ -182,7 +207,8 @@ class Pools:
                 "idle_seconds": 0.0 if busy else max(0.0, now - record["last_used"]),
                 "idle_timeout": record["idle_timeout"],
                 "node_hours": record["nodes"] * (now - record["created"]) / 3600.0,
-                "agents": [p for p in pool.agent_pids(directory, record["nodes"]) if p]}
+                "agents": [p for p in pool.agent_pids(directory, record["nodes"]) if p],
+                "engine_id": record.get("engine_id")}
 
     def status(self) -> list[dict]:
         processes = job_processes()
@@ -217,7 +243,7 @@ class Pools:
             engine, options = engine_of(spec.cluster)
         except ValueError as error:
             return None, f"cold start ({error})"
-        refusal = cannot_pool(engine)
+        refusal = cannot_pool(engine, options)
         if refusal:
             return None, f"cold start: {refusal}"
         pid = pool.pool_id(spec.cluster, spec.nodes, spec.nproc_per_node)
@@ -248,7 +274,7 @@ class Pools:
             if handle.pop("broken", False):
                 # An agent took no order: the attempt's processes go, the pool is replaced.
                 kill_job(ctx.job_id, job_processes())
-                pool.release(directory)
+                self._release(record)
                 log.warning("pool %s did not answer; released, the job starts cold", pid)
                 return None, f"cold start (pool {pid} did not answer and was replaced)"
             return handle, f"warm pool {pid}"
@@ -287,12 +313,12 @@ class Pools:
                     continue
                 if now - record["last_used"] > record["idle_timeout"]:
                     log.info("pool %s idle for %.0fs: released", record["id"], now - record["last_used"])
-                    pool.release(directory)
+                    self._release(record)
                     continue
                 if pool.broken(directory, record["nodes"], record.get("started", record["created"])):
                     # An agent or the store keeper died (killed, OOM): replace them all.
                     log.warning("pool %s lost an agent: replacing it", record["id"])
-                    pool.release(directory)
+                    self._release(record)
                     record.update(job=None, attempt=None)
                     self._start(record)
 

@@ -560,6 +560,8 @@ export interface components {
             cluster: string | null;
             created: number;
             engine: string;
+            /** @description the held allocation (a Slurm job id) */
+            engine_id?: string | null;
             id: string;
             idle_seconds: number;
             idle_timeout: number;

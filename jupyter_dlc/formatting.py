@@ -85,6 +85,9 @@ def status_text(job: dict) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
     if engine_text(job):
         lines.append(f"  engine: {engine_text(job)}")
+    start = (job.get("attempts") or [{}])[-1].get("start")
+    if start:
+        lines.append(f"  start: {start}")
     header = ("RANK", "NODE", "STATE", "STEP", "HEARTBEAT", "EXIT", "PID")
     rows = [header] + [
         (str(r["rank"]), str(r["node"]), r["state"], "-" if r["last_step"] is None else str(r["last_step"]),
@@ -168,9 +171,10 @@ def pools_table(pools: list[dict]) -> str:
     """Warm pools: shape, state, what they served and hold (node-hours so far)."""
     if not pools:
         return "no warm pools (start one: pool up --nodes N --nproc-per-node M)"
-    rows = [("POOL", "STATE", "JOB", "SERVED", "IDLE", "RELEASED AFTER", "NODE-HOURS")]
+    rows = [("POOL", "STATE", "JOB", "SERVED", "IDLE", "RELEASED AFTER", "NODE-HOURS", "HOLDS")]
     for p in pools:
+        holds = f"{p['engine']} job {p['engine_id']}" if p.get("engine_id") else "agents on this machine"
         rows.append((p["id"], p["state"], p["job"] or "-", str(p["jobs_served"]),
                      f"{p['idle_seconds']:.0f}s", f"{p['idle_timeout']:.0f}s idle",
-                     f"{p['node_hours']:.3f}"))
+                     f"{p['node_hours']:.3f}", holds))
     return _table(rows)

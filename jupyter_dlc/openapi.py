@@ -84,7 +84,9 @@ SCHEMAS: dict[str, dict] = {
                      "ended": _null(_NUM), "reason": _null(_STR), "outcome": _null(_STR),
                      "resume_path": _null(_STR), "restarts": _INT,
                      "failure": _null(_ref("Diagnosis"))},
-                    {"engine_id": {**_null(_STR), "description": "the engine's id (a Slurm job id)"}}),
+                    {"engine_id": {**_null(_STR), "description": "the engine's id (a Slurm job id)"},
+                     "start": {**_null(_STR), "description": "how it started: `warm pool ID`, "
+                                                             "or `cold start (why)`"}}),
     "Checkpoint": _obj({"step": _INT, "path": _null(_STR)},
                        {"time": _null(_NUM), "size": _null(_INT), "world_size": _null(_INT),
                         "seconds": _null(_NUM), "attempt": _null(_INT)}),

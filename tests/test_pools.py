@@ -13,7 +13,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
-from jupyter_dlc import clusters
+from jupyter_dlc import clusters, formatting
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
@@ -105,7 +105,8 @@ def test_environment_contract_on_a_warm_pool(pooled, tmp_path):
     })
     job = client.wait(job["id"], timeout=120)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    assert ran_warm(client, job["id"])
+    assert ran_warm(client, job["id"]) and job["attempts"][0]["start"] == "warm pool local-2x2"
+    assert "  start: warm pool local-2x2" in formatting.status_text(job).splitlines()
     for rank, env in rank_env(client, job["id"], 4).items():
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
         assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
@@ -177,11 +178,13 @@ def test_a_killed_agent_is_replaced(pooled):
     client = pooled.client
     pool = ready_pool(client)
     os.kill(pool["agents"][1], signal.SIGKILL)
-    wait_for(lambda: client.pools() and client.pools()[0]["state"] == "ready" and
-             client.pools()[0]["agents"] and pool["agents"][1] not in client.pools()[0]["agents"],
-             120, what="pool replaced")
+    def replaced() -> bool:
+        pools = client.pools()
+        return bool(pools) and pools[0]["state"] == "ready" and not set(pools[0]["agents"]) & set(pool["agents"])
+
+    wait_for(replaced, 120, what="pool replaced")
     job = run(client, pooled.script("quick.py", QUICK))
-    assert job["state"] == "SUCCEEDED" and ran_warm(client, job["id"])
+    assert job["state"] == "SUCCEEDED" and ran_warm(client, job["id"]), job["attempts"][0]["start"]
 
 
 def test_a_busy_pool_sends_the_second_job_cold(pooled):
@@ -196,6 +199,7 @@ def test_a_busy_pool_sends_the_second_job_cold(pooled):
     assert second["state"] == "SUCCEEDED" and not ran_warm(client, second["id"])
     reasons = [e["reason"] for e in client.events(second["id"]) if e["type"] == "state"]
     assert any(f"pool local-1x1 is busy with {first['id']}" in (r or "") for r in reasons), reasons
+    assert second["attempts"][0]["start"] == f"cold start (pool local-1x1 is busy with {first['id']})"
     client.stop(first["id"], grace=0)
 
 
@@ -265,7 +269,7 @@ def test_pool_up_status_down_from_the_cli_and_the_magic(pooled, capsys):
     up = run_cli("up", "--nodes", "1", "--nproc-per-node", "2", "--idle-timeout", "900")
     assert up.returncode == 0, up.stderr
     assert up.stdout.splitlines()[0].split() == ["POOL", "STATE", "JOB", "SERVED", "IDLE",
-                                                 "RELEASED", "AFTER", "NODE-HOURS"]
+                                                 "RELEASED", "AFTER", "NODE-HOURS", "HOLDS"]
     assert up.stdout.splitlines()[1].startswith("local-1x2") and "900s idle" in up.stdout
     shell = InteractiveShell.instance()
     shell.register_magics(DLCMagics)

@@ -170,7 +170,9 @@ def job_detail(store: Store, row) -> dict:
                                   "resume_path", "restarts")}
         item["failure"] = json.loads(a["failure"]) if a["failure"] else None
         # The engine's own id for the attempt (a Slurm job id), for views and for humans.
-        item["engine_id"] = json.loads(a["handle"] or "{}").get("engine_id")
+        handle = json.loads(a["handle"] or "{}")
+        item["engine_id"] = handle.get("engine_id")
+        item["start"] = handle.get("start")  # warm pool or cold start, and why (launcher/pools.py)
         attempts.append(item)
     job["attempts"] = attempts
     checkpoints = store.checkpoints(row["id"])

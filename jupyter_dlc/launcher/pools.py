@@ -212,7 +212,8 @@ class Pools:
 
     def status(self) -> list[dict]:
         processes = job_processes()
-        return [self.describe(r, processes) for r in self.records()]
+        with self.lock:  # not while a tick replaces a pool (its directory is remade)
+            return [self.describe(r, processes) for r in self.records()]
 
     def _busy(self, record: dict, processes: dict | None = None) -> bool:
         if not record.get("job"):

@@ -261,7 +261,7 @@ class Supervisor(threading.Thread):
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)
         handle, how = self.pools.submit(ctx)
-        handle = handle or backend.submit(ctx)
+        handle = dict(handle or backend.submit(ctx), start=how)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
         reason += f" ({how})" if how else ""

@@ -390,6 +390,8 @@ export interface components {
             reason: string | null;
             restarts: number;
             resume_path: string | null;
+            /** @description how it started: `warm pool ID`, or `cold start (why)` */
+            start?: string | null;
             started: number | null;
             state: components["schemas"]["JobState"];
         };

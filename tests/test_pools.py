@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
@@ -17,6 +18,7 @@ from jupyter_dlc import clusters, formatting
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_recovery import TRAIN, committed_beyond, final_params
 
 # Each job of a test file imports this helper module from its workdir and records what it
 # found there before setting it: a module-level global, torch's own module, the process group.
@@ -45,17 +47,29 @@ dist.destroy_process_group()
 """
 
 
-@pytest.fixture
-def pooled(tmp_path, monkeypatch):
+def _private_launcher(tmp_path, monkeypatch, **env_vars):
     """A private launcher whose profiles file and pool lease are the test's own."""
     monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "clusters.yaml"))
     monkeypatch.setenv("DLC_POOL_LEASE", "10")
+    for key, value in env_vars.items():
+        monkeypatch.setenv(key, value)
     env = LauncherEnv(str(tmp_path))
     yield env
     env.close()
     # The launcher released its pools on SIGTERM; a failing test must not leak agents either.
     for pid in pool_agents(env):
         os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pooled(tmp_path, monkeypatch):
+    yield from _private_launcher(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def pooled_restarts(tmp_path, monkeypatch):
+    """Restarts go to the pool: no standby agents are warmed for them (they would win)."""
+    yield from _private_launcher(tmp_path, monkeypatch, DLC_STANDBY_AGENTS="0")
 
 
 def pool_agents(env: LauncherEnv) -> list[int]:
@@ -279,3 +293,29 @@ def test_pool_up_status_down_from_the_cli_and_the_magic(pooled, capsys):
     assert capsys.readouterr().out.strip() == "released local-1x2"
     status = run_cli("status")
     assert status.returncode == 0 and status.stdout.startswith("no warm pools")
+
+
+@pytest.mark.slow
+def test_a_restart_on_the_pool_resumes_exactly_as_cold(pooled_restarts):
+    """A job killed mid-training restarts on the same pool as attempt 2, from its newest
+    committed checkpoint, and ends with exactly the parameters of a cold run that never
+    failed (the deterministic script of test_recovery.py)."""
+    client = pooled_restarts.client
+    script = pooled_restarts.script("train.py", TRAIN)
+    clean = run(client, script, args=["40", "0"], name="clean")  # cold: no pool yet
+    assert clean["state"] == "SUCCEEDED" and clean["attempts"][0]["start"].startswith("cold start")
+    ready_pool(client)
+    faulty = client.submit({"script": script, "args": ["40", "0.05"], "nodes": 2,
+                            "nproc_per_node": 2, "name": "faulty", "max_restarts": 1})
+    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 14 and
+             committed_beyond(client, faulty["id"], 0), 120, what="a committed step, then more")
+    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 1)
+    os.kill(victim["pid"], signal.SIGKILL)
+    faulty = client.wait(faulty["id"], timeout=180, poll=0.1)
+    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
+    attempts = faulty["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
+    assert [a["start"] for a in attempts] == ["warm pool local-2x2"] * 2
+    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
+    a, b = final_params(clean), final_params(faulty)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise

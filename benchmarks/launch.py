@@ -13,7 +13,8 @@ and later cells of a notebook). Median ratios are printed, the warm one last.
 
 With `--engine slurm` both sides go through a real Slurm cluster on this machine
 (scripts/local-slurm.sh, started and removed by the benchmark): `sbatch` of a hand-written
-batch script that runs the same torchrun agents with srun, against `--cluster local-slurm`.
+batch script that runs the same torchrun agents with srun, against `--cluster local-slurm`
+(warm: a pool on local-slurm, a held allocation whose agents run the jobs).
 """
 
 from __future__ import annotations
@@ -137,10 +138,7 @@ def measure(args, fields: dict, baseline: str, base_run) -> None:
     try:
         for phase in ("cold", "warm"):
             if phase == "warm":
-                if args.engine != "local":
-                    print(f"warm: {args.engine} pools are not built; warm phase skipped", flush=True)
-                    break
-                client.pool_up(2, 2)
+                client.pool_up(2, 2, fields.get("cluster"))  # on Slurm: a held allocation
                 while not [p for p in client.pools() if p["state"] == "ready"]:
                     time.sleep(0.1)
             results.append((phase, *alternate(args, client, root, script, fields, baseline,

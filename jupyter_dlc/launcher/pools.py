@@ -240,6 +240,8 @@ class Pools:
         spec = ctx.spec
         if os.path.exists(os.path.join(ctx.attempt_dir, "node-0.go.pid")):
             return None, ""  # a restart with standby agents warmed for it: those are faster
+        if spec.cluster is None and spec.backend != "local":
+            return None, f"cold start: pools of {spec.backend} need a cluster profile (--cluster NAME)"
         try:
             engine, options = engine_of(spec.cluster)
         except ValueError as error:

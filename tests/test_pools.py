@@ -17,7 +17,7 @@ from conftest import LauncherEnv, assert_launcher_env, wait_for
 from jupyter_dlc import clusters, formatting
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
-from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_recovery import TRAIN, committed_beyond, final_params
 
 # Each job of a test file imports this helper module from its workdir and records what it
@@ -227,10 +227,16 @@ def test_idle_pool_is_released(pooled):
 def test_launcher_kill_9_readopts_the_pool_then_a_lost_launcher_leaves_nothing(pooled, monkeypatch):
     client = pooled.client
     pool = ready_pool(client)
-    pooled.restart(kill=True)
+    steps = client.submit({"script": pooled.script("steps.py", STEPS), "nodes": 2,
+                           "nproc_per_node": 2, "max_restarts": 0})
+    wait_for(lambda: (client.job(steps["id"])["last_step"] or 0) >= 2, 120, what="training")
+    pooled.restart(kill=True)  # with a job running on the pool
     client = pooled.client
     again = client.pools()
     assert [p["id"] for p in again] == ["local-2x2"] and again[0]["agents"] == pool["agents"]
+    steps = client.wait(steps["id"], timeout=180, poll=0.1)
+    assert steps["state"] == "SUCCEEDED" and steps["last_step"] == 40, steps["reason"]
+    assert steps["attempts"][0]["start"] == "warm pool local-2x2"
     job = run(client, pooled.script("quick.py", QUICK))
     assert job["state"] == "SUCCEEDED" and ran_warm(client, job["id"])
     # No launcher comes back: the agents leave once their lease (10 s here) runs out.

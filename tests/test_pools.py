@@ -98,7 +98,7 @@ def ready_pool(client, nodes=2, nproc=2, **options) -> dict:
 
 def ran_warm(client, job_id: str) -> bool:
     """The job's start went to a pool: its STARTING reason says so."""
-    return any("(warm pool " in (e["reason"] or "") for e in client.events(job_id) if e["type"] == "state")
+    return any("; warm pool " in (e["reason"] or "") for e in client.events(job_id) if e["type"] == "state")
 
 
 def run(client, script: str, **fields) -> dict:

@@ -373,7 +373,7 @@ def test_a_warm_pool_is_a_held_allocation_and_its_jobs_skip_the_queue(launcher, 
     job = client.wait(job["id"], timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"]
     reasons = [e["reason"] or "" for e in client.events(job["id"]) if e["type"] == "state"]
-    assert any(f"(warm pool {CLUSTER}-2x2)" in r for r in reasons), reasons
+    assert any(r.endswith(f"; warm pool {CLUSTER}-2x2") for r in reasons), reasons
     assert not job["attempts"][0].get("engine_id")  # no Slurm job of its own: no queue
     for rank, env in rank_env(client, job["id"], 4).items():
         assert env["RANK"] == str(rank) and env["GROUP_RANK"] == str(rank // 2)

@@ -264,7 +264,7 @@ class Supervisor(threading.Thread):
         handle = dict(handle or backend.submit(ctx), start=how)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
-        reason += f" ({how})" if how else ""
+        reason += f"; {how}" if how else ""
         if handle.get("engine_id"):
             reason += f" as {backend.name} job {handle['engine_id']}"
         if resume_path:

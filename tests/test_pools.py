@@ -325,3 +325,21 @@ def test_a_restart_on_the_pool_resumes_exactly_as_cold(pooled_restarts):
     assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
     a, b = final_params(clean), final_params(faulty)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise
+
+
+def test_a_graceful_stop_on_the_pool_checkpoints_and_the_node_records_its_exit(pooled):
+    """SIGTERM reaches the ranks (the runtime saves at the step boundary and leaves); the
+    pool's node process outlives them through the grace and records the node's exit."""
+    client = pooled.client
+    ready_pool(client, 1, 2)
+    job = client.submit({"script": pooled.script("train.py", TRAIN), "args": ["400", "0.05"],
+                         "nodes": 1, "nproc_per_node": 2, "heartbeat_interval": 1})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 13, 120, what="step 13")
+    client.stop(job["id"], grace=30)
+    stopped = client.wait(job["id"], timeout=90, poll=0.1)
+    assert stopped["state"] == "STOPPED" and "checkpoint committed" in stopped["reason"], stopped["reason"]
+    assert stopped["attempts"][0]["start"] == "warm pool local-1x2"
+    assert [c["step"] for c in client.checkpoints(job["id"])][-1] == stopped["last_step"]
+    with open(os.path.join(stopped["job_dir"], "attempt-1", "node-0.exit")) as f:
+        assert f.read().strip() == "0"
+    assert client.pools()[0]["state"] == "ready"

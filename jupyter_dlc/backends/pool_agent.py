@@ -145,6 +145,7 @@ def run_rank(order: dict, local_rank: int) -> None:
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
     })
     os.setsid()  # torchrun starts each worker in a session of its own; so do we
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _enter(order, env)
     os.chdir(order["cwd"])
     # `python -m bootstrap` in cwd would have cwd first on sys.path, then PYTHONPATH.
@@ -167,6 +168,10 @@ def run_node(order: dict) -> int:
     env = _job_env(order)
     os.setsid()
     _enter(order, env)
+    # A stop's SIGTERM is for the ranks (they checkpoint and leave); this process outlives
+    # them through the grace to record their exits, as torchrun's wrapper shell does. A
+    # handler, not an ignore: the ranks forked below set theirs back to the default.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     log = os.open(order["node_log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -163,6 +163,11 @@ def test_stop_of_a_pooled_job_leaves_the_pool_ready(pooled):
     wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", 60, what="RUNNING")
     assert ran_warm(client, job["id"])
     assert client.pools()[0]["state"] == "busy" and client.pools()[0]["job"] == job["id"]
+    # Found without cgroups too: each forked rank shows the job in its exec'd environment.
+    for rank in client.job(job["id"])["ranks"]:
+        with open(f"/proc/{rank['pid']}/environ", "rb") as f:
+            shown = f.read().split(b"\0")
+        assert f"DLC_JOB_ID={job['id']}".encode() in shown and b"DLC_ATTEMPT=1" in shown
     client.stop(job["id"])
     job = client.wait(job["id"], timeout=60, poll=0.1)
     assert job["state"] == "STOPPED"

@@ -24,7 +24,7 @@ export function poolLine(pool: Pool): string {
 export class PoolsView {
   readonly node: HTMLElement;
   private timer: number | null = null;
-  private error = '';
+  private error = ''; // a failed Release, shown once with the next render
 
   constructor(
     private source: PoolSource,
@@ -54,14 +54,14 @@ export class PoolsView {
   }
 
   async refresh(): Promise<void> {
+    let pools: Pool[] = [];
     try {
-      const answer = await this.source.request<Schemas['Pools']>('GET', 'api/pools');
-      this.error = '';
-      this.render(answer.pools);
-    } catch (e) {
-      this.error = (e as Error).message;
-      this.render([]);
+      pools = (await this.source.request<Schemas['Pools']>('GET', 'api/pools')).pools;
+    } catch {
+      // The panel's status line already says when the launcher cannot be reached.
     }
+    this.render(pools);
+    this.error = '';
   }
 
   async release(id: string): Promise<void> {

@@ -54,4 +54,20 @@ describe('PoolsView', () => {
     const busy = { ...fx.pools.pools[0], state: 'busy' as const, job: 'train-1a2b3c', node_hours: 1.234 };
     expect(poolLine(busy)).toBe(`${busy.id}: busy with train-1a2b3c, ${busy.jobs_served} served, 1.23 node-h`);
   });
+
+  it('a Release the launcher refuses says why, in one line under the pools', async () => {
+    const source = new RecordingSource(fx.pools.pools);
+    source.request = async <T>(method: string): Promise<T> => {
+      if (method === 'DELETE') {
+        throw new Error('pool: no pool; list them with GET /api/pools');
+      }
+      return { pools: fx.pools.pools } as T;
+    };
+    const view = new PoolsView(source);
+    await view.release(fx.pools.pools[0].id);
+    expect(view.node.querySelector('.dlc-pools-error')!.textContent).toBe(
+      'pools: pool: no pool; list them with GET /api/pools'
+    );
+    expect(view.node.querySelectorAll('.dlc-pool').length).toBe(fx.pools.pools.length);
+  });
 });

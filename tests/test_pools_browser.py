@@ -7,7 +7,7 @@ import os
 
 import pytest
 from labserver import CHROMIUM, CHROMIUM_ARGS
-from test_panel_browser import ART, TOKEN, cli, lab, launcher_client  # noqa: F401 - lab: fixture
+from test_panel_browser import ART, cli, lab, launcher_client, open_panel  # noqa: F401 - lab: fixture
 
 from conftest import wait_for
 
@@ -26,11 +26,7 @@ def test_pools_are_listed_and_released_from_the_panel(lab):  # noqa: F811 - the 
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         try:
-            page.goto(f"{lab['url']}lab?reset&token={TOKEN}")
-            tab = page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-dlc-panel"]')
-            expect(tab).to_be_visible(timeout=60000)
-            tab.click()
-            panel = page.locator("#jupyter-dlc-panel")
+            _, panel = open_panel(page, lab)
             row = panel.locator('.dlc-pool[data-pool-id="local-1x1"]')
             expect(row).to_be_visible(timeout=30000)
             expect(row).to_contain_text("local-1x1:")

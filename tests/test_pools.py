@@ -15,6 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
 from jupyter_dlc import clusters, formatting
+from jupyter_dlc.backends.local import process_slots
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
@@ -261,6 +262,12 @@ def test_pool_commands_and_bad_input(pooled, tmp_path):
     with pytest.raises(LauncherError) as error:
         client.release_pool("nope-1x1")
     assert error.value.status == 404
+    slots = process_slots()[0]  # the launcher's, from the same machine and environment
+    client.pool_up(1, slots)  # one agent; its jobs would fill the machine
+    with pytest.raises(LauncherError) as error:
+        client.pool_up(1, 1)
+    assert error.value.status == 400 and f"with {slots} held by other pools" in str(error.value)
+    assert client.pool_down() == [f"local-1x{slots}"]
     client.pool_up(1, 1)
     client.pool_up(1, 2)
     assert client.pool_down(nproc_per_node=2) == ["local-1x2"]

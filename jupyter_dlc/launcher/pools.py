@@ -120,12 +120,17 @@ class Pools:
             idle_timeout = _duration(options.get("pool_idle_timeout"), DEFAULT_IDLE_TIMEOUT)
         from ..backends.local import process_slots
 
-        if engine == "local" and nodes * nproc > process_slots()[0]:
-            raise PoolError(f"nodes x nproc_per_node: {nodes * nproc} processes exceed what this "
-                            f"machine runs at once ({process_slots()[0]}); ask for fewer")
         pid = pool.pool_id(cluster, nodes, nproc)
         with self.lock:
             record = self._record(pid)
+            # Each local agent holds an imported torch (a few hundred MB): all local pools
+            # together hold at most as many processes as the machine runs ranks at once.
+            held = sum(r["nodes"] * r["nproc_per_node"] for r in self.records()
+                       if r["engine"] == "local" and r["id"] != pid)
+            if record is None and engine == "local" and held + nodes * nproc > process_slots()[0]:
+                raise PoolError(f"nodes x nproc_per_node: {nodes * nproc} more processes with "
+                                f"{held} held by other pools exceed what this machine runs at once "
+                                f"({process_slots()[0]}); release one (pool down) or ask for fewer")
             if record is not None:
                 record["idle_timeout"] = idle_timeout
                 self._save(record)

@@ -105,7 +105,7 @@ def _dispatch(options, script_args: list[str]) -> int:
         rows = check_clusters()
         print(clusters_table(rows))
         return 0 if all(row["ok"] for row in rows) else 1
-    client = LauncherClient.connect(start=command == "run")
+    client = LauncherClient.connect(start=command == "run" or getattr(options, "action", "") == "up")
     if command == "run":
         script = os.path.abspath(options.script)
         if not os.path.isfile(script):
@@ -155,6 +155,8 @@ def run_text_command(client: LauncherClient, options) -> None:
         print(formatting.checkpoints_table(client.checkpoints(options.job)))
     elif command == "why":
         print(formatting.diagnosis_text(client.diagnosis(options.job), client.job(options.job)))
+    elif command == "pool":
+        print(pool_command(client, options))
     elif command == "export":
         from .export import export_job
 
@@ -162,6 +164,18 @@ def run_text_command(client: LauncherClient, options) -> None:
             print(path)
     else:
         raise ValueError(f"command: unknown {command!r}")
+
+
+def pool_command(client: LauncherClient, options) -> str:
+    """`pool up|down|status`: the pools after the change, or what was released."""
+    if options.action == "up":
+        if options.nodes is None or options.nproc_per_node is None:
+            raise SpecError("nodes", "pool up needs the shape: --nodes N --nproc-per-node M")
+        client.pool_up(options.nodes, options.nproc_per_node, options.cluster, options.idle_timeout)
+    elif options.action == "down":
+        released = client.pool_down(options.nodes, options.nproc_per_node, options.cluster)
+        return "released " + (", ".join(released) if released else "nothing (no pool matched)")
+    return formatting.pools_table(client.pools())
 
 
 def _launcher(action: str) -> int:

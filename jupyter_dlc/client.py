@@ -176,6 +176,23 @@ class LauncherClient:
     def script(self, job_id: str) -> dict:
         return self._get(f"/api/jobs/{job_id}/script")
 
+    def pools(self) -> list[dict]:
+        return self._get("/api/pools")["pools"]
+
+    def pool_up(self, nodes: int, nproc_per_node: int, cluster: str | None = None,
+                idle_timeout: float | None = None) -> dict:
+        body = {"nodes": nodes, "nproc_per_node": nproc_per_node, "cluster": cluster,
+                "idle_timeout": idle_timeout}
+        return self._post("/api/pools", {k: v for k, v in body.items() if v is not None})
+
+    def pool_down(self, nodes: int | None = None, nproc_per_node: int | None = None,
+                  cluster: str | None = None) -> list[str]:
+        body = {"nodes": nodes, "nproc_per_node": nproc_per_node, "cluster": cluster}
+        return self._post("/api/pools/down", {k: v for k, v in body.items() if v is not None})["released"]
+
+    def release_pool(self, pool_id: str) -> list[str]:
+        return self.request("DELETE", f"/api/pools/{pool_id}")[1]["released"]
+
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.5) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

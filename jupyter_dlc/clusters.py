@@ -46,7 +46,10 @@ _COMMON = {"engine": (str, "one of " + ", ".join(ENGINES)),
            "env": (dict, "a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf}"),
            "python": (str, "the Python with torch and jupyter-dlc on the nodes"),
            "interface": (str, "a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME)"),
-           "description": (str, "a line of text")}
+           "description": (str, "a line of text"),
+           # Warm pools (launcher/pools.py): the first job of a shape starts one.
+           "pool": (bool, "true to keep a warm pool per shape after its first job"),
+           "pool_idle_timeout": (str, "a duration like 10m: idle time before the pool is released")}
 ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
     "local": {},
     "slurm": {"partition": (str, "a partition name"), "account": (str, "an account name"),

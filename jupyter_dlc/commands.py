@@ -56,6 +56,14 @@ COMMANDS: tuple[Command, ...] = (
     Command("delete", "delete an ended job", (JOB,)),
     Command("export", "write a bundle that runs with plain torchrun", (
         JOB, (("dir",), {"help": "where to write the bundle"}))),
+    Command("pool", "warm pools: agents with torch imported that start a shape's jobs at once", (
+        (("action",), {"choices": ["up", "down", "status"]}),
+        (("--nodes",), {"type": int, "default": None, "help": "up/down: nodes of the shape"}),
+        (("--nproc-per-node",), {"type": int, "default": None,
+                                 "help": "up/down: processes per node of the shape"}),
+        (("--cluster",), {"default": None, "help": "a cluster profile (default: this machine)"}),
+        (("--idle-timeout",), {"type": float, "default": None,
+                               "help": "up: seconds idle before it is released (default 600)"}))),
     Command("clusters", "cluster profiles, each with a live check (reachable, idle nodes, GPUs)"),
     Command("launcher", "the launcher service, or its Kubernetes manifests (`manifest`)", (
         (("action",), {"choices": ["start", "stop", "status", "manifest"]}),

@@ -43,7 +43,12 @@ def jobs_table(jobs: list[dict]) -> str:
          age(j.get("created")))
         for j in jobs
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of text cells in aligned columns (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
 
 
@@ -80,6 +85,9 @@ def status_text(job: dict) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
     if engine_text(job):
         lines.append(f"  engine: {engine_text(job)}")
+    start = (job.get("attempts") or [{}])[-1].get("start")
+    if start:
+        lines.append(f"  start: {start}")
     header = ("RANK", "NODE", "STATE", "STEP", "HEARTBEAT", "EXIT", "PID")
     rows = [header] + [
         (str(r["rank"]), str(r["node"]), r["state"], "-" if r["last_step"] is None else str(r["last_step"]),
@@ -157,3 +165,16 @@ def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
             continue
         text.append(line)
     return "\n".join(text)
+
+
+def pools_table(pools: list[dict]) -> str:
+    """Warm pools: shape, state, what they served and hold (node-hours so far)."""
+    if not pools:
+        return "no warm pools (start one: pool up --nodes N --nproc-per-node M)"
+    rows = [("POOL", "STATE", "JOB", "SERVED", "IDLE", "RELEASED AFTER", "NODE-HOURS", "HOLDS")]
+    for p in pools:
+        holds = f"{p['engine']} job {p['engine_id']}" if p.get("engine_id") else "agents on this machine"
+        rows.append((p["id"], p["state"], p["job"] or "-", str(p["jobs_served"]),
+                     f"{p['idle_seconds']:.0f}s", f"{p['idle_timeout']:.0f}s idle",
+                     f"{p['node_hours']:.3f}", holds))
+    return _table(rows)

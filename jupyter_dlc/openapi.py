@@ -84,7 +84,9 @@ SCHEMAS: dict[str, dict] = {
                      "ended": _null(_NUM), "reason": _null(_STR), "outcome": _null(_STR),
                      "resume_path": _null(_STR), "restarts": _INT,
                      "failure": _null(_ref("Diagnosis"))},
-                    {"engine_id": {**_null(_STR), "description": "the engine's id (a Slurm job id)"}}),
+                    {"engine_id": {**_null(_STR), "description": "the engine's id (a Slurm job id)"},
+                     "start": {**_null(_STR), "description": "how it started: `warm pool ID`, "
+                                                             "or `cold start (why)`"}}),
     "Checkpoint": _obj({"step": _INT, "path": _null(_STR)},
                        {"time": _null(_NUM), "size": _null(_INT), "world_size": _null(_INT),
                         "seconds": _null(_NUM), "attempt": _null(_INT)}),
@@ -128,6 +130,19 @@ SCHEMAS: dict[str, dict] = {
                           "rank_commands": {"type": "object", "description":
                                             "a node batch's answer: rank → its commands",
                                             "additionalProperties": {"type": "array"}}}),
+    "PoolUpBody": bodies.POOL_UP,
+    "PoolDownBody": bodies.POOL_DOWN,
+    "Pool": _obj({"id": _STR, "cluster": _null(_STR), "engine": _STR, "nodes": _INT,
+                  "nproc_per_node": _INT,
+                  "state": {"type": "string", "enum": ["starting", "ready", "busy"]},
+                  "job": _null(_STR), "jobs_served": _INT, "created": _NUM,
+                  "idle_seconds": _NUM, "idle_timeout": _NUM,
+                  "node_hours": {**_NUM, "description": "nodes held x hours so far"}},
+                 {"agents": {"type": "array", "items": _INT},
+                  "engine_id": {**_null(_STR), "description": "the held allocation (a Slurm job id)"}},
+                 "A warm pool: one agent per node with torch imported, serving one job at a time."),
+    "Pools": _obj({"pools": {"type": "array", "items": _ref("Pool")}}),
+    "Released": _obj({"released": {"type": "array", "items": _STR}}),
     "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
                     "started": _NUM}),
 }
@@ -140,7 +155,7 @@ def _json(schema_name: str, description: str = "OK") -> dict:
 
 def _errors(*codes: int) -> dict:
     words = {400: "Bad input: the field and how to fix it", 401: "Missing or wrong token",
-             404: "No such job", 409: "Not possible in the job's state",
+             404: "No such job or pool", 409: "Not possible in the job's state",
              413: "Body over this route's size limit"}
     return {str(code): _json("Error", words[code]) for code in codes}
 
@@ -239,6 +254,19 @@ PATHS: dict[str, dict[str, Any]] = {
         "responses": {"200": _json("Diagnoses"), **_errors(*_ON_JOB)}}},
     "/api/jobs/{job}/alerts": {"parameters": [_JOB], "get": {
         "operationId": "jobAlerts", "responses": {"200": _json("Alerts"), **_errors(*_ON_JOB)}}},
+    "/api/pools": {
+        "get": {"operationId": "listPools", "responses": {"200": _json("Pools"), **_errors(401)}},
+        "post": {"operationId": "poolUp", "requestBody": _body("PoolUpBody"),
+                 "responses": {"201": _json("Pool", "Started (or already up)"),
+                               **_errors(400, 401, 413)}}},
+    "/api/pools/down": {"post": {
+        "operationId": "poolDown", "requestBody": _body("PoolDownBody"),
+        "responses": {"200": _json("Released"), **_errors(400, 401, 413)}}},
+    "/api/pools/{pool}": {
+        "parameters": [{"name": "pool", "in": "path", "required": True,
+                        "description": "A pool id as listed, e.g. local-2x2.", "schema": _STR}],
+        "delete": {"operationId": "releasePool", "responses": {
+            "200": _json("Released"), **_errors(401, 404)}}},
     "/api/jobs/{job}/script": {"parameters": [_JOB], "get": {
         "operationId": "jobScript", "responses": {"200": _json("Script"), **_errors(*_ON_JOB)}}},
 }

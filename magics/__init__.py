@@ -124,7 +124,8 @@ class DLCMagics(Magics):
         """%dlc list | status JOB [--json] | wait JOB | attach JOB |
         logs JOB [--rank R] [--tail N] [--follow] [--raw] | stop JOB [--grace S] |
         resume JOB [--step N] | why JOB | checkpoints JOB | clone JOB | delete JOB |
-        export JOB DIR | clusters  (the subcommands of jupyter-dlc, from jupyter_dlc/commands.py)"""
+        export JOB DIR | clusters | pool up|down|status [--nodes N] [--nproc-per-node M]
+        [--cluster NAME] [--idle-timeout S]  (the subcommands of jupyter-dlc, from jupyter_dlc/commands.py)"""
         options = _LineParser().parse(line)
         try:
             return self._run_line(options)

@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 import tornado.web
+from conftest import wait_for
 from jsonschema import Draft202012Validator
 
 from jupyter_dlc import openapi
@@ -58,6 +59,7 @@ def validator(name: str, doc: dict) -> Draft202012Validator:
 def contract(shared_launcher):
     """A succeeded and a failed real job, and the served document."""
     client = shared_launcher.client
+    client.pool_up(1, 1)  # a warm pool, for the Pools payload (released with the launcher)
     good = client.submit({"script": shared_launcher.script("good.py", GOOD), "nodes": 1,
                           "nproc_per_node": 2, "max_restarts": 0})
     bad = client.submit({"script": shared_launcher.script("bad.py", BAD), "nodes": 1,
@@ -72,7 +74,8 @@ def contract(shared_launcher):
 
 def _template(pattern: str) -> list[str]:
     """The document's path templates a tornado route pattern stands for."""
-    pattern = pattern.rstrip("$").replace("([^/]+)", "{job}").replace("\\.", ".")
+    pattern = pattern.rstrip("$").replace("/api/pools/([^/]+)", "/api/pools/{pool}")
+    pattern = pattern.replace("([^/]+)", "{job}").replace("\\.", ".")
     match = re.search(r"\(([a-z|]+)\)", pattern)
     if match:
         return [pattern.replace(match.group(0), word) for word in match.group(1).split("|")]
@@ -138,6 +141,8 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "alerts": ("Alerts", c.alerts(good)),
         "script": ("Script", c.script(good)),
         "health": ("Health", c.request("GET", "/healthz")[1]),
+        "pools": ("Pools", {"pools": wait_for(lambda: [p for p in c.pools() if p["state"] == "ready"],
+                                              120, what="pool ready")}),
         "error": ("Error", {"error": _error(c, f"/api/jobs/{good}/logs", {"rank": 9})}),
     }
 

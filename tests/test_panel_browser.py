@@ -106,6 +106,20 @@ def row(page, name):
     return page.locator(".dlc-row", has=page.locator(".dlc-name", has_text=name)).first
 
 
+def open_panel(page, lab):
+    """Lab with a fresh workspace, the DLC panel opened from the left side bar: (its side
+    bar tab, the panel)."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab['url']}lab?reset&token={TOKEN}")
+    tab = page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-dlc-panel"]')
+    expect(tab).to_be_visible(timeout=60000)
+    tab.click()
+    panel = page.locator("#jupyter-dlc-panel")
+    expect(panel).to_be_visible()
+    return tab, panel
+
+
 def test_panel_end_to_end(lab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -117,12 +131,7 @@ def test_panel_end_to_end(lab):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
         try:
-            page.goto(f"{lab['url']}lab?reset&token={TOKEN}")
-            tab = page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-dlc-panel"]')
-            expect(tab).to_be_visible(timeout=60000)
-            tab.click()
-            panel = page.locator("#jupyter-dlc-panel")
-            expect(panel).to_be_visible()
+            tab, panel = open_panel(page, lab)
             expect(panel.locator(".dlc-title")).to_have_text("DLC jobs")
             # connected: the one status line is hidden once live
             expect(panel.locator(".dlc-status")).to_be_hidden(timeout=60000)

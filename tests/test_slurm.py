@@ -340,3 +340,45 @@ def test_stop_checkpoints_and_resume_is_a_new_slurm_job_from_that_step(launcher)
     wait_for(lambda: (client.job(job["id"])["last_step"] or 0) > last, 120, what="progress after resume")
     client.stop(job["id"], grace=5)
     assert client.wait(job["id"], timeout=90)["state"] == "STOPPED"
+
+
+def test_a_warm_pool_is_a_held_allocation_and_its_jobs_skip_the_queue(launcher, slurm, tmp_path):
+    """`pool up --cluster local-slurm`: one sbatch holds 2 nodes with an agent each; a job of
+    that shape runs inside the allocation (no Slurm job of its own), with the env contract."""
+    client = launcher.client
+    client.pool_up(2, 2, cluster=CLUSTER)
+    wait_for(lambda: [p for p in client.pools() if p["state"] == "ready"], 180, what="pool ready")
+    pool = client.pools()[0]
+    allocation = pool["engine_id"]
+    assert pool["id"] == f"{CLUSTER}-2x2" and pool["engine"] == "slurm"
+    assert squeue_ids(slurm) == [allocation]
+    script = launcher.script("envjob.py", ENV_SCRIPT.replace(
+        '"argv":', '"SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "argv":'))
+    job = client.submit({
+        "script": script, "args": ["--lr", "0.1"], "nodes": 2, "nproc_per_node": 2,
+        "name": "envjob", "cluster": CLUSTER, "network": "tcp", "workdir": str(tmp_path),
+        "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}})
+    job = client.wait(job["id"], timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    reasons = [e["reason"] or "" for e in client.events(job["id"]) if e["type"] == "state"]
+    assert any(r.endswith(f"; warm pool {CLUSTER}-2x2") for r in reasons), reasons
+    assert not job["attempts"][0].get("engine_id")  # no Slurm job of its own: no queue
+    for rank, env in rank_env(client, job["id"], 4).items():
+        assert env["RANK"] == str(rank) and env["GROUP_RANK"] == str(rank // 2)
+        assert env["MASTER_ADDR"] == "127.0.0.11"  # the head node's NodeAddr, as cold
+        assert env["SLURM_JOB_ID"] == allocation
+        assert_launcher_env(env, job, launcher, tmp_path)
+    assert squeue_ids(slurm) == [allocation]
+    assert client.pool_down(cluster=CLUSTER) == [f"{CLUSTER}-2x2"]
+    wait_for(lambda: allocation not in squeue_ids(slurm), 60, what="allocation released")
+    marker = f"DLC_POOL_DIR={launcher.data_dir}".encode()
+    wait_for(lambda: not [p for p in os.listdir("/proc") if p.isdigit() and _has(p, marker)], 60,
+             what="pool agents gone")
+
+
+def _has(pid: str, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(item.startswith(marker) for item in f.read().split(b"\0"))
+    except OSError:
+        return False

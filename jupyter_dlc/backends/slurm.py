@@ -307,6 +307,8 @@ class SlurmBackend(Backend):
         return known
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        if handle.get("pool"):  # ran on a warm pool's agents (backends/slurm_pool.py)
+            return _pooled().describe(ctx, handle)
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
         exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
@@ -349,6 +351,9 @@ class SlurmBackend(Backend):
         """SIGTERM to every process of the job's steps; the supervisor kills after `grace`.
         Not `--full`: the batch shell must outlive its step, or Slurm would end the
         allocation and cut the ranks' grace to its own KillWait."""
+        if handle.get("pool"):
+            _pooled().stop(ctx, handle, grace)
+            return
         job_id = handle.get("engine_id")
         if not job_id:
             return
@@ -362,6 +367,9 @@ class SlurmBackend(Backend):
             _run(["scancel", str(job_id)], env)
 
     def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
+        if handle.get("pool"):
+            _pooled().kill(ctx, handle)
+            return
         job_id = handle.get("engine_id")
         if not job_id:
             return
@@ -373,6 +381,15 @@ class SlurmBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
+
+
+def _pooled() -> Backend:
+    """Jobs on a warm pool's agents are watched and signalled as the pool's processes
+    (slurm_pool.py); here the nodes are this machine, so the local engine's /proc view is
+    every node's (see ARCHITECTURE, "Not yet engine-neutral")."""
+    from . import get_backend
+
+    return get_backend("local")
 
 
 def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:

@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         loop.start()
     finally:
         supervisor.stopped.set()
+        supervisor.pools.shutdown()
         supervisor.release_cgroups()
         try:
             with open(conn_path) as f:

@@ -168,7 +168,9 @@ def job_detail(store: Store, row) -> dict:
                                   "resume_path", "restarts")}
         item["failure"] = json.loads(a["failure"]) if a["failure"] else None
         # The engine's own id for the attempt (a Slurm job id), for views and for humans.
-        item["engine_id"] = json.loads(a["handle"] or "{}").get("engine_id")
+        handle = json.loads(a["handle"] or "{}")
+        item["engine_id"] = handle.get("engine_id")
+        item["start"] = handle.get("start")  # warm pool or cold start, and why (launcher/pools.py)
         attempts.append(item)
     job["attempts"] = attempts
     checkpoints = store.checkpoints(row["id"])
@@ -595,6 +597,38 @@ class PrometheusHandler(BaseHandler):
         self.finish("\n".join(lines) + "\n")
 
 
+class PoolsHandler(BaseHandler):
+    """Warm pools (launcher/pools.py): list, start one for a shape, release by shape."""
+
+    def get(self) -> None:
+        self.reply({"pools": self.launcher.supervisor.pools.status()})
+
+    def post(self) -> None:
+        body = self.body(bodies.POOL_UP)
+        try:
+            self.reply(self.launcher.supervisor.pools.up(
+                body["nodes"], body["nproc_per_node"], body.get("cluster"), body.get("idle_timeout")), 201)
+        except ValueError as error:  # PoolError, an unknown or broken cluster profile
+            self.fail(400, str(error))
+
+
+class PoolsDownHandler(BaseHandler):
+    def post(self) -> None:
+        body = self.body(bodies.POOL_DOWN)
+        pools = self.launcher.supervisor.pools
+        self.reply({"released": pools.down(body.get("nodes"), body.get("nproc_per_node"),
+                                           body.get("cluster"), everything=not any(
+                                               body.get(k) is not None for k in body))})
+
+
+class PoolHandler(BaseHandler):
+    def delete(self, pool_id: str) -> None:
+        pools = self.launcher.supervisor.pools
+        if pool_id not in {r["id"] for r in pools.records()}:
+            self.fail(404, f"pool: no pool {pool_id[:80]!r}; list them with GET /api/pools")
+        self.reply({"released": pools.release(pool_id)})
+
+
 class OpenApiHandler(BaseHandler):
     def get(self) -> None:
         self.reply(openapi.document())
@@ -627,5 +661,8 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
         (job + r"/diagnosis", DiagnosisHandler, args),
         (job + r"/alerts", AlertsHandler, args),
         (job + r"/script", ScriptHandler, args),
+        (r"/api/pools", PoolsHandler, args),
+        (r"/api/pools/down", PoolsDownHandler, args),
+        (r"/api/pools/([^/]+)", PoolHandler, args),
         (r"/.*", NotFoundHandler, args),
     ])

@@ -83,6 +83,18 @@ STOP = {"type": "object", "additionalProperties": False, "properties": {
 RESUME = {"type": "object", "additionalProperties": False, "properties": {
     "step": nullable(dict(STEP, description="a committed step; default: the newest"))}}
 EMPTY = {"type": "object", "additionalProperties": False, "properties": {}}
+_SHAPE = {"type": "integer", "minimum": 1, "maximum": 1 << 16}
+_CLUSTER = {"type": "string", "minLength": 1, "maxLength": 63,
+            "description": "a cluster profile name; default: this machine"}
+POOL_UP = {"type": "object", "additionalProperties": False, "required": ["nodes", "nproc_per_node"],
+           "properties": {
+               "nodes": _SHAPE, "nproc_per_node": _SHAPE, "cluster": nullable(_CLUSTER),
+               "idle_timeout": nullable({"type": "number", "minimum": 1, "maximum": SECONDS_MAX,
+                                         "description": "seconds idle before the pool is released"})}}
+POOL_DOWN = {"type": "object", "additionalProperties": False,
+             "description": "Release the pools that match; all of them when no field is given.",
+             "properties": {"nodes": nullable(_SHAPE), "nproc_per_node": nullable(_SHAPE),
+                            "cluster": nullable(_CLUSTER)}}
 
 _PY_TYPES: dict[str, Any] = {"integer": int, "number": (int, float), "string": str, "boolean": bool,
              "null": type(None), "object": dict, "array": list}

@@ -37,6 +37,7 @@ from ..backends.local import (
     release_cgroups,
 )
 from ..spec import JobSpec, network_env
+from .pools import Pools
 from .preflight import run_preflight
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 
@@ -80,6 +81,8 @@ class Supervisor(threading.Thread):
         self._seen_gone: set[str] = set()
         # Admission: ranks that may run at once (fixed at start: free memory falls as jobs run).
         self.slots = process_slots()[0]
+        # Warm pools (launcher/pools.py): an attempt starts on its shape's pool when one is free.
+        self.pools = Pools(store, data_dir)
 
     def commands_for(self, job_id: str, rank: int) -> list[str]:
         del rank  # every rank gets the same command; they act on it at the same step boundary
@@ -117,6 +120,7 @@ class Supervisor(threading.Thread):
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
         self.sweep_ended(processes)
+        self.pools.tick(processes, now)
 
     def admit(self, rows) -> set[str]:
         """The QUEUED jobs that may start now: in submission order, while their ranks fit in
@@ -274,9 +278,11 @@ class Supervisor(threading.Thread):
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)
-        handle = backend.submit(ctx)
+        handle, how = self.pools.submit(ctx)
+        handle = dict(handle or backend.submit(ctx), start=how)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
+        reason += f"; {how}" if how else ""
         if handle.get("engine_id"):
             reason += f" as {backend.name} job {handle['engine_id']}"
         if resume_path:

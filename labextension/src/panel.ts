@@ -8,6 +8,7 @@ import { Message } from '@lumino/messaging';
 
 import { DlcApi } from './api';
 import { JobListView } from './listview';
+import { PoolsView } from './pools';
 import { Action, JOB_STATES, State, stateCounts } from './store';
 
 // Every state of the launcher's JobState enum (src/wire.ts), as the filter offers them.
@@ -27,6 +28,7 @@ export interface PanelHost {
 
 export class DlcPanel extends Widget {
   private list: JobListView;
+  private pools: PoolsView;
   private statusLine: HTMLElement;
   private filterSel: HTMLSelectElement;
   private search: HTMLInputElement;
@@ -75,7 +77,9 @@ export class DlcPanel extends Widget {
     this.empty.className = 'dlc-empty';
     this.listBox = document.createElement('div');
     this.listBox.className = 'dlc-listbox';
-    this.listBox.append(header, this.empty, this.list.node);
+    this.pools = new PoolsView(host.api, () => this.isVisible);
+    this.pools.start();
+    this.listBox.append(header, this.pools.node, this.empty, this.list.node);
 
     this.node.append(this.statusLine, this.listBox);
     this.ageTimer = window.setInterval(() => {
@@ -88,6 +92,7 @@ export class DlcPanel extends Widget {
 
   dispose(): void {
     window.clearInterval(this.ageTimer);
+    this.pools.dispose();
     if (this.frame !== null) {
       cancelAnimationFrame(this.frame);
     }

@@ -284,6 +284,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/pools": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["listPools"];
+        put?: never;
+        post: operations["poolUp"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/pools/down": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["poolDown"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/pools/{pool}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A pool id as listed, e.g. local-2x2. */
+                pool: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["releasePool"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/stream": {
         parameters: {
             query?: never;
@@ -358,6 +409,8 @@ export interface components {
             reason: string | null;
             restarts: number;
             resume_path: string | null;
+            /** @description how it started: `warm pool ID`, or `cold start (why)` */
+            start?: string | null;
             started: number | null;
             state: components["schemas"]["JobState"];
         };
@@ -531,6 +584,41 @@ export interface components {
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
         };
+        /** @description A warm pool: one agent per node with torch imported, serving one job at a time. */
+        Pool: {
+            agents?: number[];
+            cluster: string | null;
+            created: number;
+            engine: string;
+            /** @description the held allocation (a Slurm job id) */
+            engine_id?: string | null;
+            id: string;
+            idle_seconds: number;
+            idle_timeout: number;
+            job: string | null;
+            jobs_served: number;
+            /** @description nodes held x hours so far */
+            node_hours: number;
+            nodes: number;
+            nproc_per_node: number;
+            /** @enum {string} */
+            state: "starting" | "ready" | "busy";
+        };
+        /** @description Release the pools that match; all of them when no field is given. */
+        PoolDownBody: {
+            cluster?: string | null;
+            nodes?: number | null;
+            nproc_per_node?: number | null;
+        };
+        PoolUpBody: {
+            cluster?: string | null;
+            idle_timeout?: number | null;
+            nodes: number;
+            nproc_per_node: number;
+        };
+        Pools: {
+            pools: components["schemas"]["Pool"][];
+        };
         Rank: {
             exit_code: number | null;
             last_heartbeat: number | null;
@@ -541,6 +629,9 @@ export interface components {
             pid: number | null;
             rank: number;
             state: string;
+        };
+        Released: {
+            released: string[];
         };
         /** @description A rank's report, or a node's batch of its ranks' reports under `ranks` (then without metrics, system or events of its own). */
         Report: {
@@ -775,7 +866,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -814,7 +905,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -864,7 +955,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -905,7 +996,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -959,7 +1050,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1009,7 +1100,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1062,7 +1153,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1121,7 +1212,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1174,7 +1265,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1227,7 +1318,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1281,7 +1372,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1344,7 +1435,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1403,7 +1494,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1457,7 +1548,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No such job */
+            /** @description No such job or pool */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1506,6 +1597,178 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listPools: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Pools"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    poolUp: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolUpBody"];
+            };
+        };
+        responses: {
+            /** @description Started (or already up) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Pool"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Body over this route's size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    poolDown: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolDownBody"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Released"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Body over this route's size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    releasePool: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A pool id as listed, e.g. local-2x2. */
+                pool: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Released"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job or pool */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1615,4 +1878,5 @@ export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<component
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
+export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];
 export const terminalStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalState"]> = ["SUCCEEDED", "FAILED", "STOPPED"];

@@ -1,0 +1,165 @@
+"""Warm pools on this machine: start a pool's node agents, hand one a job, release them.
+
+A pool is a directory `<data_dir>/pools/<pool id>/` and one zygote per node
+(`backends/pool_agent.py`); this module is the launcher's side of that file protocol. What
+a pool is for, and when one starts or goes, is the launcher's policy (`launcher/pools.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .. import layout
+from . import AttemptContext
+from .local import CHILD_UMASK, _alive, _read_json, attempt_cgroup, torchrun_argv
+
+ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
+# Room in each agent's exec'd environment for a job's markers (see pool_agent).
+ROOM = "x" * 256
+
+
+def pool_id(cluster: str | None, nodes: int, nproc: int) -> str:
+    return f"{cluster or 'local'}-{nodes}x{nproc}"
+
+
+def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | None = None) -> list[int]:
+    """Start one zygote per node, each in a session of its own (it outlives a launcher)."""
+    os.makedirs(pool_dir, exist_ok=True)
+    touch_lease(pool_dir)
+    agent_env = dict(env, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+                     DLC_POOL_DIR=os.path.abspath(pool_dir), DLC_POOL_ROOM=ROOM, PYTHONUNBUFFERED="1")
+    agent_env.pop("DLC_JOB_ID", None)
+    pids = []
+    for node in range(nodes):
+        with open(os.path.join(pool_dir, f"agent-{node}.log"), "ab") as log:
+            proc = subprocess.Popen([python or sys.executable, "-m", "jupyter_dlc.backends.pool_agent",
+                                     pool_dir, str(node)], cwd=pool_dir, env=agent_env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True, umask=CHILD_UMASK)
+        proc.returncode = 0  # reaped by the supervisor's waitpid sweep
+        pids.append(proc.pid)
+    return pids
+
+
+def touch_lease(pool_dir: str) -> None:
+    path = os.path.join(pool_dir, "lease")
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def agent_pids(pool_dir: str, nodes: int) -> list[int | None]:
+    """Each node agent's pid once it is ready (torch imported), None where not (yet)."""
+    pids: list[int | None] = []
+    for node in range(nodes):
+        info = _read_json(os.path.join(pool_dir, f"node-{node}.pid")) or {}
+        pid = info.get("pid")
+        pids.append(pid if pid and _alive(pid) else None)
+    return pids
+
+
+def keeper_pid(pool_dir: str) -> int | None:
+    pid = (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("keeper")
+    return pid if pid and _alive(pid) else None
+
+
+def ready(pool_dir: str, nodes: int) -> bool:
+    return all(agent_pids(pool_dir, nodes)) and keeper_pid(pool_dir) is not None and \
+        os.path.exists(os.path.join(pool_dir, "store-ready.json"))
+
+
+def release(pool_dir: str) -> None:
+    """End every process of the pool (agents, store keeper, idle node processes) and remove
+    its directory. A job running on it is not touched: its processes are the job's."""
+    for pid in _pool_processes(os.path.abspath(pool_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(pool_dir, ignore_errors=True)
+
+
+def _pool_processes(pool_dir: str) -> list[int]:
+    """Processes that still carry the pool's directory in their exec'd environment: its
+    agents and keeper (a job's processes have theirs overwritten with the job's markers)."""
+    found = []
+    marker = f"DLC_POOL_DIR={pool_dir}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0) -> bool:
+    """An agent or the store keeper that was up and is gone, or an agent that never became
+    ready: the pool must be replaced."""
+    for node in range(nodes):
+        info = _read_json(os.path.join(pool_dir, f"node-{node}.pid"))
+        if info is None:
+            if time.time() - started > warm_within:
+                return True
+        elif not _alive(info["pid"]) or (node == 0 and info.get("keeper") and not _alive(info["keeper"])):
+            return True
+    return False
+
+
+def head_address(pool_dir: str) -> str:
+    """Node 0's address, as its agent recorded it: the jobs' MASTER_ADDR."""
+    return (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
+
+
+def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | None:
+    """Hand attempt `ctx` to the pool's agents; the engine handle (node processes' pids) as
+    a cold start's, or None if the pool did not take it (then nothing of it runs)."""
+    spec = ctx.spec
+    store = _read_json(os.path.join(pool_dir, "store-ready.json")) or {}
+    if store.get("seq") != seq:
+        return None  # the keeper has not opened this job's store yet
+    with open(os.path.join(pool_dir, "store-claim.tmp"), "w") as f:
+        f.write(str(seq))
+    os.replace(os.path.join(pool_dir, "store-claim.tmp"), os.path.join(pool_dir, "store-claim"))
+    argv = torchrun_argv(spec, 0, store["port"], ctx.script_path, sys.executable)
+    cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True)
+    os.makedirs(ctx.attempt_dir, exist_ok=True)
+    for node in range(spec.nodes):
+        order = {"seq": seq, "node": node, "nnodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
+                 "master_addr": head_address(pool_dir), "master_port": store["port"],
+                 "script": ctx.script_path, "args": argv[argv.index(ctx.script_path) + 1:],
+                 "cwd": spec.workdir or ctx.job_dir, "env": ctx.env, "cgroup": cgroup,
+                 "attempt_dir": ctx.attempt_dir, "node_log": layout.node_log(ctx.attempt_dir, node),
+                 "exit_file": layout.node_exit(ctx.attempt_dir, node)}
+        path = os.path.join(pool_dir, f"node-{node}.order")
+        # Mode 0600 from the launcher's umask: the order holds the attempt's token.
+        with open(path + ".tmp", "w") as f:
+            json.dump(order, f)
+        os.replace(path + ".tmp", path)
+    nodes = []
+    deadline = time.monotonic() + ACK_TIMEOUT
+    for node in range(spec.nodes):
+        while True:
+            ack = _read_json(os.path.join(pool_dir, f"node-{node}.ack")) or {}
+            if ack.get("seq") == seq:
+                nodes.append({"node": node, "pid": ack["pid"]})
+                break
+            if time.monotonic() > deadline:
+                return {"nodes": nodes, "pool": os.path.basename(pool_dir), "broken": True}
+            time.sleep(0.005)
+    return {"nodes": nodes, "pool": os.path.basename(pool_dir)}
+

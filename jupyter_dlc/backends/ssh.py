@@ -252,16 +252,16 @@ class SSHBackend(Backend):
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
         for rank in range(ctx.spec.world_size):
             record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
-            node = status.nodes[rank // ctx.spec.nproc_per_node]
+            host_node = status.nodes[rank // ctx.spec.nproc_per_node]
             code = record.get("exit_code")
             if code is None:
                 code = summary.get(rank)
-            if code is None and node.exit_code == 0:
+            if code is None and host_node.exit_code == 0:
                 code = 0  # left with os._exit before its record; its agent saw it exit 0
-            if code is None and node.exit_code is not None and record.get("pid"):
-                code = KILLED if node.exit_code != SSH_FAILED else None
+            if code is None and host_node.exit_code is not None and record.get("pid"):
+                code = KILLED if host_node.exit_code != SSH_FAILED else None
             pid = record.get("pid")
-            running = code is None and pid is not None and node.running
+            running = code is None and pid is not None and host_node.running
             status.ranks[rank] = RankStatus(rank, pid, running, code, record.get("start"), record.get("end"))
         return status
 

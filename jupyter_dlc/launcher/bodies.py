@@ -34,7 +34,7 @@ VALUES = {"type": "object", "maxProperties": 256, "additionalProperties": {"type
           "description": "metric name → finite number"}
 MAX_ENTRIES = 5000
 
-RANK_REPORT = {
+RANK_REPORT: dict[str, Any] = {
     "type": "object",
     "description": "What a rank's runtime posts: identity, metric and system samples, events.",
     "properties": {

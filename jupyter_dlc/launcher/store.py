@@ -394,8 +394,8 @@ class Store:
                 db.execute("UPDATE jobs SET last_step = ? WHERE id = ? AND"
                            " (last_step IS NULL OR last_step < ? OR attempt = ?)",
                            (last_step, job_id, last_step, attempt))
-            for job_id, loss in job_losses.items():
-                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (loss, job_id))
+            for job_id, job_loss in job_losses.items():
+                db.execute("UPDATE jobs SET last_loss = ? WHERE id = ?", (job_loss, job_id))
             for job_id, attempt, rank, event in events:
                 self._report_event(db, job_id, attempt, rank, event, now)
         return out

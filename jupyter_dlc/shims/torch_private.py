@@ -67,7 +67,7 @@ def route_worker_starts(start) -> None:
         proc = start(tuple(args), env, self._stdout, self._stderr)
         return proc if proc is not None else original(self, args, env)
 
-    handler.SubprocessHandler._popen = _popen
+    handler.SubprocessHandler._popen = _popen  # type: ignore[method-assign]
 
 
 # -- DDP's gradient bucket layout ----------------------------------------------------------

@@ -32,7 +32,7 @@ import torch, torch.distributed as dist
 import helper
 found = {"helper": helper.STATE, "torch_mark": getattr(torch, "_dlc_test_mark", None),
          "initialized": dist.is_initialized(), "threads": torch.get_num_threads(),
-         "port": os.environ["MASTER_PORT"]}
+         "port": os.environ["MASTER_PORT"], "seed": torch.initial_seed()}
 helper.STATE = os.environ["DLC_JOB_ID"]
 torch._dlc_test_mark = os.environ["DLC_JOB_ID"]
 dist.init_process_group("gloo", init_method="env://")
@@ -140,7 +140,7 @@ def test_nothing_of_one_job_is_seen_by_the_next(pooled, tmp_path):
     ready_pool(client)
     (tmp_path / "helper.py").write_text(LEAK_HELPER)
     script = pooled.script("leak.py", LEAK_SCRIPT)
-    ports = []
+    ports, seeds = [], []
     for _ in range(2):
         job = run(client, script, workdir=str(tmp_path))
         assert job["state"] == "SUCCEEDED", job["reason"]
@@ -149,10 +149,13 @@ def test_nothing_of_one_job_is_seen_by_the_next(pooled, tmp_path):
                  if line["text"].startswith("FOUND ")]
         assert len(found) == 4
         ports.append({f.pop("port") for f in found})
+        seeds += [f.pop("seed") for f in found]
         assert all(f == {"helper": None, "torch_mark": None, "initialized": False, "threads": 1}
                    for f in found), found
     # Each job had a store of its own (opened by the pool before the job came).
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1]
+    # torch seeds its RNG afresh in every new interpreter: so must a fork of the zygote.
+    assert len(set(seeds)) == 8, seeds
 
 
 def test_stop_of_a_pooled_job_leaves_the_pool_ready(pooled):

@@ -33,6 +33,7 @@ import time
 
 from ..runtime.bootstrap import _write_json
 from .local import _read_json
+from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
 LEASE_SECONDS = float(os.environ.get("DLC_POOL_LEASE", "60"))
@@ -151,11 +152,9 @@ def run_rank(order: dict, local_rank: int) -> None:
     # `python -m bootstrap` in cwd would have cwd first on sys.path, then PYTHONPATH.
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:1] = [os.getcwd(), *extra]
-    threads = env.get("OMP_NUM_THREADS", "1")
-    if threads.isdigit() and threads != "1":
-        import torch
-
-        torch.set_num_threads(int(threads))  # libgomp read "1" when the zygote loaded it
+    # A fork shares the zygote's RNG seeds (every rank of every job would draw the same
+    # numbers) and its thread count (libgomp read "1" when the zygote loaded it).
+    as_a_fresh_process()
     from ..runtime import bootstrap
 
     bootstrap.main([order["script"], *order["args"]])

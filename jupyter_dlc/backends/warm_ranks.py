@@ -213,7 +213,7 @@ def _wait_for_order(read_fd: int) -> None:
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 os.dup2(target, fd)
                 os.close(target)
-        _as_a_fresh_process()
+        as_a_fresh_process()
         from ..runtime import bootstrap
 
         sys.argv = list(order["argv"])
@@ -224,7 +224,7 @@ def _wait_for_order(read_fd: int) -> None:
         os._exit(code)
 
 
-def _as_a_fresh_process() -> None:
+def as_a_fresh_process() -> None:
     """What a new interpreter would have that a fork shares with its parent and siblings:
     torch's and numpy's global RNGs seeded from the OS, as their import seeds them (Python's
     `random` reseeds itself at fork), and torch's intra-op threads as the worker's

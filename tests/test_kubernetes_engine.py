@@ -148,8 +148,12 @@ def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_b
     first = engine.submit(_ctx(tmp_path, attempt=1))
     second = engine.submit(_ctx(tmp_path, attempt=2))
     # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
-    found = _engine().adopt(_ctx(tmp_path).spec, "J7")
+    found = _engine().workloads(_ctx(tmp_path).spec, "J7")
     assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
+    adopted = _engine().adopt(_ctx(tmp_path, attempt=2))
+    assert {k: adopted[k] for k in ("engine_id", "kind", "name", "namespace")} == \
+        {k: second[k] for k in ("engine_id", "kind", "name", "namespace")}
+    assert _engine().adopt(_ctx(tmp_path, attempt=3)) is None
     cluster._remove("trainjobs", "ml", second["name"])
     for pod in cluster.pods(second["name"]):
         cluster._remove("pods", "ml", pod["metadata"]["name"])

@@ -5,6 +5,9 @@
                               manifests), without starting anything: what `export` writes
     submit(ctx) -> handle     start one attempt; the JSON-able handle (pids, a Slurm job id)
                               is stored, so a restarted launcher re-adopts the attempt
+    adopt(ctx) -> handle      find an attempt whose handle was never stored (a launcher killed
+                              between submit and store) by what the engine can search (labels);
+                              None where the engine cannot, or nothing is there
     describe(ctx, handle)     phase PENDING | RUNNING | ENDED, the engine's own reason (Slurm's
                               pending reason, "CANCELLED"), per-node and per-rank exits, and
                               whether anything of the attempt is still alive
@@ -41,6 +44,9 @@ class AttemptContext:
     script_path: str
     env: dict[str, str]
     port: int
+    # What the attempt's ranks reported about themselves over the report route (events of
+    # `layout.RECORD_EVENTS`, oldest first); the supervisor fills it before each describe.
+    reported: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +109,9 @@ class Backend:
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError
 
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        return None
+
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         raise NotImplementedError
 
@@ -141,6 +150,42 @@ class Backend:
             return [], offset
         complete = data[:data.rfind(b"\n") + 1]
         return complete.decode(errors="replace").splitlines(), offset + len(complete)
+
+
+def reported_records(events: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """The records ranks reported, shaped as the files the bootstrap writes where the job
+    directory is shared: (rank -> rank-R.json's record, rank -> rank-R.error.json's)."""
+    from .. import layout
+
+    records: dict[int, dict] = {}
+    errors: dict[int, dict] = {}
+    for event in events:
+        rank = event.get("rank")
+        if not isinstance(rank, int):
+            continue
+        kind = event.get("type")
+        if kind in (layout.RANK_START, layout.RANK_END):
+            record = records.setdefault(rank, {"rank": rank})
+            record.update({k: event[k] for k in ("pid", "node", "local_rank", "start", "end",
+                                                 "exit_code") if event.get(k) is not None})
+        elif kind == layout.RANK_ERROR and rank not in errors:
+            errors[rank] = {"t": event.get("t"), "rank": rank, "node": event.get("node"),
+                            "type": event.get("error") or "Error",
+                            "message": event.get("message") or "",
+                            "traceback": event.get("traceback") or ""}
+    return records, errors
+
+
+def rank_records(ctx: AttemptContext) -> dict[int, dict]:
+    """Every rank's record: the attempt directory's file where the ranks wrote one (the
+    local engine's fast path, and readable while the launcher was down), over what the
+    rank reported through the report route (the only source without a shared filesystem)."""
+    from .. import layout
+    from .local import _read_json
+
+    reported, _ = reported_records(ctx.reported)
+    return {rank: {**reported.get(rank, {}), **(_read_json(layout.rank_json(ctx.attempt_dir, rank)) or {})}
+            for rank in range(ctx.spec.world_size)}
 
 
 _engines: dict[str, Backend] = {}

@@ -303,9 +303,14 @@ class KubernetesBackend(Backend):
                 pass  # absent for this kind, or no right to it: nothing of ours is left there
         self._stopping.discard(name)
 
-    def adopt(self, spec: JobSpec, job_id: str) -> list[dict[str, Any]]:
-        """Workloads of `job_id` that the cluster still has, found by their labels: what a
-        restarted launcher that lost its handles would re-adopt."""
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        """The attempt's workload, found by its labels (a launcher killed before it stored
+        the handle that submit returned)."""
+        return next((h for h in self.workloads(ctx.spec, ctx.job_id) if h["attempt"] == ctx.attempt),
+                    None)
+
+    def workloads(self, spec: JobSpec, job_id: str) -> list[dict[str, Any]]:
+        """Workloads of `job_id` that the cluster still has, by attempt, found by their labels."""
         profile = profile_of(spec)
         namespace = profile.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
         found = []

@@ -3,9 +3,10 @@
 Facts and where they come from:
 - phase and the engine's reason: `squeue --json` (PENDING with Slurm's reason: Resources,
   Priority, QOS...; CANCELLED by a `scancel` from outside);
-- per-node exits: the `node-K.exit` file each node's task writes, per-rank exits and pids:
-  the ranks' records, both in the attempt directory, which the nodes must share with the
-  launcher (the profile says `shared_filesystem: true`; nothing else is supported yet);
+- per-node exits: the `node-K.exit` file each node's task writes in the attempt directory,
+  which the nodes share with the launcher for it and for the logs (the profile says
+  `shared_filesystem: true`); per-rank pids, exits and first errors: the records the ranks
+  send over the report route (`DLC_RANK_RECORDS=report`: they write no record files);
 - Slurm forgets an ended job after MinJobAge, so the end state the launcher saw is kept in
   the attempt directory (`slurm-state.json`), and a job Slurm no longer knows has ended.
 
@@ -33,8 +34,9 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    rank_records,
 )
-from .local import _read_int, _read_json, agent_summary_codes, torchrun_argv
+from .local import _read_int, agent_summary_codes, torchrun_argv
 
 # How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
 # a rank's failure forces a fresh answer, so the engine's reason is never stale then.
@@ -185,6 +187,8 @@ def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
         mine["GLOO_SOCKET_IFNAME"] = profile.get("interface")
     mine.update(ctx.spec.env)  # the user's --env wins, as with the local engine
     mine["PYTHONUNBUFFERED"] = "1"
+    # Rank records (pid, exit, first error) come over the report route, not the job directory.
+    mine[layout.RECORDS_ENV] = "report"
     return mine
 
 
@@ -312,8 +316,7 @@ class SlurmBackend(Backend):
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
         exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
-        records = {r: _read_json(layout.rank_json(ctx.attempt_dir, r)) or {}
-                   for r in range(ctx.spec.world_size)}
+        records = rank_records(ctx)  # reported over the route: the ranks write no files
         failing = any(c not in (None, 0) for c in exits.values()) or \
             any(r.get("exit_code") not in (None, 0) for r in records.values())
         slurm = (self._slurm_state(ctx, job_id, fresh=failing) if job_id else None) or {"job_state": "GONE"}

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .. import layout
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from .storage import DiskGuard, is_disk_full
 
@@ -310,6 +311,13 @@ class Store:
             event["data"] = json.loads(row["data"]) if row["data"] else None
             out.append(event)
         return out
+
+    def record_events(self, job_id: str, attempt: int) -> list[dict]:
+        """The rank records (start, end, first error) the attempt's ranks reported, in order."""
+        rows = self.db.execute(
+            "SELECT data FROM events WHERE job_id = ? AND attempt = ? AND type IN (?, ?, ?)"
+            " ORDER BY seq", (job_id, attempt, *layout.RECORD_EVENTS)).fetchall()
+        return [json.loads(row["data"]) for row in rows if row["data"]]
 
     # -- reports from ranks -------------------------------------------------------------
     def record_report(self, job_id: str, attempt: int, report: dict) -> dict:

@@ -171,9 +171,25 @@ class Supervisor(threading.Thread):
         """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
         row = self.store.job_row(job_id)
         arow = self.store.attempt_row(job_id, row["attempt"])
-        if arow and arow["handle"]:
+        if arow:
             ctx = self.context(row)
-            get_backend(ctx.spec.backend).cleanup(ctx, json.loads(arow["handle"]))
+            handle = self.handle_of(ctx, arow)
+            if handle:
+                get_backend(ctx.spec.backend).cleanup(ctx, handle)
+
+    def handle_of(self, ctx: AttemptContext, arow) -> dict:
+        """The attempt's engine handle as stored; where none is (a launcher killed between
+        submit and storing it, a store restored from a copy) the engine re-adopts the attempt
+        by what it can search itself (Kubernetes labels), and the handle is stored again."""
+        handle = json.loads(arow["handle"] or "{}") if arow else {}
+        if not handle and arow and arow["started"]:
+            found = get_backend(ctx.spec.backend).adopt(ctx)
+            if found:
+                self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(found))
+                self.store.add_event(ctx.job_id, ctx.attempt, "adopted",
+                                     f"re-adopted {found.get('engine_id')} by its labels", found)
+                handle = found
+        return handle
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
@@ -201,7 +217,8 @@ class Supervisor(threading.Thread):
         })
         return AttemptContext(row["id"], attempt, spec, job_dir, attempt_dir,
                               os.path.join(job_dir, "script.py"), env,
-                              (arow["port"] if arow and arow["port"] else 0))
+                              (arow["port"] if arow and arow["port"] else 0),
+                              self.store.record_events(row["id"], attempt))
 
     def advance(self, row, processes, now: float) -> None:
         state = row["state"]
@@ -282,7 +299,7 @@ class Supervisor(threading.Thread):
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         status = backend.describe(ctx, handle)
         alive = status.alive
@@ -452,7 +469,7 @@ class Supervisor(threading.Thread):
             return None
         exits = {r["rank"]: r["exit_code"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)}
         try:
-            result = diagnose(ctx.attempt_dir, exits)
+            result = diagnose(ctx.attempt_dir, exits, reported=ctx.reported)
         except Exception:  # noqa: BLE001 - a failed diagnosis must not keep a job running
             log.error("diagnosis of %s failed:\n%s", ctx.job_id, traceback.format_exc())
             return None
@@ -479,7 +496,7 @@ class Supervisor(threading.Thread):
         job_id = row["id"]
         arow = self.store.attempt_row(job_id, row["attempt"])
         ctx = self.context(row)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         if backend.describe(ctx, handle).alive:
             backend.kill(ctx, handle)
@@ -527,7 +544,7 @@ class Supervisor(threading.Thread):
                 now = time.time()
                 ctx = self.context(row)
                 arow = self.store.attempt_row(job_id, ctx.attempt)
-                engine, handle = get_backend(spec.backend), json.loads(arow["handle"] or "{}")
+                engine, handle = get_backend(spec.backend), self.handle_of(ctx, arow)
                 if grace:
                     engine.stop(ctx, handle, grace)
                 else:
@@ -553,7 +570,7 @@ class Supervisor(threading.Thread):
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         status = backend.describe(ctx, handle)
         self.sync_ranks(ctx, status, status.alive)

@@ -304,6 +304,40 @@ def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_kil
     assert client.job(job["id"])["attempt"] == 2
 
 
+def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: killed with -9 while the TrainJob runs, and its store
+    lost the attempt's handle (as when killed between submit and storing it). The restarted
+    launcher finds the TrainJob by its job-id and attempt labels, stores the handle again, and
+    follows it to SUCCEEDED. A real cluster adds nothing here but real pods."""
+    import signal
+    import sqlite3
+
+    from conftest import _alive, wait_for
+
+    from jupyter_dlc.client import LauncherClient
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", "print('hi')\n")
+    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    pid = k8s_launcher.pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), what="the launcher gone")
+    with sqlite3.connect(os.path.join(k8s_launcher.data_dir, "launcher.sqlite")) as db:
+        db.execute("UPDATE attempts SET handle = NULL WHERE job_id = ?", (job["id"],))
+    k8s_launcher.client = client = LauncherClient.connect()
+    wait_for(lambda: client.job(job["id"])["attempts"][0]["engine_id"] == f"TrainJob/{name}",
+             what="the handle found again")
+    adopted = [e for e in client.events(job["id"]) if e["type"] == "adopted"]
+    assert adopted[0]["reason"] == f"re-adopted TrainJob/{name} by its labels"
+    assert client.job(job["id"])["state"] == "RUNNING"
+    cluster.finish(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    assert client.job(job["id"])["attempt"] == 1
+
+
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
     cluster would also answer for the credentials (401/403) and the namespace."""

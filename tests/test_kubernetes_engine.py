@@ -338,6 +338,44 @@ def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(
     assert client.job(job["id"])["attempt"] == 1
 
 
+def test_pod_logs_are_read_incrementally_not_fetched_whole_each_time(cluster, tmp_path):
+    """Stand-in kubelet logs with `timestamps` and `sinceTime` as the API serves them; the
+    stand-in counts the bytes it sends. A long log written a minute ago, then a line per
+    describe: the long log crosses the wire once, each later read only its last second, and
+    every line lands in its rank's log exactly once. A real cluster adds log rotation (lines
+    rotated away between two reads are lost to both, as to `kubectl logs`)."""
+    import time
+
+    engine, ctx = _engine(), _ctx(tmp_path, nodes=1)
+    handle = engine.submit(ctx)
+    cluster.run(handle["name"], lines_per_pod=0)
+    pod = cluster.pods(handle["name"])[0]["metadata"]["name"]
+    long_log = "".join(f"[default0]:step {i} {'x' * 80}\n" for i in range(2000))
+    cluster.write_log("ml", pod, long_log, at=time.time() - 60)
+    engine.describe(ctx, handle)
+    for i in range(20):
+        cluster.write_log("ml", pod, f"[default1]:tick {i}\n")
+        engine.describe(ctx, handle)
+    quiet = cluster.log_bytes_served[("ml", pod)]
+    for _ in range(5):  # nothing new: nothing but what the current second may still add
+        engine.describe(ctx, handle)
+    size = len(cluster.logs[("ml", pod)].encode())
+    served = cluster.log_bytes_served[("ml", pod)]
+    # The whole log once (with timestamps, ~1.3x), then the ticks of the current second each
+    # time: far below the 26 whole copies a full read per describe would send.
+    assert served < 2 * size, (served, size)
+    assert served - quiet < 0.05 * size
+    with open(layout.rank_log(ctx.attempt_dir, 0)) as f:
+        assert f.read() == "".join(f"step {i} {'x' * 80}\n" for i in range(2000))
+    with open(layout.rank_log(ctx.attempt_dir, 1)) as f:
+        assert f.read() == "".join(f"tick {i}\n" for i in range(20))
+    # A restarted launcher (a new engine) goes on from the cursor kept in the attempt dir.
+    cluster.write_log("ml", pod, "[default1]:after the restart\n")
+    _engine().describe(ctx, handle)
+    with open(layout.rank_log(ctx.attempt_dir, 1)) as f:
+        assert f.read() == "".join(f"tick {i}\n" for i in range(20)) + "after the restart\n"
+
+
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
     cluster would also answer for the credentials (401/403) and the namespace."""

@@ -23,6 +23,7 @@ from . import (
     NodeStatus,
     RankStatus,
 )
+from . import k8s_logs
 from .k8s_api import Api, ApiError
 
 API_VERSIONS = {"TrainJob": "trainer.kubeflow.org/v1alpha1", "PyTorchJob": "kubeflow.org/v1",
@@ -110,7 +111,6 @@ class KubernetesBackend(Backend):
     def __init__(self):
         self._apis: dict[str, Api] = {}
         self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
-        self._log_offsets: dict[tuple[str, str], int] = {}  # (attempt dir, pod) -> bytes copied
         self._stopping: set[str] = set()
 
     def api(self, spec: JobSpec) -> Api:
@@ -206,8 +206,7 @@ class KubernetesBackend(Backend):
                 status.ranks[node * nproc + local] = RankStatus(
                     node * nproc + local, pid=1 if phase != "Pending" else None, running=running,
                     exit_code=code)
-            if phase != "Pending":
-                self._copy_logs(ctx, handle, pod, node)
+        self._copy_logs(ctx, handle, [p for p in pods if pod_state(p)[0] != "Pending"])
         ended_by_cluster = [r for phase, r in reasons if phase != "Pending"]
         if ended_by_cluster:
             status.reason = ended_by_cluster[0]
@@ -226,32 +225,38 @@ class KubernetesBackend(Backend):
             status.phase = "ENDED"
         return status
 
-    def _copy_logs(self, ctx: AttemptContext, handle: dict, pod: dict, node: int) -> None:
-        """New lines of a pod's log into the attempt's rank logs, by torchrun's rank prefix,
-        so the launcher's views read them as they read every engine's."""
-        name = pod["metadata"]["name"]
-        key = (ctx.attempt_dir, name)
-        try:
-            text = self.api(ctx.spec).pod_log(handle["namespace"], name)
-        except ApiError:
-            return
-        data = text.encode()
-        start = self._log_offsets.get(key, 0)
-        complete = data[start:data.rfind(b"\n") + 1]
-        if not complete:
-            return
-        self._log_offsets[key] = start + len(complete)
+    def _copy_logs(self, ctx: AttemptContext, handle: dict, pods: list[dict]) -> None:
+        """New lines of the pods' logs into the attempt's rank logs, by torchrun's rank prefix,
+        so the launcher's views read them as they read every engine's. Only what is new is
+        asked of the API (k8s_logs: timestamps and sinceTime, a cursor per pod)."""
+        cursors = k8s_logs.load_cursors(ctx.attempt_dir)
+        before = dict(cursors)
+        for pod in pods:
+            name, node = pod["metadata"]["name"], node_of(pod)
+            try:
+                lines, cursors[name] = k8s_logs.new_lines(
+                    lambda since, name=name: self.api(ctx.spec).pod_log(
+                        handle["namespace"], name, since_time=since, timestamps=True),
+                    cursors.get(name))
+            except ApiError:
+                continue
+            if lines:
+                self._append_rank_logs(ctx, node, lines)
+        if cursors != before:
+            k8s_logs.save_cursors(ctx.attempt_dir, cursors)
+
+    def _append_rank_logs(self, ctx: AttemptContext, node: int, lines: list[str]) -> None:
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         by_rank: dict[int | None, list[str]] = {}
-        for line in complete.decode(errors="replace").splitlines():
+        for line in lines:
             match = _RANK_PREFIX.match(line)
             rank = node * ctx.spec.nproc_per_node + int(match.group(1)) if match else None
             by_rank.setdefault(rank, []).append(line[match.end():] if match else line)
-        for rank, lines in by_rank.items():
+        for rank, taken in by_rank.items():
             path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
                     else layout.node_log(ctx.attempt_dir, node))
             with open(path, "a") as f:
-                f.write("".join(line + "\n" for line in lines))
+                f.write("".join(line + "\n" for line in taken))
 
     def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
              offset: int = 0) -> tuple[list[str], int]:

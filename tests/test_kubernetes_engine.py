@@ -376,6 +376,54 @@ def test_pod_logs_are_read_incrementally_not_fetched_whole_each_time(cluster, tm
         assert f.read() == "".join(f"tick {i}\n" for i in range(20)) + "after the restart\n"
 
 
+def test_each_rank_gets_its_own_exit_code_from_the_record_it_reported(cluster, k8s_launcher, tmp_path):
+    """Stand-in cluster, real launcher, real rank bootstraps: the stand-in runs no containers,
+    so the test runs the two ranks of the pod as its container would (the bootstrap, with the
+    pod's env, the token from the attempt's Secret and the script from its ConfigMap), and
+    they report to the launcher. Rank 1 raises, rank 0 exits 0, and the pod ends with
+    torchrun's code 1: the launcher records 0 for rank 0 and 1 for rank 1 (not the pod's 1
+    for both), and `why` has rank 1's error. A real cluster adds the container itself."""
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", """
+        import os
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("rank 1 lost its shard")
+        """)
+    job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 2, "cluster": "my-k8s",
+                         "max_restarts": 0})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    [pod] = cluster.pods(name)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["DLC_RANK_RECORDS"] == "report" and "DLC_ATTEMPT_DIR" not in env
+    in_pod = tmp_path / "pod"
+    in_pod.mkdir()
+    (in_pod / "script.py").write_text(
+        cluster.objects[("configmaps", "ml", f"{name}-files")]["data"]["script.py"])
+    token = cluster.objects[("secrets", "ml", f"{name}-token")]["stringData"]["token"]
+    for rank in (0, 1):
+        # The launcher's URL as the pod would resolve the profile's launcher_url.
+        rank_env = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": "2", "GROUP_RANK": "0", "DLC_TOKEN": token,
+                    "DLC_LAUNCHER_URL": client.url}
+        subprocess.run([sys.executable, "-m", "jupyter_dlc.runtime.bootstrap", str(in_pod / "script.py")],
+                       env=rank_env, cwd=in_pod, timeout=60, check=False)
+    assert sorted(os.listdir(in_pod)) == ["script.py"]  # no record files in the pod
+    cluster.finish(name, codes={0: 1})
+    final = client.wait(job["id"], timeout=60)
+    assert final["state"] == "FAILED"
+    assert final["reason"].startswith("rank 1 exited with code 1"), final["reason"]
+    assert {r["rank"]: r["exit_code"] for r in final["ranks"]} == {0: 0, 1: 1}
+    [diagnosis] = client.diagnosis(job["id"])
+    assert diagnosis["rank"] == 1 and diagnosis["line"] == "RuntimeError: rank 1 lost its shard"
+
+
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
     cluster would also answer for the credentials (401/403) and the namespace."""

@@ -22,6 +22,7 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    reported_records,
 )
 from . import k8s_logs
 from .k8s_api import Api, ApiError
@@ -54,7 +55,10 @@ def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
     """The env contract as the pods get it: the launcher's DLC_* and EASYCKPT_* for this
     attempt, the launcher's URL as pods reach it; never the token (a Secret carries it)."""
     env = {k: v for k, v in ctx.env.items()
-           if k.startswith(("DLC_", "EASYCKPT_")) and k != "DLC_TOKEN"}
+           if k.startswith(("DLC_", "EASYCKPT_")) and k not in ("DLC_TOKEN", "DLC_ATTEMPT_DIR")}
+    # A pod cannot write the launcher's attempt directory: its output is the pod log, and
+    # its records (pid, exit code, first error) go over the report route.
+    env[layout.RECORDS_ENV] = "report"
     if profile.get("launcher_url"):
         env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
     resume = env.get("EASYCKPT_RESUME_PATH")
@@ -190,6 +194,7 @@ class KubernetesBackend(Backend):
                       if c.get("status") == "True"}
         status = AttemptStatus(phase="RUNNING")
         nproc = ctx.spec.nproc_per_node
+        records, _ = reported_records(ctx.reported)
         reasons, pending = [], []
         for pod in sorted(pods, key=node_of):
             node = node_of(pod)
@@ -201,11 +206,15 @@ class KubernetesBackend(Backend):
             running = phase == "Running"
             status.alive = status.alive or phase in ("Pending", "Running")
             status.nodes.append(NodeStatus(node, running, code))
-            for local in range(nproc):
-                # The container's PID 1 is torchrun (exec'd by the shell): "started" for the view.
-                status.ranks[node * nproc + local] = RankStatus(
-                    node * nproc + local, pid=1 if phase != "Pending" else None, running=running,
-                    exit_code=code)
+            for rank in range(node * nproc, (node + 1) * nproc):
+                # A rank's own exit code, from the record it reported; the pod's (torchrun's,
+                # the container's PID 1) only for a rank that could not report (killed).
+                own = records.get(rank, {})
+                rank_code = own.get("exit_code", code)
+                status.ranks[rank] = RankStatus(
+                    rank, pid=own.get("pid") or (1 if phase != "Pending" else None),
+                    running=running and own.get("exit_code") is None, exit_code=rank_code,
+                    start=own.get("start"), end=own.get("end"))
         self._copy_logs(ctx, handle, [p for p in pods if pod_state(p)[0] != "Pending"])
         ended_by_cluster = [r for phase, r in reasons if phase != "Pending"]
         if ended_by_cluster:
@@ -231,15 +240,19 @@ class KubernetesBackend(Backend):
         asked of the API (k8s_logs: timestamps and sinceTime, a cursor per pod)."""
         cursors = k8s_logs.load_cursors(ctx.attempt_dir)
         before = dict(cursors)
+        api = self.api(ctx.spec)
         for pod in pods:
             name, node = pod["metadata"]["name"], node_of(pod)
+
+            def fetch(since: str | None, name: str = name) -> str:
+                return api.pod_log(handle["namespace"], name, since_time=since, timestamps=True)
+
             try:
-                lines, cursors[name] = k8s_logs.new_lines(
-                    lambda since, name=name: self.api(ctx.spec).pod_log(
-                        handle["namespace"], name, since_time=since, timestamps=True),
-                    cursors.get(name))
+                lines, cursor = k8s_logs.new_lines(fetch, cursors.get(name))
             except ApiError:
                 continue
+            if cursor is not None:
+                cursors[name] = cursor
             if lines:
                 self._append_rank_logs(ctx, node, lines)
         if cursors != before:

@@ -12,10 +12,18 @@ from jupyter_dlc import layout
 
 def test_local_ranks_report_their_end_and_first_error_and_keep_the_files(launcher):
     script = launcher.script("fails.py", """
-        import os, sys
-        if os.environ["RANK"] == "1":
-            raise KeyError("no such column")
-        os._exit(4)
+        import json, os, time
+        if os.environ["RANK"] == "0":
+            os._exit(0)
+        other = os.path.join(os.environ["DLC_ATTEMPT_DIR"], "rank-0.json")
+        def left():  # rank 0 has left (and reported it)
+            try:
+                return "exit_code" in json.load(open(other))
+            except (OSError, ValueError):
+                return False
+        while not left():
+            time.sleep(0.05)
+        raise KeyError("no such column")
         """)
     job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
                                   "max_restarts": 0})
@@ -23,7 +31,7 @@ def test_local_ranks_report_their_end_and_first_error_and_keep_the_files(launche
     assert final["state"] == "FAILED", final["reason"]
     events = [e for e in launcher.client.events(job["id"]) if e["type"] in layout.RECORD_EVENTS]
     ends = {e["data"]["rank"]: e["data"] for e in events if e["type"] == layout.RANK_END}
-    assert ends[0]["exit_code"] == 4 and ends[1]["exit_code"] == 1  # os._exit is reported too
+    assert ends[0]["exit_code"] == 0 and ends[1]["exit_code"] == 1  # os._exit is reported too
     [error] = [e["data"] for e in events if e["type"] == layout.RANK_ERROR]
     assert error["rank"] == 1 and error["error"] == "KeyError"
     # No rank_start over the route here: the file is the local fast path.

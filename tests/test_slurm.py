@@ -32,11 +32,13 @@ CLUSTER = "local-slurm"
 
 
 @contextlib.contextmanager
-def local_slurm(root: pathlib.Path, port: str):
+def local_slurm(root: pathlib.Path, port: str, private_dir: str = ""):
     """A private local Slurm cluster (own state dir, own ports, own profile file), up while
-    the block runs and down after it: nothing is left. Yields the Slurm clients' env."""
+    the block runs and down after it: nothing is left. Yields the Slurm clients' env.
+    `private_dir` ("n2:/path"): a directory that node does not share with the others."""
     env = dict(os.environ, DLC_SLURM_DIR=str(root / "cluster"), DLC_SLURM_PORT=port,
-               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
+               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable,
+               DLC_SLURM_PRIVATE_DIR=private_dir)
     up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
                         check=False)
     if up.returncode == 3:

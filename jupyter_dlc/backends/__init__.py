@@ -91,6 +91,9 @@ class Capabilities:
     standby_agents: bool = False  # warm agents for the next attempt (local only today)
     shared_filesystem: bool = True  # the ranks see the launcher's job directory
     per_rank_signals: bool = False  # one rank can be signalled alone
+    # The engine runs preflight on its nodes (runtime.node_preflight: torch, the shared
+    # checkpoint directory), so the launcher's own host checks say nothing and are skipped.
+    node_preflight: bool = False
 
 
 class Backend:
@@ -174,6 +177,17 @@ def reported_records(events: list[dict[str, Any]]) -> tuple[dict[int, dict], dic
                             "message": event.get("message") or "",
                             "traceback": event.get("traceback") or ""}
     return records, errors
+
+
+def failed_preflight(events: list[dict[str, Any]]) -> str | None:
+    """The first node preflight that failed (reported by `runtime.node_preflight`), as the
+    reason the attempt ends with; None while every node that answered is fit."""
+    from .. import layout
+
+    for event in events:
+        if event.get("type") == layout.NODE_PREFLIGHT and event.get("ok") is False:
+            return f"preflight on {event.get('message') or 'node ' + str(event.get('node'))}"
+    return None
 
 
 def rank_records(ctx: AttemptContext) -> dict[int, dict]:

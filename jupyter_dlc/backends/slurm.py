@@ -17,8 +17,10 @@ job: it only ever asks Slurm about that id. The batch script is standalone (`dry
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    failed_preflight,
     rank_records,
 )
 from .local import _read_int, agent_summary_codes, torchrun_argv
@@ -124,7 +127,7 @@ def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
 
 def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str], python: str,
                   script: str, log_dir: str, port: str, preamble: str = "",
-                  bootstrap: bool = True) -> str:
+                  bootstrap: bool = True, preflight: bool = False) -> str:
     """A batch script that runs the job's torchrun agents, one per node.
 
     `exports` values, `python`, `script`, `log_dir` and `port` are shell words (quoted by the
@@ -154,6 +157,14 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
         f'echo "$rc" > {node_exit}',
         'exit "$rc"',
     ])
+    checks = ""
+    if preflight:
+        # Preflight where the ranks run: one task per node, before any agent; a node that
+        # fails reports why (node_preflight event) and no agent starts anywhere.
+        node_check = "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
+                                f"exec {python} -m jupyter_dlc.runtime.node_preflight"])
+        checks = (f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 "
+                  f"--kill-on-bad-exit=0 \\\n    /bin/bash -c {shlex.quote(node_check)} || exit 3\n")
     export_lines = "\n".join(f"export {key}={value}" for key, value in exports.items())
     header = "\n".join(f"#SBATCH {line}" for line in directives)
     return f"""#!/bin/bash
@@ -170,7 +181,7 @@ export MASTER_PORT={port}
 mkdir -p {log_dir}
 # The batch step's task counts must not leak into srun's own request.
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
+{checks}srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
     /bin/bash -c {shlex.quote(task)}
 """
 
@@ -189,6 +200,8 @@ def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
     mine["PYTHONUNBUFFERED"] = "1"
     # Rank records (pid, exit, first error) come over the report route, not the job directory.
     mine[layout.RECORDS_ENV] = "report"
+    # What node 0's preflight writes into the checkpoint directory and every node reads back.
+    mine["DLC_PREFLIGHT_NONCE"] = secrets.token_hex(8)
     return mine
 
 
@@ -203,7 +216,8 @@ class SlurmBackend(Backend):
     # -- what it can do, and whether it can run this at all -------------------------------
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
-        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False,
+                            node_preflight=True)
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
@@ -268,7 +282,7 @@ class SlurmBackend(Backend):
             os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
         exports = {k: shlex.quote(v) for k, v in job_script_env(ctx, profile).items()}
         script = render_sbatch(ctx.spec, directives, exports, shlex.quote(python), shlex.quote(ctx.script_path),
-                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500))
+                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500), preflight=True)
         return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
                 "script": script}
 
@@ -330,7 +344,10 @@ class SlurmBackend(Backend):
             records = {r: dict(rec, exit_code=None) for r, rec in records.items()}
         status.phase = ACTIVE.get(state, "ENDED")
         status.alive = status.phase != "ENDED"
-        if status.phase == "PENDING":
+        unfit = failed_preflight(ctx.reported)
+        if unfit:
+            status.reason = unfit  # the launcher's word on a node, no retry: fix and resume
+        elif status.phase == "PENDING":
             status.reason = slurm.get("reason") if slurm.get("reason") not in (None, "None") else state
         elif state in ENGINE_ENDS:
             status.reason = f"Slurm job {job_id} {ENGINE_ENDS[state]}"
@@ -378,6 +395,13 @@ class SlurmBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
+        # Preflight markers that node 0 did not live to remove (the attempt ended mid-check).
+        marker = layout.preflight_marker(ctx.env["DLC_CHECKPOINT_DIR"], ctx.job_id, "*")
+        for path in glob.glob(marker) + glob.glob(marker + ".ok-*"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:

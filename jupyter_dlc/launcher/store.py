@@ -315,8 +315,9 @@ class Store:
     def record_events(self, job_id: str, attempt: int) -> list[dict]:
         """The rank records (start, end, first error) the attempt's ranks reported, in order."""
         rows = self.db.execute(
-            "SELECT data FROM events WHERE job_id = ? AND attempt = ? AND type IN (?, ?, ?)"
-            " ORDER BY seq", (job_id, attempt, *layout.RECORD_EVENTS)).fetchall()
+            "SELECT data FROM events WHERE job_id = ? AND attempt = ? AND type IN"
+            f" ({', '.join('?' * len(layout.RECORD_EVENTS))}) ORDER BY seq",
+            (job_id, attempt, *layout.RECORD_EVENTS)).fetchall()
         return [json.loads(row["data"]) for row in rows if row["data"]]
 
     # -- reports from ranks -------------------------------------------------------------
@@ -347,6 +348,11 @@ class Store:
             for name, value in (entry.get("values") or {}).items():
                 rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
                              _finite(value), entry.get("device")))
+        # A report of only a rank's own records (sent by its bootstrap, or a node's preflight)
+        # is not a heartbeat: a script without the runtime would then be judged as silent.
+        events = report.get("events") or []
+        heartbeat = not events or bool(report.get("metrics") or report.get("system")) or \
+            any(event.get("type") not in layout.RECORD_EVENTS for event in events)
         with self.tx() as db:
             if rows:
                 db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
@@ -355,8 +361,9 @@ class Store:
             if report.get("pid"):
                 fields["pid"] = int(report["pid"])
             sets = ", ".join(f"{key} = ?" for key in fields)
-            db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
-                       " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
+            if heartbeat:
+                db.execute(f"UPDATE ranks SET {sets} WHERE job_id = ? AND attempt = ? AND rank = ?"
+                           " AND exit_code IS NULL", (*fields.values(), job_id, attempt, rank))
             if last_step is not None:
                 db.execute("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
                            " AND attempt = ? AND rank = ? AND (last_step IS NULL OR last_step < ?)",

@@ -257,8 +257,9 @@ class Supervisor(threading.Thread):
         ckpt_dir = ctx.env["DLC_CHECKPOINT_DIR"]
         committed = layout.committed_steps(ckpt_dir) if os.path.isdir(ckpt_dir) else []
         last_size = committed[-1]["size"] if committed else 0
-        failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size)
-                  if not c.ok]
+        on_nodes = get_backend(ctx.spec.backend).capabilities(ctx.spec).node_preflight
+        failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size,
+                                           host_checks=not on_nodes) if not c.ok]
         if failed:
             self.store.transition(job_id, "FAILED", str(failed[0]),
                                   {"preflight": [c.__dict__ for c in failed]}, expect="PREFLIGHT")

@@ -71,8 +71,8 @@ class _Records:
 
     They go to the launcher over the report route, so that no engine needs a filesystem
     shared with the launcher for them; where the ranks do share the job directory (the local
-    engine's fast path) they are also written there, first, as files the launcher reads even
-    while it is down. An engine that sets DLC_RANK_RECORDS=report gets the route alone."""
+    engine's fast path) they are also written there, as files the launcher reads even after
+    it was down. An engine that sets DLC_RANK_RECORDS=report gets the route alone."""
 
     def __init__(self, rank: int, attempt_dir: str | None):
         self.report_only = os.environ.get(layout.RECORDS_ENV) == "report"
@@ -110,12 +110,15 @@ class _Records:
 
     def ended(self, exit_code: int) -> None:
         self.record.update(end=time.time(), exit_code=exit_code)
-        if self.path:
-            _write_json(self.path, self.record)
         end = {"type": layout.RANK_END, **self._fields("pid", "node", "local_rank", "start",
                                                         "end", "exit_code")}
+        # Sent before the file is written: once the launcher learns of the exit (from the
+        # file, or the agent after this process is gone) it may kill what is left of the
+        # attempt, this process included, and the copy on the route would be cut short.
         _send(self.pending + [end], self.send_seconds)
         self.pending = []
+        if self.path:
+            _write_json(self.path, self.record)
 
     def _fields(self, *names: str) -> dict:
         return {name: self.record[name] for name in names}

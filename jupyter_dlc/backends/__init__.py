@@ -19,6 +19,11 @@
                               shared with the ranks, signals to one rank
     refresh()                 once per supervisor tick, before any describe: engines that
                               poll something shared (a /proc scan) take one snapshot here
+    leftover_jobs()           ids of jobs the engine still holds something of (processes,
+                              cgroups), as of the last refresh: the supervisor sweeps ended ones
+    kill_leftovers(job_id)    an ended or deleted job keeps nothing: every attempt's processes,
+                              standby agents included, and what the engine keeps for them
+    release_all(is_ours)      at the launcher's exit: let go what belongs to no running job
     check(profile)            a live check of a cluster profile (reachable, idle nodes, GPUs)
 
 Engines are singletons (`get_backend`); per-job options come from the job's cluster profile.
@@ -130,6 +135,15 @@ class Backend:
     def refresh(self) -> None:
         """Called once per supervisor tick before any `describe`."""
 
+    def leftover_jobs(self) -> set[str]:
+        return set()
+
+    def kill_leftovers(self, job_id: str) -> None:
+        """Nothing by default: `kill` and `cleanup` reach everything an attempt holds."""
+
+    def release_all(self, is_ours) -> None:
+        """Nothing by default."""
+
     def start_standby(self, ctx: AttemptContext) -> None:
         raise NotImplementedError(f"{self.name}: no standby agents")
 
@@ -229,6 +243,22 @@ def refresh_backends() -> None:
     """One snapshot per engine in use, at the start of a supervisor tick."""
     for engine in list(_engines.values()):
         engine.refresh()
+
+
+def leftover_jobs() -> set[str]:
+    """Jobs that some engine in use still holds something of (see `Backend.leftover_jobs`)."""
+    return set().union(*(engine.leftover_jobs() for engine in list(_engines.values())))
+
+
+def kill_leftovers(job_id: str) -> None:
+    """Whatever of the job any engine in use still holds goes (an ended or deleted job)."""
+    for engine in list(_engines.values()):
+        engine.kill_leftovers(job_id)
+
+
+def release_all(is_ours) -> None:
+    for engine in list(_engines.values()):
+        engine.release_all(is_ours)
 
 
 def bind_cluster(spec: JobSpec) -> JobSpec:

@@ -9,9 +9,11 @@ Every move is compare-and-set on the state it was decided from (Store.transition
 HTTP thread's stop and this thread's start or verdict never overwrite each other. QUEUED
 jobs start in submission order as their ranks fit in the process slots (admission).
 
-All state lives in the store and in the job directory, and processes are found by their
-environment, so a launcher started after a crash (or kill -9) picks up where the last one
-left off: the loop has no memory of its own beyond timers it can recompute.
+All state lives in the store and in the job directory, and what of a job still runs is the
+engines' to find (the local engine by cgroup and environment, in backends/local.py; this
+module reads no /proc and sends no signal), so a launcher started after a crash (or kill -9)
+picks up where the last one left off: the loop has no memory of its own beyond timers it
+can recompute.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import traceback
 from typing import Any
 
 from .. import layout, paths
-from ..backends import AttemptContext, get_backend, refresh_backends
-from ..backends.local import (
-    cgroup_jobs,
-    job_processes,
-    kill_job,
-    process_slots,
-    release_cgroups,
+from ..backends import (
+    AttemptContext,
+    get_backend,
+    kill_leftovers,
+    leftover_jobs,
+    refresh_backends,
+    release_all,
 )
+from ..backends.local import process_slots
 from ..spec import JobSpec, network_env
 from .preflight import run_preflight
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
@@ -98,7 +101,6 @@ class Supervisor(threading.Thread):
         if self.store.guard is not None:
             self.store.guard.check()
         refresh_backends()
-        processes = job_processes()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)
         admitted = self.admit(rows)
@@ -106,15 +108,15 @@ class Supervisor(threading.Thread):
             if row["state"] == "QUEUED" and row["id"] not in admitted:
                 continue
             try:
-                self.advance(row, processes, now)
+                self.advance(row, now)
                 for hook in self.hooks:
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
-                    self.kill_leftovers(row["id"], processes)
+                    kill_leftovers(row["id"])
                     self.release(row["id"])
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
-        self.sweep_ended(processes)
+        self.sweep_ended()
 
     def admit(self, rows) -> set[str]:
         """The QUEUED jobs that may start now: in submission order, while their ranks fit in
@@ -143,29 +145,22 @@ class Supervisor(threading.Thread):
                 self.store.update_job(row["id"], reason=reason)
         return admitted
 
-    def sweep_ended(self, processes) -> None:
+    def sweep_ended(self) -> None:
         """No process outlives its job: kill what still runs for a job recorded as ended
         (a stop that ended it from another thread, a straggler that escaped one tick)."""
-        for job_id in {job for job, _ in processes} | cgroup_jobs():
+        for job_id in leftover_jobs():
             state = self.store.state(job_id)  # None: another launcher's job, not ours to touch
             if state in TERMINAL_STATES:
-                self.kill_leftovers(job_id, processes)
-
-    def kill_leftovers(self, job_id: str, processes) -> None:
-        """An ended job keeps no process: stragglers of any attempt, and standby agents."""
-        kill_job(job_id, processes)
-        release_cgroups(job_id)
+                kill_leftovers(job_id)
 
     def release_cgroups(self) -> None:
-        """At exit: remove the empty cgroups of our jobs (a running job's stays, with its
-        processes, for the next launcher to adopt)."""
-        for job_id in cgroup_jobs():
-            if self.store.state(job_id) is not None:
-                release_cgroups(job_id)
+        """At exit: engines let go of what no running job of ours holds (the local engine's
+        empty cgroups; a running job's stay for the next launcher to adopt)."""
+        release_all(lambda job_id: self.store.state(job_id) is not None)
 
     def forget(self, job_id: str) -> None:
         """A deleted job: whatever of it might still run goes with it."""
-        self.kill_leftovers(job_id, job_processes())
+        kill_leftovers(job_id)
 
     def release(self, job_id: str) -> None:
         """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
@@ -220,16 +215,16 @@ class Supervisor(threading.Thread):
                               (arow["port"] if arow and arow["port"] else 0),
                               self.store.record_events(row["id"], attempt))
 
-    def advance(self, row, processes, now: float) -> None:
+    def advance(self, row, now: float) -> None:
         state = row["state"]
         if state == "QUEUED":
             self.start_attempt(row)
         elif state in ("STARTING", "PENDING", "RUNNING"):
-            self.watch(row, processes, now)
+            self.watch(row, now)
         elif state == "STOPPING":
-            self.finish_stop(row, processes, now)
+            self.finish_stop(row, now)
         elif state == "RESTARTING":
-            self.maybe_restart(row, processes, now)
+            self.maybe_restart(row, now)
         elif state == "PREFLIGHT":
             # A launcher died mid-preflight: nothing was started, so simply preflight again.
             self.start_attempt(row)
@@ -296,7 +291,7 @@ class Supervisor(threading.Thread):
         return committed[-1]["path"]
 
     # -- running ------------------------------------------------------------------------
-    def watch(self, row, processes, now: float) -> None:
+    def watch(self, row, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
@@ -313,7 +308,7 @@ class Supervisor(threading.Thread):
         if status.reason:
             # The engine ended the attempt (a scancel from outside, a time limit): its word
             # is the reason, whatever the ranks said as they were taken down.
-            self.end_attempt(row, ctx, handle, "cancelled", status.reason, processes)
+            self.end_attempt(row, ctx, handle, "cancelled", status.reason)
             return
         started = all(rs.pid for rs in status.ranks.values())
         if row["state"] in ("STARTING", "PENDING") and started:
@@ -330,7 +325,7 @@ class Supervisor(threading.Thread):
             first = failed[0] if failed else None
             why = (f"rank {first} exited with code {status.ranks[first].exit_code}" if first is not None
                    else f"node {node_failed[0].node} agent exited with code {node_failed[0].exit_code}")
-            self.end_attempt(row, ctx, handle, "failed", why, processes)
+            self.end_attempt(row, ctx, handle, "failed", why)
             return
         if codes and all(c == 0 for c in codes):
             last_end = max((rs.end or 0) for rs in status.ranks.values())
@@ -339,24 +334,24 @@ class Supervisor(threading.Thread):
             preempted = self.preempted(job_id, ctx.attempt)
             self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
                              "preempted: checkpoint committed, attempt ended cleanly" if preempted
-                             else "every rank exited 0", processes)
+                             else "every rank exited 0")
             return
         if not alive and not status.running:
             lost = [r for r, rs in status.ranks.items() if rs.exit_code is None]
             self.end_attempt(row, ctx, handle, "failed",
-                             f"processes of rank(s) {lost} vanished without an exit record", processes)
+                             f"processes of rank(s) {lost} vanished without an exit record")
             return
-        self.check_liveness(row, ctx, handle, ranks, processes, now)
-        self.maybe_start_standby(row, ctx, ranks, processes)
+        self.check_liveness(row, ctx, handle, ranks, now)
+        self.maybe_start_standby(row, ctx, ranks)
 
-    def maybe_start_standby(self, row, ctx, ranks, processes) -> None:
+    def maybe_start_standby(self, row, ctx, ranks) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
         backend = get_backend(ctx.spec.backend)
         if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
                 not backend.capabilities(ctx.spec).standby_agents:
             return
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
-        if restarts >= ctx.spec.max_restarts or processes.get((row["id"], ctx.attempt + 1)):
+        if restarts >= ctx.spec.max_restarts:
             return
         if not any(r["last_progress"] for r in ranks.values()):
             return  # let the attempt's own start-up have the CPU first
@@ -392,11 +387,11 @@ class Supervisor(threading.Thread):
                                          {"rank": rank, "exit_code": rs.exit_code})
         return {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
 
-    def check_liveness(self, row, ctx, handle, ranks, processes, now: float) -> None:
+    def check_liveness(self, row, ctx, handle, ranks, now: float) -> None:
         spec = ctx.spec
         if spec.max_runtime and row["started"] and now - row["started"] > spec.max_runtime:
             self.end_attempt(row, ctx, handle, "timeout",
-                             f"max runtime {spec.max_runtime:g}s exceeded", processes)
+                             f"max runtime {spec.max_runtime:g}s exceeded")
             return
         verdict = spec.heartbeat_interval * spec.heartbeat_misses
         for rank, r in ranks.items():
@@ -404,18 +399,18 @@ class Supervisor(threading.Thread):
             if r["last_heartbeat"] and now - r["last_heartbeat"] > verdict and r["exit_code"] is None:
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank} missed {spec.heartbeat_misses} heartbeats "
-                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped", processes)
+                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped")
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
         if progress and now - min(progress) > spec.progress_timeout:
             stuck = min(ranks.values(), key=lambda r: r["last_progress"] or now)
             self.end_attempt(row, ctx, handle, "failed",
                              f"no step progress on rank {stuck['rank']} for "
-                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang", processes)
+                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang")
             return
 
     # -- ending an attempt --------------------------------------------------------------
-    def end_attempt(self, row, ctx, handle, outcome: str, reason: str, processes) -> None:
+    def end_attempt(self, row, ctx, handle, outcome: str, reason: str) -> None:
         job_id = row["id"]
         backend = get_backend(ctx.spec.backend)
         for hook in self.hooks:
@@ -493,7 +488,7 @@ class Supervisor(threading.Thread):
         return all(before.get(k) == diagnosis.get(k) for k in keys) and \
             diagnosis.get("class") != "host_oom"
 
-    def maybe_restart(self, row, processes, now: float) -> None:
+    def maybe_restart(self, row, now: float) -> None:
         job_id = row["id"]
         arow = self.store.attempt_row(job_id, row["attempt"])
         ctx = self.context(row)
@@ -537,7 +532,7 @@ class Supervisor(threading.Thread):
                     if self.store.transition(job_id, "STOPPED", reason, expect=state,
                                              stop_requested=time.time()):
                         # Standby agents, and what a failed attempt may still have running.
-                        self.kill_leftovers(job_id, job_processes())
+                        kill_leftovers(job_id)
                         return True
                     continue
                 if state in ("PENDING", "STARTING"):
@@ -567,7 +562,7 @@ class Supervisor(threading.Thread):
                                  stop_requested=time.time() + spec.stop_grace):
             self.pending.setdefault(job_id, set()).add("stop")
 
-    def finish_stop(self, row, processes, now: float) -> None:
+    def finish_stop(self, row, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)

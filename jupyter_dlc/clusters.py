@@ -59,7 +59,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
                    "files": (str, "configmap (default) or pvc"),
                    "kubeconfig": (str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
                    "context": (str, "a kubeconfig context name"),
-                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787")},
+                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787"),
+                   "launcher_pvc_dir": (str, "where the launcher mounts the PVC (in the cluster: "
+                                        "/dlc/pvc), so it finds the checkpoints the pods commit")},
 }
 # Options whose list holds mappings, not strings; options with a fixed set of values.
 _LIST_OF_MAPPINGS = ("tolerations",)

@@ -180,6 +180,18 @@ def _workload(cluster, job_id):
                  and obj["metadata"]["labels"]["dlc.jupyter.org/job-id"] == job_id.lower()), None)
 
 
+def _running_job(launcher, cluster, **fields):
+    """A job submitted through the launcher whose TrainJob the stand-in runs: (job, name)."""
+    from conftest import wait_for
+
+    script = launcher.script("train.py", "print('hi')\n")
+    job = launcher.client.submit({"script": script, "cluster": "my-k8s", **fields})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name)
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    return job, name
+
+
 def test_through_the_launcher_pending_running_succeeded_then_oom_fails_with_why(cluster, k8s_launcher, tmp_path):
     """Stand-in cluster, real launcher: submit -> PENDING (pods pending) -> RUNNING -> SUCCEEDED;
     a second job whose pod is OOMKilled -> FAILED with that reason, and the rank logs the
@@ -285,12 +297,8 @@ def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_kil
     from conftest import wait_for
 
     client = k8s_launcher.client
-    script = k8s_launcher.script("train.py", "print('hi')\n")
-    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
-                         "max_restarts": 1, "restart_backoff": 0.1})
-    first = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
-    cluster.run(first)
-    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    job, first = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1, max_restarts=1,
+                              restart_backoff=0.1)
     cluster.finish(first, codes={1: 1})
     second = f"dlc-{job['id']}-a2"
     wait_for(lambda: ("trainjobs", "ml", second) in cluster.objects, what="attempt 2's TrainJob")
@@ -317,11 +325,7 @@ def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(
     from jupyter_dlc.client import LauncherClient
 
     client = k8s_launcher.client
-    script = k8s_launcher.script("train.py", "print('hi')\n")
-    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s"})
-    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
-    cluster.run(name)
-    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    job, name = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1)
     pid = k8s_launcher.pid()
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not _alive(pid), what="the launcher gone")
@@ -422,6 +426,44 @@ def test_each_rank_gets_its_own_exit_code_from_the_record_it_reported(cluster, k
     assert {r["rank"]: r["exit_code"] for r in final["ranks"]} == {0: 0, 1: 1}
     [diagnosis] = client.diagnosis(job["id"])
     assert diagnosis["rank"] == 1 and diagnosis["line"] == "RuntimeError: rank 1 lost its shard"
+
+
+def test_a_launcher_that_mounts_the_pvc_resumes_from_the_step_the_pods_committed(
+        cluster, tmp_path, monkeypatch):
+    """Stand-in cluster, real launcher that mounts the PVC (`launcher_pvc_dir`, as the
+    in-cluster launcher of `jupyter-dlc launcher manifest` does at /dlc/pvc; here a directory
+    standing for the claim). The stand-in runs no containers, so the test commits step 5 into
+    the job's checkpoint directory on the PVC as the ranks' Checkpointer would (files, then the
+    manifest). A node then fails: attempt 2 is a new TrainJob whose pods get
+    EASYCKPT_RESUME_PATH and DLC_RESUME_PATH at that step as the pods see the PVC. A real
+    cluster adds the ranks that write and read the step through a ReadWriteMany volume."""
+    from conftest import LauncherEnv, wait_for
+
+    from jupyter_dlc import k8s_manifests
+
+    pvc = tmp_path / "pvc"
+    cluster.profile(launcher_pvc_dir=str(pvc))
+    launcher = LauncherEnv(str(tmp_path / "launcher"))
+    try:
+        client = launcher.client
+        job, first = _running_job(launcher, cluster, nodes=1, nproc_per_node=1, max_restarts=1,
+                                  restart_backoff=0.1)
+        in_pods = k8s_manifests.checkpoint_dir(job["id"])
+        step = pvc / in_pods[len(k8s_manifests.PVC_DIR) + 1:] / "step-5"
+        step.mkdir(parents=True)
+        (step / layout.rank_file_name(0)).write_bytes(b"weights")
+        layout.write_manifest(str(step), 5, 1, {layout.rank_file_name(0): {
+            "size": 7, "sha256": layout.sha256_of(str(step / layout.rank_file_name(0)))}})
+        cluster.finish(first, codes={0: 1})
+        second = f"dlc-{job['id']}-a2"
+        wait_for(lambda: cluster.pods(second), what="attempt 2's pods")
+        [pod] = cluster.pods(second)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["EASYCKPT_RESUME_PATH"] == env["DLC_RESUME_PATH"] == f"{in_pods}/step-5"
+        assert env["DLC_CHECKPOINT_DIR"] == in_pods
+        assert client.job(job["id"])["attempts"][1]["resume_path"] == str(step)
+    finally:
+        launcher.close()
 
 
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):

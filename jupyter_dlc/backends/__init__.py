@@ -15,6 +15,7 @@
     stop(ctx, handle, grace)  the polite stop (SIGTERM to every rank); the supervisor calls
     kill(ctx, handle)         once the grace is over, or at once for a failed attempt
     cleanup(ctx, handle)      release whatever the attempt still holds once the job has ended
+    checkpoint_dir(spec, ...) where the launcher finds the checkpoints the ranks commit
     capabilities(spec)        what the supervisor may count on: standby agents, a filesystem
                               shared with the ranks, signals to one rank
     refresh()                 once per supervisor tick, before any describe: engines that
@@ -110,6 +111,13 @@ class Backend:
     def capacity_error(self, spec: JobSpec) -> str | None:
         """A reason this engine cannot run `spec` at all, checked at submit time."""
         return None
+
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """Where the launcher finds the checkpoints the job's ranks commit (it picks the resume
+        step there): the spec's, else the job directory's."""
+        from .. import layout
+
+        return spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
 
     def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError

@@ -61,11 +61,13 @@ def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
     env[layout.RECORDS_ENV] = "report"
     if profile.get("launcher_url"):
         env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
-    resume = env.get("EASYCKPT_RESUME_PATH")
-    if resume and ctx.spec.checkpoint_dir and resume.startswith(ctx.spec.checkpoint_dir):
-        # The same step, in the job's checkpoint directory on the PVC as the pods see it.
-        env["EASYCKPT_RESUME_PATH"] = (k8s_manifests.checkpoint_dir(ctx.job_id)
-                                       + resume[len(ctx.spec.checkpoint_dir):])
+    # The checkpoint directory as the launcher sees it (where it picked the resume step).
+    launcher_view = ctx.env.get("DLC_CHECKPOINT_DIR") or ctx.spec.checkpoint_dir or ""
+    for key in ("DLC_RESUME_PATH", "EASYCKPT_RESUME_PATH"):
+        resume = env.get(key)
+        if resume and launcher_view and resume.startswith(launcher_view.rstrip("/") + "/"):
+            # The same step, in the job's checkpoint directory on the PVC as the pods see it.
+            env[key] = k8s_manifests.checkpoint_dir(ctx.job_id) + resume[len(launcher_view.rstrip("/")):]
     return env
 
 
@@ -134,6 +136,14 @@ class KubernetesBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
+
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """A launcher that mounts the PVC (`launcher_pvc_dir`; the in-cluster one does) reads
+        the pods' checkpoints where they commit them; one that does not keeps its own."""
+        mount = profile_of(spec, lenient=True).get("launcher_pvc_dir")
+        if not mount:
+            return super().checkpoint_dir(spec, job_id, job_dir)
+        return mount.rstrip("/") + k8s_manifests.checkpoint_dir(job_id)[len(k8s_manifests.PVC_DIR):]
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         try:

@@ -194,7 +194,7 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(row["id"], attempt)
         job_dir = row["job_dir"]
         attempt_dir = layout.attempt_dir(job_dir, attempt)
-        checkpoint_dir = spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
+        checkpoint_dir = get_backend(spec.backend).checkpoint_dir(spec, row["id"], job_dir)
         resume = arow["resume_path"] if arow else None
         env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))

@@ -184,7 +184,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description From a rank's runtime; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit) and `rank_error` (the first exception: error = its type, message, traceback's tail). */
+        /** @description From a rank's runtime; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes). A report of only these is not a heartbeat. */
         post: operations["report"];
         delete?: never;
         options?: never;

@@ -67,7 +67,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
                    "files": (str, "configmap (default) or pvc"),
                    "kubeconfig": (str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
                    "context": (str, "a kubeconfig context name"),
-                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787")},
+                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787"),
+                   "launcher_pvc_dir": (str, "where the launcher mounts the PVC (in the cluster: "
+                                        "/dlc/pvc), so it finds the checkpoints the pods commit")},
     "ssh": {"hosts": (list, "a list of host names or addresses, node 0 first"),
             "user": (str, "the login name on the hosts"), "port": (int, "sshd's port, e.g. 22"),
             "key": (str, "a private key file (no passphrase, or one in ssh-agent)"),

@@ -43,6 +43,7 @@ def launcher_manifests(namespace: str = "default", image: str = "ghcr.io/OWNER/j
     url = f"http://{NAME}.{namespace}.svc:{PORT}"
     profile = {"clusters": {"in-cluster": {
         "engine": "kubernetes", "namespace": namespace, "pvc": pvc, "launcher_url": url,
+        "launcher_pvc_dir": k8s_manifests.PVC_DIR,
         "image": job_image or k8s_manifests.DEFAULT_IMAGE}}}
     data_dir = f"{k8s_manifests.PVC_DIR}/launcher"
     container = {

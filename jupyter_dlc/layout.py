@@ -40,6 +40,26 @@ def rank_error_json(attempt_dir_path, rank):
     return os.path.join(attempt_dir_path, f"rank-{rank}.error.json")
 
 
+# A rank's records travel as report events too, so that a launcher whose ranks run on other
+# hosts needs no shared filesystem for them: the same facts as rank-R.json (start: pid, node,
+# local_rank, start; end: exit_code, end) and rank-R.error.json (error, message, traceback).
+RANK_START, RANK_END, RANK_ERROR = "rank_start", "rank_end", "rank_error"
+# A node's preflight result (where the engine runs preflight on its nodes: Slurm).
+NODE_PREFLIGHT = "node_preflight"
+RECORD_EVENTS = (RANK_START, RANK_END, RANK_ERROR, NODE_PREFLIGHT)
+# Set to "report" by an engine whose ranks do not share the launcher's job directory: the
+# bootstrap then writes no record files (the route is the only source, and the tests prove it).
+RECORDS_ENV = "DLC_RANK_RECORDS"
+# A report event's text fields are capped (spec.MAX_TEXT); a traceback keeps its tail.
+RECORD_TEXT = 4000
+
+
+def preflight_marker(checkpoint_dir, job_id, attempt):
+    """The file node 0's preflight writes into the checkpoint directory for every node to read
+    back (runtime/node_preflight.py); `attempt="*"` is the glob of every attempt's."""
+    return os.path.join(checkpoint_dir, f".dlc-preflight-{job_id}-a{attempt}")
+
+
 def node_log(attempt_dir_path, node):
     return os.path.join(attempt_dir_path, f"node-{node}.log")
 

@@ -213,8 +213,15 @@ PATHS: dict[str, dict[str, Any]] = {
         "responses": {"201": _json("JobDetail", "The new job"),
                       **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/report": {"parameters": [_JOB], "post": {
-        "operationId": "report", "description": "From a rank's runtime, or a node reporter's "
-                                               "batch of its ranks' reports; the job token works too.",
+        "operationId": "report", "description": (
+            "From a rank's runtime, or a node reporter's batch of its ranks' reports; the job "
+            "token works too. Besides `checkpoint`, `nan` and "
+            "`preempted`, `events` carry the rank's own records, so that no engine needs a "
+            "filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), "
+            "`rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first "
+            "exception: error = its type, message, traceback's tail) and `node_preflight` "
+            "(node, host, ok, message: a node's preflight, where the engine runs it on its "
+            "nodes). A report of only these is not a heartbeat."),
         "requestBody": _body("Report"),
         "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {

@@ -13,7 +13,9 @@
 #
 # Environment: DLC_SLURM_DIR (state, default /tmp/dlc-slurm), DLC_SLURM_PORT (controller
 # port, default 16817; nodes use PORT+184 .. PORT+187), PYTHON (with jupyter_dlc, default
-# python3), DLC_CLUSTERS (the profile file, see jupyter_dlc/clusters.py).
+# python3), DLC_CLUSTERS (the profile file, see jupyter_dlc/clusters.py), DLC_SLURM_PRIVATE_DIR
+# (NODE:PATH, e.g. n2:/tmp/x: that node sees an empty tmpfs of its own at PATH, as a node
+# without the shared filesystem would; the tests' unshared checkpoint directory).
 set -euo pipefail
 
 STATE="${DLC_SLURM_DIR:-/tmp/dlc-slurm}"
@@ -26,6 +28,7 @@ CONF="$STATE/slurm.conf"
 MUNGE="${DLC_SLURM_MUNGE_DIR:-/tmp/dlc-munge-$(printf '%s' "$STATE" | md5sum | cut -c1-10)}"
 SOCKET="$MUNGE/munge.sock"
 PROFILE="${DLC_SLURM_PROFILE:-local-slurm}"
+PRIVATE="${DLC_SLURM_PRIVATE_DIR:-}"
 NODES=(n1 n2 n3 n4)
 # Every daemon carries this variable, so `down` finds what `up` started and nothing else.
 TAG="DLC_LOCAL_SLURM=$STATE"
@@ -107,7 +110,15 @@ start() {
     fi
     for node in "${NODES[@]}"; do
         if ! alive "$STATE/slurmd-$node.pid"; then
-            env "$TAG" setsid slurmd -D -f "$CONF" -N "$node" > "$STATE/log/slurmd-$node.out" 2>&1 < /dev/null &
+            slurmd=(slurmd -D -f "$CONF" -N "$node")
+            if [ -n "$PRIVATE" ] && [ "${PRIVATE%%:*}" = "$node" ]; then
+                # This node alone sees an empty directory of its own at that path (a mount
+                # namespace with a tmpfs over it): a filesystem the nodes do not share.
+                mkdir -p "${PRIVATE#*:}"
+                slurmd=(unshare -m --propagation private bash -c 'mount -t tmpfs dlc-private "$1" && shift && exec "$@"'
+                        bash "${PRIVATE#*:}" "${slurmd[@]}")
+            fi
+            env "$TAG" setsid "${slurmd[@]}" > "$STATE/log/slurmd-$node.out" 2>&1 < /dev/null &
             echo $! > "$STATE/slurmd-$node.pid"
         fi
     done

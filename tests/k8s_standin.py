@@ -6,7 +6,8 @@ create_namespace, so this small one keeps the semantics the engine depends on:
   a growing resourceVersion, list with equality label selectors, watch (events from a
   resourceVersion; 410 Gone when that version is older than the kept history);
 - pod logs as text/plain, 400 "waiting to start" while a pod is pending, follow streams until
-  the pod ends;
+  the pod ends, `timestamps` and `sinceTime` as the kubelet serves them (bytes served are
+  counted per pod);
 - discovery (/apis) answers the groups it was told it serves.
 
 It also plays the operator and the kubelet: a created TrainJob, PyTorchJob or Job gets its pods
@@ -53,6 +54,8 @@ class Standin:
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
         self.deletes: list[dict] = []  # what each DELETE asked (grace, propagation)
         self.logs: dict[tuple, str] = {}  # (ns, pod) -> text
+        self.log_times: dict[tuple, list[str]] = {}  # (ns, pod) -> each line's RFC3339Nano time
+        self.log_bytes_served: dict[tuple, int] = {}  # (ns, pod) -> log bytes sent, all reads
         self.rv = 1000
         self.lock = threading.Condition()
         self.server = _Server(("127.0.0.1", 0), _handler(self))
@@ -183,13 +186,38 @@ class Standin:
         """Every pod scheduled and running, each writing lines its ranks would print."""
         for pod in self.pods(workload):
             node = _node_of(pod)
-            with self.lock:
-                self.logs[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = "".join(
-                    f"[default{r}]:node {node} line {r}\n" for r in range(lines_per_pod))
+            self.write_log(pod["metadata"]["namespace"], pod["metadata"]["name"], "".join(
+                f"[default{r}]:node {node} line {r}\n" for r in range(lines_per_pod)))
             self._pod_update(pod, "Running", containerStatuses=self._container(
                 pod, {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}),
                 conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}])
         self._conditions(workload, "Running")
+
+    def write_log(self, ns: str, pod: str, text: str, at: float | None = None) -> None:
+        """Append to a pod's log as its container would; each line is stamped with the time
+        its newline was written (as the kubelet stamps what `timestamps=true` shows), or
+        with `at` (epoch seconds): lines the container wrote that long ago."""
+        when = time.time_ns() if at is None else int(at * 1e9)
+        with self.lock:
+            self.logs[(ns, pod)] = self.logs.get((ns, pod), "") + text
+            self.log_times.setdefault((ns, pod), []).extend(
+                [_rfc3339nano(when + i) for i in range(text.count("\n"))])
+            self.lock.notify_all()
+
+    def log_text(self, ns: str, pod: str, query: dict) -> str:
+        """The log as the API answers a read: `sinceTime` (whole seconds, RFC3339) keeps the
+        lines from that second on, `timestamps` prefixes each with its time."""
+        with self.lock:
+            text = self.logs.get((ns, pod), "")
+            times = list(self.log_times.get((ns, pod), []))
+        if not query.get("sinceTime") and query.get("timestamps") not in ("true", "1"):
+            return text
+        lines = text.splitlines(keepends=True)
+        times += [_rfc3339nano(time.time_ns())] * (len(lines) - len(times))  # a partial last line
+        since = query.get("sinceTime", "")[:19]
+        stamp = query.get("timestamps") in ("true", "1")
+        return "".join((f"{t} " if stamp else "") + line for t, line in zip(times, lines, strict=True)
+                       if t[:19] >= since)
 
     def finish(self, workload: str, codes: dict[int, int] | None = None) -> None:
         for pod in self.pods(workload):
@@ -265,6 +293,13 @@ def _resources(groups) -> dict[str, dict]:
     return out
 
 
+def _rfc3339nano(ns: int) -> str:
+    """As the API writes times: nanoseconds with the fraction's trailing zeros trimmed."""
+    fraction = f"{ns % 1_000_000_000:09d}".rstrip("0")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + \
+        (f".{fraction}" if fraction else "") + "Z"
+
+
 def _node_of(pod: dict) -> int:
     labels = pod["metadata"]["labels"]
     if "batch.kubernetes.io/job-completion-index" in labels:
@@ -336,7 +371,11 @@ def _handler(standin: Standin):
                 return self._send(400, _status(400, "BadRequest", f'container "{container}" in pod '
                                                                   f'"{name}" is waiting to start: ContainerCreating'))
             if query.get("follow") not in ("true", "1"):
-                return self._send(200, standin.logs.get((ns, name), ""), "text/plain")
+                body = standin.log_text(ns, name, query)
+                with standin.lock:
+                    standin.log_bytes_served[(ns, name)] = (standin.log_bytes_served.get((ns, name), 0)
+                                                            + len(body.encode()))
+                return self._send(200, body, "text/plain")
             # follow: stream what is there, then what comes, until the pod ends.
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")

@@ -148,8 +148,12 @@ def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_b
     first = engine.submit(_ctx(tmp_path, attempt=1))
     second = engine.submit(_ctx(tmp_path, attempt=2))
     # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
-    found = _engine().adopt(_ctx(tmp_path).spec, "J7")
+    found = _engine().workloads(_ctx(tmp_path).spec, "J7")
     assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
+    adopted = _engine().adopt(_ctx(tmp_path, attempt=2))
+    assert {k: adopted[k] for k in ("engine_id", "kind", "name", "namespace")} == \
+        {k: second[k] for k in ("engine_id", "kind", "name", "namespace")}
+    assert _engine().adopt(_ctx(tmp_path, attempt=3)) is None
     cluster._remove("trainjobs", "ml", second["name"])
     for pod in cluster.pods(second["name"]):
         cluster._remove("pods", "ml", pod["metadata"]["name"])
@@ -174,6 +178,18 @@ def _workload(cluster, job_id):
     """The name of the job's TrainJob in the stand-in, once the launcher created it."""
     return next((name for (plural, _, name), obj in list(cluster.objects.items()) if plural == "trainjobs"
                  and obj["metadata"]["labels"]["dlc.jupyter.org/job-id"] == job_id.lower()), None)
+
+
+def _running_job(launcher, cluster, **fields):
+    """A job submitted through the launcher whose TrainJob the stand-in runs: (job, name)."""
+    from conftest import wait_for
+
+    script = launcher.script("train.py", "print('hi')\n")
+    job = launcher.client.submit({"script": script, "cluster": "my-k8s", **fields})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name)
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    return job, name
 
 
 def test_through_the_launcher_pending_running_succeeded_then_oom_fails_with_why(cluster, k8s_launcher, tmp_path):
@@ -281,12 +297,8 @@ def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_kil
     from conftest import wait_for
 
     client = k8s_launcher.client
-    script = k8s_launcher.script("train.py", "print('hi')\n")
-    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": "my-k8s",
-                         "max_restarts": 1, "restart_backoff": 0.1})
-    first = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
-    cluster.run(first)
-    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    job, first = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1, max_restarts=1,
+                              restart_backoff=0.1)
     cluster.finish(first, codes={1: 1})
     second = f"dlc-{job['id']}-a2"
     wait_for(lambda: ("trainjobs", "ml", second) in cluster.objects, what="attempt 2's TrainJob")
@@ -298,6 +310,160 @@ def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_kil
     cluster.finish(second)
     wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
     assert client.job(job["id"])["attempt"] == 2
+
+
+def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: killed with -9 while the TrainJob runs, and its store
+    lost the attempt's handle (as when killed between submit and storing it). The restarted
+    launcher finds the TrainJob by its job-id and attempt labels, stores the handle again, and
+    follows it to SUCCEEDED. A real cluster adds nothing here but real pods."""
+    import signal
+    import sqlite3
+
+    from conftest import _alive, wait_for
+
+    from jupyter_dlc.client import LauncherClient
+
+    client = k8s_launcher.client
+    job, name = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1)
+    pid = k8s_launcher.pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), what="the launcher gone")
+    with sqlite3.connect(os.path.join(k8s_launcher.data_dir, "launcher.sqlite")) as db:
+        db.execute("UPDATE attempts SET handle = NULL WHERE job_id = ?", (job["id"],))
+    k8s_launcher.client = client = LauncherClient.connect()
+    wait_for(lambda: client.job(job["id"])["attempts"][0]["engine_id"] == f"TrainJob/{name}",
+             what="the handle found again")
+    adopted = [e for e in client.events(job["id"]) if e["type"] == "adopted"]
+    assert adopted[0]["reason"] == f"re-adopted TrainJob/{name} by its labels"
+    assert client.job(job["id"])["state"] == "RUNNING"
+    cluster.finish(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    assert client.job(job["id"])["attempt"] == 1
+
+
+def test_pod_logs_are_read_incrementally_not_fetched_whole_each_time(cluster, tmp_path):
+    """Stand-in kubelet logs with `timestamps` and `sinceTime` as the API serves them; the
+    stand-in counts the bytes it sends. A long log written a minute ago, then a line per
+    describe: the long log crosses the wire once, each later read only its last second, and
+    every line lands in its rank's log exactly once. A real cluster adds log rotation (lines
+    rotated away between two reads are lost to both, as to `kubectl logs`)."""
+    import time
+
+    engine, ctx = _engine(), _ctx(tmp_path, nodes=1)
+    handle = engine.submit(ctx)
+    cluster.run(handle["name"], lines_per_pod=0)
+    pod = cluster.pods(handle["name"])[0]["metadata"]["name"]
+    long_log = "".join(f"[default0]:step {i} {'x' * 80}\n" for i in range(2000))
+    cluster.write_log("ml", pod, long_log, at=time.time() - 60)
+    engine.describe(ctx, handle)
+    for i in range(20):
+        cluster.write_log("ml", pod, f"[default1]:tick {i}\n")
+        engine.describe(ctx, handle)
+    quiet = cluster.log_bytes_served[("ml", pod)]
+    for _ in range(5):  # nothing new: nothing but what the current second may still add
+        engine.describe(ctx, handle)
+    size = len(cluster.logs[("ml", pod)].encode())
+    served = cluster.log_bytes_served[("ml", pod)]
+    # The whole log once (with timestamps, ~1.3x), then the ticks of the current second each
+    # time: far below the 26 whole copies a full read per describe would send.
+    assert served < 2 * size, (served, size)
+    assert served - quiet < 0.05 * size
+    with open(layout.rank_log(ctx.attempt_dir, 0)) as f:
+        assert f.read() == "".join(f"step {i} {'x' * 80}\n" for i in range(2000))
+    with open(layout.rank_log(ctx.attempt_dir, 1)) as f:
+        assert f.read() == "".join(f"tick {i}\n" for i in range(20))
+    # A restarted launcher (a new engine) goes on from the cursor kept in the attempt dir.
+    cluster.write_log("ml", pod, "[default1]:after the restart\n")
+    _engine().describe(ctx, handle)
+    with open(layout.rank_log(ctx.attempt_dir, 1)) as f:
+        assert f.read() == "".join(f"tick {i}\n" for i in range(20)) + "after the restart\n"
+
+
+def test_each_rank_gets_its_own_exit_code_from_the_record_it_reported(cluster, k8s_launcher, tmp_path):
+    """Stand-in cluster, real launcher, real rank bootstraps: the stand-in runs no containers,
+    so the test runs the two ranks of the pod as its container would (the bootstrap, with the
+    pod's env, the token from the attempt's Secret and the script from its ConfigMap), and
+    they report to the launcher. Rank 1 raises, rank 0 exits 0, and the pod ends with
+    torchrun's code 1: the launcher records 0 for rank 0 and 1 for rank 1 (not the pod's 1
+    for both), and `why` has rank 1's error. A real cluster adds the container itself."""
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", """
+        import os
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("rank 1 lost its shard")
+        """)
+    job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 2, "cluster": "my-k8s",
+                         "max_restarts": 0})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    cluster.run(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING")
+    [pod] = cluster.pods(name)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["DLC_RANK_RECORDS"] == "report" and "DLC_ATTEMPT_DIR" not in env
+    in_pod = tmp_path / "pod"
+    in_pod.mkdir()
+    (in_pod / "script.py").write_text(
+        cluster.objects[("configmaps", "ml", f"{name}-files")]["data"]["script.py"])
+    token = cluster.objects[("secrets", "ml", f"{name}-token")]["stringData"]["token"]
+    for rank in (0, 1):
+        # The launcher's URL as the pod would resolve the profile's launcher_url.
+        rank_env = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": "2", "GROUP_RANK": "0", "DLC_TOKEN": token,
+                    "DLC_LAUNCHER_URL": client.url}
+        subprocess.run([sys.executable, "-m", "jupyter_dlc.runtime.bootstrap", str(in_pod / "script.py")],
+                       env=rank_env, cwd=in_pod, timeout=60, check=False)
+    assert sorted(os.listdir(in_pod)) == ["script.py"]  # no record files in the pod
+    cluster.finish(name, codes={0: 1})
+    final = client.wait(job["id"], timeout=60)
+    assert final["state"] == "FAILED"
+    assert final["reason"].startswith("rank 1 exited with code 1"), final["reason"]
+    assert {r["rank"]: r["exit_code"] for r in final["ranks"]} == {0: 0, 1: 1}
+    [diagnosis] = client.diagnosis(job["id"])
+    assert diagnosis["rank"] == 1 and diagnosis["line"] == "RuntimeError: rank 1 lost its shard"
+
+
+def test_a_launcher_that_mounts_the_pvc_resumes_from_the_step_the_pods_committed(
+        cluster, tmp_path, monkeypatch):
+    """Stand-in cluster, real launcher that mounts the PVC (`launcher_pvc_dir`, as the
+    in-cluster launcher of `jupyter-dlc launcher manifest` does at /dlc/pvc; here a directory
+    standing for the claim). The stand-in runs no containers, so the test commits step 5 into
+    the job's checkpoint directory on the PVC as the ranks' Checkpointer would (files, then the
+    manifest). A node then fails: attempt 2 is a new TrainJob whose pods get
+    EASYCKPT_RESUME_PATH and DLC_RESUME_PATH at that step as the pods see the PVC. A real
+    cluster adds the ranks that write and read the step through a ReadWriteMany volume."""
+    from conftest import LauncherEnv, wait_for
+
+    from jupyter_dlc import k8s_manifests
+
+    pvc = tmp_path / "pvc"
+    cluster.profile(launcher_pvc_dir=str(pvc))
+    launcher = LauncherEnv(str(tmp_path / "launcher"))
+    try:
+        client = launcher.client
+        job, first = _running_job(launcher, cluster, nodes=1, nproc_per_node=1, max_restarts=1,
+                                  restart_backoff=0.1)
+        in_pods = k8s_manifests.checkpoint_dir(job["id"])
+        step = pvc / in_pods[len(k8s_manifests.PVC_DIR) + 1:] / "step-5"
+        step.mkdir(parents=True)
+        (step / layout.rank_file_name(0)).write_bytes(b"weights")
+        layout.write_manifest(str(step), 5, 1, {layout.rank_file_name(0): {
+            "size": 7, "sha256": layout.sha256_of(str(step / layout.rank_file_name(0)))}})
+        cluster.finish(first, codes={0: 1})
+        second = f"dlc-{job['id']}-a2"
+        wait_for(lambda: cluster.pods(second), what="attempt 2's pods")
+        [pod] = cluster.pods(second)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["EASYCKPT_RESUME_PATH"] == env["DLC_RESUME_PATH"] == f"{in_pods}/step-5"
+        assert env["DLC_CHECKPOINT_DIR"] == in_pods
+        assert client.job(job["id"])["attempts"][1]["resume_path"] == str(step)
+    finally:
+        launcher.close()
 
 
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):

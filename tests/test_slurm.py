@@ -8,6 +8,7 @@ node" is checked both in Slurm (squeue) and in /proc, which is every node's here
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -37,13 +38,14 @@ SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
 CLUSTER = "local-slurm"
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A private local Slurm cluster (own state dir, own ports, own profile file), up for
-    the module and down after it: nothing is left."""
-    root = tmp_path_factory.mktemp("slurm")
-    env = dict(os.environ, DLC_SLURM_DIR=str(root / "cluster"), DLC_SLURM_PORT="16917",
-               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
+@contextlib.contextmanager
+def local_slurm(root: pathlib.Path, port: str, private_dir: str = ""):
+    """A private local Slurm cluster (own state dir, own ports, own profile file), up while
+    the block runs and down after it: nothing is left. Yields the Slurm clients' env.
+    `private_dir` ("n2:/path"): a directory that node does not share with the others."""
+    env = dict(os.environ, DLC_SLURM_DIR=str(root / "cluster"), DLC_SLURM_PORT=port,
+               DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable,
+               DLC_SLURM_PRIVATE_DIR=private_dir)
     up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
                         check=False)
     if up.returncode == 3:
@@ -51,16 +53,23 @@ def slurm(tmp_path_factory):
     assert up.returncode == 0, up.stdout + up.stderr
     saved = os.environ.get("DLC_CLUSTERS")
     os.environ["DLC_CLUSTERS"] = env["DLC_CLUSTERS"]
-    client_env = dict(env, SLURM_CONF=str(root / "cluster" / "slurm.conf"))
-    yield client_env
-    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    if saved is None:
-        os.environ.pop("DLC_CLUSTERS", None)
-    else:
-        os.environ["DLC_CLUSTERS"] = saved
+    try:
+        yield dict(env, SLURM_CONF=str(root / "cluster" / "slurm.conf"))
+    finally:
+        down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True,
+                              timeout=120, check=False)
+        if saved is None:
+            os.environ.pop("DLC_CLUSTERS", None)
+        else:
+            os.environ["DLC_CLUSTERS"] = saved
     assert down.returncode == 0, down.stderr
     assert not os.path.exists(env["DLC_SLURM_DIR"])
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    with local_slurm(tmp_path_factory.mktemp("slurm"), "16917") as client_env:
+        yield client_env
 
 
 @pytest.fixture

@@ -60,6 +60,14 @@ class ScriptedEngine(Backend):
     def start_standby(self, ctx):
         self.calls.append(("standby", ctx.attempt))
 
+    leftovers: set[str] = set()
+
+    def leftover_jobs(self):
+        return set(self.leftovers)
+
+    def kill_leftovers(self, job_id):
+        self.calls.append(("kill_leftovers", job_id))
+
 
 def running(codes=(None, None), alive=True, phase="RUNNING", reason=None):
     return AttemptStatus(
@@ -182,5 +190,24 @@ def test_stop_before_submission_never_reaches_the_engine(world):
     world.submit()
     world.supervisor.request_stop("job-1", grace=1.0)
     world.supervisor.tick()
-    assert world.job()["state"] == "STOPPED" and world.engine.calls == []
+    # Nothing submitted, stopped or killed; only the sweep any ended job gets.
+    assert world.job()["state"] == "STOPPED"
+    assert world.engine.calls == [("kill_leftovers", "job-1")]
     assert not os.path.exists(os.path.join(world.job()["job_dir"], "attempt-1", "job.sbatch"))
+
+
+def test_leftovers_of_ended_jobs_are_swept_through_the_engine_and_only_ours(world):
+    """The supervisor reads no /proc and sends no signal: an ended job's leftovers (and a
+    deleted job's) are the engine's to find and kill; another launcher's job is not touched."""
+    world.submit()
+    world.supervisor.tick()
+    world.engine.answer = running(codes=(0, 0), alive=False, phase="ENDED")
+    world.supervisor.tick()
+    assert world.job()["state"] == "SUCCEEDED"
+    assert world.engine.calls.count(("kill_leftovers", "job-1")) == 1  # as it ended
+    world.engine.leftovers = {"job-1", "another-launchers-job"}  # a straggler shows up later
+    world.supervisor.tick()
+    assert world.engine.calls.count(("kill_leftovers", "job-1")) == 2
+    assert ("kill_leftovers", "another-launchers-job") not in world.engine.calls
+    world.supervisor.forget("job-1")  # a delete
+    assert world.engine.calls.count(("kill_leftovers", "job-1")) == 3

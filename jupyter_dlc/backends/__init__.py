@@ -5,6 +5,9 @@
                               manifests), without starting anything: what `export` writes
     submit(ctx) -> handle     start one attempt; the JSON-able handle (pids, a Slurm job id)
                               is stored, so a restarted launcher re-adopts the attempt
+    adopt(ctx) -> handle      find an attempt whose handle was never stored (a launcher killed
+                              between submit and store) by what the engine can search (labels);
+                              None where the engine cannot, or nothing is there
     describe(ctx, handle)     phase PENDING | RUNNING | ENDED, the engine's own reason (Slurm's
                               pending reason, "CANCELLED"), per-node and per-rank exits, and
                               whether anything of the attempt is still alive
@@ -12,10 +15,16 @@
     stop(ctx, handle, grace)  the polite stop (SIGTERM to every rank); the supervisor calls
     kill(ctx, handle)         once the grace is over, or at once for a failed attempt
     cleanup(ctx, handle)      release whatever the attempt still holds once the job has ended
+    checkpoint_dir(spec, ...) where the launcher finds the checkpoints the ranks commit
     capabilities(spec)        what the supervisor may count on: standby agents, a filesystem
                               shared with the ranks, signals to one rank
     refresh()                 once per supervisor tick, before any describe: engines that
                               poll something shared (a /proc scan) take one snapshot here
+    leftover_jobs()           ids of jobs the engine still holds something of (processes,
+                              cgroups), as of the last refresh: the supervisor sweeps ended ones
+    kill_leftovers(job_id)    an ended or deleted job keeps nothing: every attempt's processes,
+                              standby agents included, and what the engine keeps for them
+    release_all(is_ours)      at the launcher's exit: let go what belongs to no running job
     check(profile)            a live check of a cluster profile (reachable, idle nodes, GPUs)
     node_host(ctx, handle, n) the host node n runs on, so failure reasons can name it
 
@@ -42,6 +51,9 @@ class AttemptContext:
     script_path: str
     env: dict[str, str]
     port: int
+    # What the attempt's ranks reported about themselves over the report route (events of
+    # `layout.RECORD_EVENTS`, oldest first); the supervisor fills it before each describe.
+    reported: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +99,9 @@ class Capabilities:
     standby_agents: bool = False  # warm agents for the next attempt (local only today)
     shared_filesystem: bool = True  # the ranks see the launcher's job directory
     per_rank_signals: bool = False  # one rank can be signalled alone
+    # The engine runs preflight on its nodes (runtime.node_preflight: torch, the shared
+    # checkpoint directory), so the launcher's own host checks say nothing and are skipped.
+    node_preflight: bool = False
 
 
 class Backend:
@@ -99,11 +114,21 @@ class Backend:
         """A reason this engine cannot run `spec` at all, checked at submit time."""
         return None
 
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """Where the launcher finds the checkpoints the job's ranks commit (it picks the resume
+        step there): the spec's, else the job directory's."""
+        from .. import layout
+
+        return spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
+
     def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError
 
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         raise NotImplementedError
+
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        return None
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         raise NotImplementedError
@@ -119,6 +144,15 @@ class Backend:
 
     def refresh(self) -> None:
         """Called once per supervisor tick before any `describe`."""
+
+    def leftover_jobs(self) -> set[str]:
+        return set()
+
+    def kill_leftovers(self, job_id: str) -> None:
+        """Nothing by default: `kill` and `cleanup` reach everything an attempt holds."""
+
+    def release_all(self, is_ours) -> None:
+        """Nothing by default."""
 
     def start_standby(self, ctx: AttemptContext) -> None:
         raise NotImplementedError(f"{self.name}: no standby agents")
@@ -147,6 +181,53 @@ class Backend:
             return [], offset
         complete = data[:data.rfind(b"\n") + 1]
         return complete.decode(errors="replace").splitlines(), offset + len(complete)
+
+
+def reported_records(events: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """The records ranks reported, shaped as the files the bootstrap writes where the job
+    directory is shared: (rank -> rank-R.json's record, rank -> rank-R.error.json's)."""
+    from .. import layout
+
+    records: dict[int, dict] = {}
+    errors: dict[int, dict] = {}
+    for event in events:
+        rank = event.get("rank")
+        if not isinstance(rank, int):
+            continue
+        kind = event.get("type")
+        if kind in (layout.RANK_START, layout.RANK_END):
+            record = records.setdefault(rank, {"rank": rank})
+            record.update({k: event[k] for k in ("pid", "node", "local_rank", "start", "end",
+                                                 "exit_code") if event.get(k) is not None})
+        elif kind == layout.RANK_ERROR and rank not in errors:
+            errors[rank] = {"t": event.get("t"), "rank": rank, "node": event.get("node"),
+                            "type": event.get("error") or "Error",
+                            "message": event.get("message") or "",
+                            "traceback": event.get("traceback") or ""}
+    return records, errors
+
+
+def failed_preflight(events: list[dict[str, Any]]) -> str | None:
+    """The first node preflight that failed (reported by `runtime.node_preflight`), as the
+    reason the attempt ends with; None while every node that answered is fit."""
+    from .. import layout
+
+    for event in events:
+        if event.get("type") == layout.NODE_PREFLIGHT and event.get("ok") is False:
+            return f"preflight on {event.get('message') or 'node ' + str(event.get('node'))}"
+    return None
+
+
+def rank_records(ctx: AttemptContext) -> dict[int, dict]:
+    """Every rank's record: the attempt directory's file where the ranks wrote one (the
+    local engine's fast path, and readable while the launcher was down), over what the
+    rank reported through the report route (the only source without a shared filesystem)."""
+    from .. import layout
+    from .local import _read_json
+
+    reported, _ = reported_records(ctx.reported)
+    return {rank: {**reported.get(rank, {}), **(_read_json(layout.rank_json(ctx.attempt_dir, rank)) or {})}
+            for rank in range(ctx.spec.world_size)}
 
 
 _engines: dict[str, Backend] = {}
@@ -183,6 +264,22 @@ def refresh_backends() -> None:
     """One snapshot per engine in use, at the start of a supervisor tick."""
     for engine in list(_engines.values()):
         engine.refresh()
+
+
+def leftover_jobs() -> set[str]:
+    """Jobs that some engine in use still holds something of (see `Backend.leftover_jobs`)."""
+    return set().union(*(engine.leftover_jobs() for engine in list(_engines.values())))
+
+
+def kill_leftovers(job_id: str) -> None:
+    """Whatever of the job any engine in use still holds goes (an ended or deleted job)."""
+    for engine in list(_engines.values()):
+        engine.kill_leftovers(job_id)
+
+
+def release_all(is_ours) -> None:
+    for engine in list(_engines.values()):
+        engine.release_all(is_ours)
 
 
 def bind_cluster(spec: JobSpec) -> JobSpec:

@@ -84,8 +84,13 @@ class Api:
                 return False
             raise
 
-    def pod_log(self, namespace: str, pod: str) -> str:
-        return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log", text=True)
+    def pod_log(self, namespace: str, pod: str, since_time: str | None = None,
+                timestamps: bool = False) -> str:
+        query = {"timestamps": "true"} if timestamps else {}
+        if since_time:
+            query["sinceTime"] = since_time
+        return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query=query,
+                            text=True)
 
     def groups(self) -> set[str]:
         return {g["name"] for g in self.request("GET", "/apis").get("groups", [])}

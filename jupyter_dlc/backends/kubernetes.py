@@ -22,7 +22,9 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    reported_records,
 )
+from . import k8s_logs
 from .k8s_api import Api, ApiError
 
 API_VERSIONS = {"TrainJob": "trainer.kubeflow.org/v1alpha1", "PyTorchJob": "kubeflow.org/v1",
@@ -53,14 +55,19 @@ def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
     """The env contract as the pods get it: the launcher's DLC_* and EASYCKPT_* for this
     attempt, the launcher's URL as pods reach it; never the token (a Secret carries it)."""
     env = {k: v for k, v in ctx.env.items()
-           if k.startswith(("DLC_", "EASYCKPT_")) and k != "DLC_TOKEN"}
+           if k.startswith(("DLC_", "EASYCKPT_")) and k not in ("DLC_TOKEN", "DLC_ATTEMPT_DIR")}
+    # A pod cannot write the launcher's attempt directory: its output is the pod log, and
+    # its records (pid, exit code, first error) go over the report route.
+    env[layout.RECORDS_ENV] = "report"
     if profile.get("launcher_url"):
         env["DLC_LAUNCHER_URL"] = profile.get("launcher_url")
-    resume = env.get("EASYCKPT_RESUME_PATH")
-    if resume and ctx.spec.checkpoint_dir and resume.startswith(ctx.spec.checkpoint_dir):
-        # The same step, in the job's checkpoint directory on the PVC as the pods see it.
-        env["EASYCKPT_RESUME_PATH"] = (k8s_manifests.checkpoint_dir(ctx.job_id)
-                                       + resume[len(ctx.spec.checkpoint_dir):])
+    # The checkpoint directory as the launcher sees it (where it picked the resume step).
+    launcher_view = ctx.env.get("DLC_CHECKPOINT_DIR") or ctx.spec.checkpoint_dir or ""
+    for key in ("DLC_RESUME_PATH", "EASYCKPT_RESUME_PATH"):
+        resume = env.get(key)
+        if resume and launcher_view and resume.startswith(launcher_view.rstrip("/") + "/"):
+            # The same step, in the job's checkpoint directory on the PVC as the pods see it.
+            env[key] = k8s_manifests.checkpoint_dir(ctx.job_id) + resume[len(launcher_view.rstrip("/")):]
     return env
 
 
@@ -110,7 +117,6 @@ class KubernetesBackend(Backend):
     def __init__(self):
         self._apis: dict[str, Api] = {}
         self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
-        self._log_offsets: dict[tuple[str, str], int] = {}  # (attempt dir, pod) -> bytes copied
         self._stopping: set[str] = set()
 
     def api(self, spec: JobSpec) -> Api:
@@ -130,6 +136,14 @@ class KubernetesBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
+
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """A launcher that mounts the PVC (`launcher_pvc_dir`; the in-cluster one does) reads
+        the pods' checkpoints where they commit them; one that does not keeps its own."""
+        mount = profile_of(spec, lenient=True).get("launcher_pvc_dir")
+        if not mount:
+            return super().checkpoint_dir(spec, job_id, job_dir)
+        return mount.rstrip("/") + k8s_manifests.checkpoint_dir(job_id)[len(k8s_manifests.PVC_DIR):]
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         try:
@@ -190,6 +204,7 @@ class KubernetesBackend(Backend):
                       if c.get("status") == "True"}
         status = AttemptStatus(phase="RUNNING")
         nproc = ctx.spec.nproc_per_node
+        records, _ = reported_records(ctx.reported)
         reasons, pending = [], []
         for pod in sorted(pods, key=node_of):
             node = node_of(pod)
@@ -201,13 +216,16 @@ class KubernetesBackend(Backend):
             running = phase == "Running"
             status.alive = status.alive or phase in ("Pending", "Running")
             status.nodes.append(NodeStatus(node, running, code))
-            for local in range(nproc):
-                # The container's PID 1 is torchrun (exec'd by the shell): "started" for the view.
-                status.ranks[node * nproc + local] = RankStatus(
-                    node * nproc + local, pid=1 if phase != "Pending" else None, running=running,
-                    exit_code=code)
-            if phase != "Pending":
-                self._copy_logs(ctx, handle, pod, node)
+            for rank in range(node * nproc, (node + 1) * nproc):
+                # A rank's own exit code, from the record it reported; the pod's (torchrun's,
+                # the container's PID 1) only for a rank that could not report (killed).
+                own = records.get(rank, {})
+                rank_code = own.get("exit_code", code)
+                status.ranks[rank] = RankStatus(
+                    rank, pid=own.get("pid") or (1 if phase != "Pending" else None),
+                    running=running and own.get("exit_code") is None, exit_code=rank_code,
+                    start=own.get("start"), end=own.get("end"))
+        self._copy_logs(ctx, handle, [p for p in pods if pod_state(p)[0] != "Pending"])
         ended_by_cluster = [r for phase, r in reasons if phase != "Pending"]
         if ended_by_cluster:
             status.reason = ended_by_cluster[0]
@@ -226,32 +244,42 @@ class KubernetesBackend(Backend):
             status.phase = "ENDED"
         return status
 
-    def _copy_logs(self, ctx: AttemptContext, handle: dict, pod: dict, node: int) -> None:
-        """New lines of a pod's log into the attempt's rank logs, by torchrun's rank prefix,
-        so the launcher's views read them as they read every engine's."""
-        name = pod["metadata"]["name"]
-        key = (ctx.attempt_dir, name)
-        try:
-            text = self.api(ctx.spec).pod_log(handle["namespace"], name)
-        except ApiError:
-            return
-        data = text.encode()
-        start = self._log_offsets.get(key, 0)
-        complete = data[start:data.rfind(b"\n") + 1]
-        if not complete:
-            return
-        self._log_offsets[key] = start + len(complete)
+    def _copy_logs(self, ctx: AttemptContext, handle: dict, pods: list[dict]) -> None:
+        """New lines of the pods' logs into the attempt's rank logs, by torchrun's rank prefix,
+        so the launcher's views read them as they read every engine's. Only what is new is
+        asked of the API (k8s_logs: timestamps and sinceTime, a cursor per pod)."""
+        cursors = k8s_logs.load_cursors(ctx.attempt_dir)
+        before = dict(cursors)
+        api = self.api(ctx.spec)
+        for pod in pods:
+            name, node = pod["metadata"]["name"], node_of(pod)
+
+            def fetch(since: str | None, name: str = name) -> str:
+                return api.pod_log(handle["namespace"], name, since_time=since, timestamps=True)
+
+            try:
+                lines, cursor = k8s_logs.new_lines(fetch, cursors.get(name))
+            except ApiError:
+                continue
+            if cursor is not None:
+                cursors[name] = cursor
+            if lines:
+                self._append_rank_logs(ctx, node, lines)
+        if cursors != before:
+            k8s_logs.save_cursors(ctx.attempt_dir, cursors)
+
+    def _append_rank_logs(self, ctx: AttemptContext, node: int, lines: list[str]) -> None:
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         by_rank: dict[int | None, list[str]] = {}
-        for line in complete.decode(errors="replace").splitlines():
+        for line in lines:
             match = _RANK_PREFIX.match(line)
             rank = node * ctx.spec.nproc_per_node + int(match.group(1)) if match else None
             by_rank.setdefault(rank, []).append(line[match.end():] if match else line)
-        for rank, lines in by_rank.items():
+        for rank, taken in by_rank.items():
             path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
                     else layout.node_log(ctx.attempt_dir, node))
             with open(path, "a") as f:
-                f.write("".join(line + "\n" for line in lines))
+                f.write("".join(line + "\n" for line in taken))
 
     def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
              offset: int = 0) -> tuple[list[str], int]:
@@ -303,9 +331,14 @@ class KubernetesBackend(Backend):
                 pass  # absent for this kind, or no right to it: nothing of ours is left there
         self._stopping.discard(name)
 
-    def adopt(self, spec: JobSpec, job_id: str) -> list[dict[str, Any]]:
-        """Workloads of `job_id` that the cluster still has, found by their labels: what a
-        restarted launcher that lost its handles would re-adopt."""
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        """The attempt's workload, found by its labels (a launcher killed before it stored
+        the handle that submit returned)."""
+        return next((h for h in self.workloads(ctx.spec, ctx.job_id) if h["attempt"] == ctx.attempt),
+                    None)
+
+    def workloads(self, spec: JobSpec, job_id: str) -> list[dict[str, Any]]:
+        """Workloads of `job_id` that the cluster still has, by attempt, found by their labels."""
         profile = profile_of(spec)
         namespace = profile.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
         found = []

@@ -292,7 +292,10 @@ class LocalBackend(Backend):
                 "shell": [" ".join(shlex.quote(arg) for arg in argv) for argv in commands]}
 
     def start_standby(self, ctx: AttemptContext) -> None:
-        """Warm agents for attempt `ctx.attempt`, started while the attempt before it runs."""
+        """Warm agents for attempt `ctx.attempt`, started while the attempt before it runs
+        (once: not while processes of that attempt exist)."""
+        if (self.snapshot or {}).get((ctx.job_id, ctx.attempt)):
+            return
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         python = ctx.spec.python or sys.executable
         for node in range(ctx.spec.nodes):
@@ -409,6 +412,25 @@ class LocalBackend(Backend):
 
     def refresh(self) -> None:
         self.snapshot = job_processes()
+
+    def leftover_jobs(self) -> set[str]:
+        processes = self.snapshot if self.snapshot is not None else job_processes()
+        return {job for job, _ in processes} | cgroup_jobs()
+
+    def kill_leftovers(self, job_id: str) -> None:
+        # The tick's snapshot at once (a job seen ended must not show a process a moment
+        # later), then a fresh scan: what started since, or a call from the HTTP thread.
+        if self.snapshot is not None:
+            kill_job(job_id, self.snapshot)
+        kill_job(job_id, job_processes())
+        release_cgroups(job_id)
+
+    def release_all(self, is_ours) -> None:
+        """Remove the empty cgroups of our jobs (a running job's stays, with its processes,
+        for the next launcher to adopt)."""
+        for job_id in cgroup_jobs():
+            if is_ours(job_id):
+                release_cgroups(job_id)
 
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         return self.start(ctx)

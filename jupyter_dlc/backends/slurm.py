@@ -3,9 +3,10 @@
 Facts and where they come from:
 - phase and the engine's reason: `squeue --json` (PENDING with Slurm's reason: Resources,
   Priority, QOS...; CANCELLED by a `scancel` from outside);
-- per-node exits: the `node-K.exit` file each node's task writes, per-rank exits and pids:
-  the ranks' records, both in the attempt directory, which the nodes must share with the
-  launcher (the profile says `shared_filesystem: true`; nothing else is supported yet);
+- per-node exits: the `node-K.exit` file each node's task writes in the attempt directory,
+  which the nodes share with the launcher for it and for the logs (the profile says
+  `shared_filesystem: true`); per-rank pids, exits and first errors: the records the ranks
+  send over the report route (`DLC_RANK_RECORDS=report`: they write no record files);
 - Slurm forgets an ended job after MinJobAge, so the end state the launcher saw is kept in
   the attempt directory (`slurm-state.json`), and a job Slurm no longer knows has ended.
 
@@ -16,8 +17,10 @@ job: it only ever asks Slurm about that id. The batch script is standalone (`dry
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -33,8 +36,10 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    failed_preflight,
+    rank_records,
 )
-from .local import _read_int, _read_json, agent_summary_codes, torchrun_argv
+from .local import _read_int, agent_summary_codes, torchrun_argv
 
 # How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
 # a rank's failure forces a fresh answer, so the engine's reason is never stale then.
@@ -122,7 +127,7 @@ def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
 
 def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str], python: str,
                   script: str, log_dir: str, port: str, preamble: str = "",
-                  bootstrap: bool = True) -> str:
+                  bootstrap: bool = True, preflight: bool = False) -> str:
     """A batch script that runs the job's torchrun agents, one per node.
 
     `exports` values, `python`, `script`, `log_dir` and `port` are shell words (quoted by the
@@ -152,6 +157,14 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
         f'echo "$rc" > {node_exit}',
         'exit "$rc"',
     ])
+    checks = ""
+    if preflight:
+        # Preflight where the ranks run: one task per node, before any agent; a node that
+        # fails reports why (node_preflight event) and no agent starts anywhere.
+        node_check = "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
+                                f"exec {python} -m jupyter_dlc.runtime.node_preflight"])
+        checks = (f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 "
+                  f"--kill-on-bad-exit=0 \\\n    /bin/bash -c {shlex.quote(node_check)} || exit 3\n")
     export_lines = "\n".join(f"export {key}={value}" for key, value in exports.items())
     header = "\n".join(f"#SBATCH {line}" for line in directives)
     return f"""#!/bin/bash
@@ -168,7 +181,7 @@ export MASTER_PORT={port}
 mkdir -p {log_dir}
 # The batch step's task counts must not leak into srun's own request.
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
+{checks}srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
     /bin/bash -c {shlex.quote(task)}
 """
 
@@ -183,6 +196,10 @@ def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
     mine.update(net)  # GLOO_SOCKET_IFNAME too, where an interface is named
     mine.update(ctx.spec.env)  # the user's --env wins, as with the local engine
     mine["PYTHONUNBUFFERED"] = "1"
+    # Rank records (pid, exit, first error) come over the report route, not the job directory.
+    mine[layout.RECORDS_ENV] = "report"
+    # What node 0's preflight writes into the checkpoint directory and every node reads back.
+    mine["DLC_PREFLIGHT_NONCE"] = secrets.token_hex(8)
     return mine
 
 
@@ -197,7 +214,8 @@ class SlurmBackend(Backend):
     # -- what it can do, and whether it can run this at all -------------------------------
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
-        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False,
+                            node_preflight=True)
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
@@ -262,7 +280,7 @@ class SlurmBackend(Backend):
             os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
         exports = {k: shlex.quote(v) for k, v in job_script_env(ctx, profile).items()}
         script = render_sbatch(ctx.spec, directives, exports, shlex.quote(python), shlex.quote(ctx.script_path),
-                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500))
+                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500), preflight=True)
         return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
                 "script": script}
 
@@ -312,8 +330,7 @@ class SlurmBackend(Backend):
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
         exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
-        records = {r: _read_json(layout.rank_json(ctx.attempt_dir, r)) or {}
-                   for r in range(ctx.spec.world_size)}
+        records = rank_records(ctx)  # reported over the route: the ranks write no files
         failing = any(c not in (None, 0) for c in exits.values()) or \
             any(r.get("exit_code") not in (None, 0) for r in records.values())
         slurm = (self._slurm_state(ctx, job_id, fresh=failing) if job_id else None) or {"job_state": "GONE"}
@@ -327,7 +344,10 @@ class SlurmBackend(Backend):
             records = {r: dict(rec, exit_code=None) for r, rec in records.items()}
         status.phase = ACTIVE.get(state, "ENDED")
         status.alive = status.phase != "ENDED"
-        if status.phase == "PENDING":
+        unfit = failed_preflight(ctx.reported)
+        if unfit:
+            status.reason = unfit  # the launcher's word on a node, no retry: fix and resume
+        elif status.phase == "PENDING":
             status.reason = slurm.get("reason") if slurm.get("reason") not in (None, "None") else state
         elif state in ENGINE_ENDS:
             status.reason = f"Slurm job {job_id} {ENGINE_ENDS[state]}"
@@ -381,6 +401,13 @@ class SlurmBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
+        # Preflight markers that node 0 did not live to remove (the attempt ended mid-check).
+        marker = layout.preflight_marker(ctx.env["DLC_CHECKPOINT_DIR"], ctx.job_id, "*")
+        for path in glob.glob(marker) + glob.glob(marker + ".ok-*"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 def _pooled() -> Backend:

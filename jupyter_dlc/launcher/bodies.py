@@ -62,7 +62,14 @@ RANK_REPORT: dict[str, Any] = {
                 "world_size": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 20}),
                 "seconds": nullable({"type": "number", "minimum": 0}),
                 "message": nullable({"type": "string", "maxLength": MAX_TEXT}),
-                "error": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
+                "error": nullable({"type": "string", "maxLength": MAX_TEXT}),
+                # A rank's own records (`rank_start`, `rank_end`, `rank_error`; layout.py).
+                "pid": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 32}),
+                "node": nullable({"type": "integer", "minimum": 0, "maximum": 1 << 20}),
+                "local_rank": nullable({"type": "integer", "minimum": 0, "maximum": 1 << 20}),
+                "start": nullable(TIME), "end": nullable(TIME),
+                "exit_code": nullable({"type": "integer", "minimum": -255, "maximum": 255}),
+                "traceback": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
     },
     # A newer runtime may send more identity fields; flat scalars are accepted and ignored.
     "additionalProperties": SCALAR,

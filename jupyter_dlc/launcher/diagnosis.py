@@ -7,7 +7,8 @@ from its torchrun agent cleaning up), and torchrun's own "Root Cause (first obse
 failure)" often names such an echo. So ranks whose failure is only an echo rank after every
 rank with a failure of its own, whatever the clock says.
 
-Inputs, all in the attempt directory: `rank-R.log`, `rank-R.json`, `rank-R.error.json`,
+Inputs, in the attempt directory: `rank-R.log`, `rank-R.json`, `rank-R.error.json` (or the
+same records as the ranks reported them over the report route, `reported`),
 `node-K.log` (the agent's output: its failure summary and which pids it sent closing
 signals to), plus the exit codes the launcher knows and optional per-node evidence:
 `nodes_info = {node: {"kernel_log": str | [str], "oom_kill": int}}` (dmesg lines, the cgroup's
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import reported_records
 from ..shims import torch_private
 from .source_origin import SourceOrigin, source_origin
 
@@ -157,7 +159,8 @@ def _summary_entry(block: dict) -> dict:
             "time": when, "traceback": block.get("traceback", "")}
 
 
-def _load(attempt_dir: str, rank_exits: dict) -> tuple[dict[int, _Rank], dict[int, dict]]:
+def _load(attempt_dir: str, rank_exits: dict,
+          reported: list[dict] | None = None) -> tuple[dict[int, _Rank], dict[int, dict]]:
     ranks: dict[int, _Rank] = {}
 
     def get(rank: int) -> _Rank:
@@ -165,6 +168,13 @@ def _load(attempt_dir: str, rank_exits: dict) -> tuple[dict[int, _Rank], dict[in
 
     for rank, code in (rank_exits or {}).items():
         get(int(rank)).exit_code = code
+    # What ranks reported over the route; a file in the attempt directory, where there is one,
+    # replaces it below (the same record, written before it was sent).
+    records, errors = reported_records(reported or [])
+    for rank, record in records.items():
+        get(rank).record = record
+    for rank, error in errors.items():
+        get(rank).error = error
     for path in glob.glob(os.path.join(attempt_dir, "rank-*.*")):
         match = re.match(r"rank-(\d+)\.(log|json|error\.json)$", os.path.basename(path))
         if not match:
@@ -273,7 +283,8 @@ def _failed(r: _Rank) -> bool:
     return bool(r.error) or r.exit_code not in (0, None)
 
 
-def diagnose(attempt_dir: str, rank_exits: dict, nodes_info: dict | None = None) -> dict | None:
+def diagnose(attempt_dir: str, rank_exits: dict, nodes_info: dict | None = None,
+             reported: list[dict] | None = None) -> dict | None:
     """The first error of a failed attempt, or None when no rank failed.
 
     {"class", "rank", "node", "time", "line", "context", "suggestion", "exit_code",
@@ -281,7 +292,7 @@ def diagnose(attempt_dir: str, rank_exits: dict, nodes_info: dict | None = None)
     error line (shown once); `where` is the user's own file and line (or notebook cell and
     line), not our copy of the script, when the traceback reaches it.
     """
-    ranks, agents = _load(attempt_dir, {int(k): v for k, v in (rank_exits or {}).items()})
+    ranks, agents = _load(attempt_dir, {int(k): v for k, v in (rank_exits or {}).items()}, reported)
     findings = {}
     for r in ranks.values():
         if _failed(r):

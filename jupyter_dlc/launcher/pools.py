@@ -306,9 +306,12 @@ class Pools:
             time.sleep(0.02)
 
     # -- each supervisor tick ---------------------------------------------------------------
-    def tick(self, processes: dict, now: float) -> None:
+    def tick(self, now: float) -> None:
         with self.lock:
-            for record in self.records():
+            records = self.records()
+            # One look at the machine's processes serves every pool with a job this tick.
+            processes = job_processes() if any(r.get("job") for r in records) else {}
+            for record in records:
                 directory = self._dir(record["id"])
                 pool.touch_lease(directory)
                 busy = self._busy(record, processes)

@@ -103,7 +103,19 @@ def port_free(port: int) -> bool:
 
 
 def run_preflight(spec: JobSpec, script_path: str, checkpoint_dir: str, port: int,
-                  last_checkpoint_size: int = 0) -> list[Check]:
+                  last_checkpoint_size: int = 0, host_checks: bool = True) -> list[Check]:
+    """The launcher's checks. `host_checks=False` for an engine whose nodes run their own
+    (`Capabilities.node_preflight`: torch, GPUs, the shared checkpoint directory, checked
+    by `runtime.node_preflight` where the ranks run): this host's torch, GPUs and ports
+    say nothing about them, and only what the launcher itself needs is checked here."""
+    checks: list[Check] = []
+    if host_checks:
+        checks += _host_checks(spec, port)
+    return checks + _launcher_checks(spec, script_path, checkpoint_dir, last_checkpoint_size)
+
+
+def _host_checks(spec: JobSpec, port: int) -> list[Check]:
+    """What only the host that runs the ranks can tell (this one, for the local engine)."""
     checks: list[Check] = []
     python = spec.python or sys.executable
     torch_dir = _torch_location(python)
@@ -129,6 +141,14 @@ def run_preflight(spec: JobSpec, script_path: str, checkpoint_dir: str, port: in
     checks.append(Check("rendezvous-port", port_free(port),
                         f"127.0.0.1:{port} is free" if port_free(port) else
                         f"127.0.0.1:{port} is taken; resubmit (a new port is chosen)"))
+    return checks
+
+
+def _launcher_checks(spec: JobSpec, script_path: str, checkpoint_dir: str,
+                     last_checkpoint_size: int) -> list[Check]:
+    """What the launcher itself needs: the checkpoint directory (it picks the resume step
+    there) with room for the next checkpoints, and the job's files."""
+    checks: list[Check] = []
     try:
         os.makedirs(checkpoint_dir, exist_ok=True)
         writable = os.access(checkpoint_dir, os.W_OK)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .. import layout
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from .storage import DiskGuard, is_disk_full
 
@@ -341,6 +342,14 @@ class Store:
             out.append(event)
         return out
 
+    def record_events(self, job_id: str, attempt: int) -> list[dict]:
+        """The rank records (start, end, first error) the attempt's ranks reported, in order."""
+        rows = self.db.execute(
+            "SELECT data FROM events WHERE job_id = ? AND attempt = ? AND type IN"
+            f" ({', '.join('?' * len(layout.RECORD_EVENTS))}) ORDER BY seq",
+            (job_id, attempt, *layout.RECORD_EVENTS)).fetchall()
+        return [json.loads(row["data"]) for row in rows if row["data"]]
+
     # -- reports from ranks -------------------------------------------------------------
     def record_report(self, job_id: str, attempt: int, report: dict) -> dict:
         """Store one rank report; returns what changed, for the supervisor and the stream."""
@@ -370,7 +379,13 @@ class Store:
                 last_step, loss = (None, None) if full else _metric_rows(
                     rows, job_id, attempt, rank, report, now)
                 pid = report.get("pid")
-                beats.append((now, int(pid) if pid else None, job_id, attempt, rank))
+                # A report of only a rank's own records (sent by its bootstrap, or a node's
+                # preflight) is not a heartbeat: a script without the runtime would then be
+                # judged as silent.
+                own = report.get("events") or []
+                if not own or report.get("metrics") or report.get("system") or \
+                        any(event.get("type") not in layout.RECORD_EVENTS for event in own):
+                    beats.append((now, int(pid) if pid else None, job_id, attempt, rank))
                 if last_step is not None:
                     changed["steps"] = True
                     steps.append((last_step, now, job_id, attempt, rank, last_step))

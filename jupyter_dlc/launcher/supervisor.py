@@ -9,9 +9,11 @@ Every move is compare-and-set on the state it was decided from (Store.transition
 HTTP thread's stop and this thread's start or verdict never overwrite each other. QUEUED
 jobs start in submission order as their ranks fit in the process slots (admission).
 
-All state lives in the store and in the job directory, and processes are found by their
-environment, so a launcher started after a crash (or kill -9) picks up where the last one
-left off: the loop has no memory of its own beyond timers it can recompute.
+All state lives in the store and in the job directory, and what of a job still runs is the
+engines' to find (the local engine by cgroup and environment, in backends/local.py; this
+module reads no /proc and sends no signal), so a launcher started after a crash (or kill -9)
+picks up where the last one left off: the loop has no memory of its own beyond timers it
+can recompute.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import traceback
 from typing import Any
 
 from .. import layout, paths
-from ..backends import AttemptContext, get_backend, refresh_backends
-from ..backends.local import (
-    cgroup_jobs,
-    job_processes,
-    kill_job,
-    process_slots,
-    release_cgroups,
+from ..backends import (
+    AttemptContext,
+    get_backend,
+    kill_leftovers,
+    leftover_jobs,
+    refresh_backends,
+    release_all,
 )
+from ..backends.local import process_slots
 from ..spec import JobSpec, network_env
 from .pools import Pools
 from .preflight import run_preflight
@@ -103,7 +106,6 @@ class Supervisor(threading.Thread):
         if self.store.guard is not None:
             self.store.guard.check()
         refresh_backends()
-        processes = job_processes()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)
         admitted = self.admit(rows)
@@ -111,16 +113,16 @@ class Supervisor(threading.Thread):
             if row["state"] == "QUEUED" and row["id"] not in admitted:
                 continue
             try:
-                self.advance(row, processes, now)
+                self.advance(row, now)
                 for hook in self.hooks:
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
-                    self.kill_leftovers(row["id"], processes)
+                    self.kill_leftovers(row["id"])
                     self.release(row["id"])
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
-        self.sweep_ended(processes)
-        self.pools.tick(processes, now)
+        self.sweep_ended()
+        self.pools.tick(now)
 
     def admit(self, rows) -> set[str]:
         """The QUEUED jobs that may start now: in submission order, while their ranks fit in
@@ -149,13 +151,13 @@ class Supervisor(threading.Thread):
                 self.store.update_job(row["id"], reason=reason)
         return admitted
 
-    def sweep_ended(self, processes) -> None:
+    def sweep_ended(self) -> None:
         """No process outlives its job: kill what still runs for a job recorded as ended
         (a stop that ended it from another thread, a straggler that escaped one tick)."""
-        for job_id in {job for job, _ in processes} | cgroup_jobs():
+        for job_id in leftover_jobs():
             state = self.store.state(job_id)  # None: another launcher's job, not ours to touch
             if state in TERMINAL_STATES:
-                self.kill_leftovers(job_id, processes)
+                self.kill_leftovers(job_id)
         # Nor any node-held checkpoint copy (a rank may have written one as it was killed);
         # ours are named by our job directories, and one of a deleted job goes too.
         for job_id, path in layout.node_copy_jobs().items():
@@ -163,34 +165,47 @@ class Supervisor(threading.Thread):
                     self.store.state(job_id) in (*TERMINAL_STATES, None):
                 layout.discard_node_copy(path)
 
-    def kill_leftovers(self, job_id: str, processes) -> None:
-        """An ended job keeps no process (stragglers of any attempt, standby agents, their
-        forked ranks) and no node-held checkpoint copy."""
-        kill_job(job_id, processes)
-        release_cgroups(job_id)
+    def kill_leftovers(self, job_id: str) -> None:
+        """An ended job keeps nothing: no process on any engine (stragglers of any attempt,
+        standby agents, their forked ranks) and no node-held checkpoint copy."""
+        kill_leftovers(job_id)
         layout.discard_node_copy(layout.node_copy_dir(self.job_dir(job_id)))
 
     def job_dir(self, job_id: str) -> str:
         return job_dir_path(self.data_dir, job_id)
 
     def release_cgroups(self) -> None:
-        """At exit: remove the empty cgroups of our jobs (a running job's stays, with its
-        processes, for the next launcher to adopt)."""
-        for job_id in cgroup_jobs():
-            if self.store.state(job_id) is not None:
-                release_cgroups(job_id)
+        """At exit: engines let go of what no running job of ours holds (the local engine's
+        empty cgroups; a running job's stay for the next launcher to adopt)."""
+        release_all(lambda job_id: self.store.state(job_id) is not None)
 
     def forget(self, job_id: str) -> None:
         """A deleted job: whatever of it might still run goes with it."""
-        self.kill_leftovers(job_id, job_processes())
+        self.kill_leftovers(job_id)
 
     def release(self, job_id: str) -> None:
         """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
         row = self.store.job_row(job_id)
         arow = self.store.attempt_row(job_id, row["attempt"])
-        if arow and arow["handle"]:
+        if arow:
             ctx = self.context(row)
-            get_backend(ctx.spec.backend).cleanup(ctx, json.loads(arow["handle"]))
+            handle = self.handle_of(ctx, arow)
+            if handle:
+                get_backend(ctx.spec.backend).cleanup(ctx, handle)
+
+    def handle_of(self, ctx: AttemptContext, arow) -> dict:
+        """The attempt's engine handle as stored; where none is (a launcher killed between
+        submit and storing it, a store restored from a copy) the engine re-adopts the attempt
+        by what it can search itself (Kubernetes labels), and the handle is stored again."""
+        handle = json.loads(arow["handle"] or "{}") if arow else {}
+        if not handle and arow and arow["started"]:
+            found = get_backend(ctx.spec.backend).adopt(ctx)
+            if found:
+                self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(found))
+                self.store.add_event(ctx.job_id, ctx.attempt, "adopted",
+                                     f"re-adopted {found.get('engine_id')} by its labels", found)
+                handle = found
+        return handle
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
@@ -200,7 +215,7 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(row["id"], attempt)
         job_dir = row["job_dir"]
         attempt_dir = layout.attempt_dir(job_dir, attempt)
-        checkpoint_dir = spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
+        checkpoint_dir = get_backend(spec.backend).checkpoint_dir(spec, row["id"], job_dir)
         resume = arow["resume_path"] if arow else None
         env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))
@@ -223,18 +238,19 @@ class Supervisor(threading.Thread):
             env["DLC_LAUNCHER_CA"] = self.ca_file
         return AttemptContext(row["id"], attempt, spec, job_dir, attempt_dir,
                               os.path.join(job_dir, "script.py"), env,
-                              (arow["port"] if arow and arow["port"] else 0))
+                              (arow["port"] if arow and arow["port"] else 0),
+                              self.store.record_events(row["id"], attempt))
 
-    def advance(self, row, processes, now: float) -> None:
+    def advance(self, row, now: float) -> None:
         state = row["state"]
         if state == "QUEUED":
             self.start_attempt(row)
         elif state in ("STARTING", "PENDING", "RUNNING"):
-            self.watch(row, processes, now)
+            self.watch(row, now)
         elif state == "STOPPING":
-            self.finish_stop(row, processes, now)
+            self.finish_stop(row, now)
         elif state == "RESTARTING":
-            self.maybe_restart(row, processes, now)
+            self.maybe_restart(row, now)
         elif state == "PREFLIGHT":
             # A launcher died mid-preflight: nothing was started, so simply preflight again.
             self.start_attempt(row)
@@ -262,8 +278,9 @@ class Supervisor(threading.Thread):
         ckpt_dir = ctx.env["DLC_CHECKPOINT_DIR"]
         committed = layout.committed_steps(ckpt_dir) if os.path.isdir(ckpt_dir) else []
         last_size = committed[-1]["size"] if committed else 0
-        failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size)
-                  if not c.ok]
+        on_nodes = get_backend(ctx.spec.backend).capabilities(ctx.spec).node_preflight
+        failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size,
+                                           host_checks=not on_nodes) if not c.ok]
         if failed:
             self.store.transition(job_id, "FAILED", str(failed[0]),
                                   {"preflight": [c.__dict__ for c in failed]}, expect="PREFLIGHT")
@@ -302,11 +319,11 @@ class Supervisor(threading.Thread):
         return committed[-1]["path"]
 
     # -- running ------------------------------------------------------------------------
-    def watch(self, row, processes, now: float) -> None:
+    def watch(self, row, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         status = backend.describe(ctx, handle)
         alive = status.alive
@@ -319,7 +336,7 @@ class Supervisor(threading.Thread):
         if status.reason:
             # The engine ended the attempt (a scancel from outside, a time limit): its word
             # is the reason, whatever the ranks said as they were taken down.
-            self.end_attempt(row, ctx, handle, "cancelled", status.reason, processes)
+            self.end_attempt(row, ctx, handle, "cancelled", status.reason)
             return
         started = all(rs.pid for rs in status.ranks.values())
         if row["state"] in ("STARTING", "PENDING") and started:
@@ -338,7 +355,7 @@ class Supervisor(threading.Thread):
                    f"exited with code {status.ranks[first].exit_code}" if first is not None
                    else f"node {node_failed[0].node}{_on_host(backend, ctx, handle, node_failed[0].node)} "
                         f"agent exited with code {node_failed[0].exit_code}")
-            self.end_attempt(row, ctx, handle, "failed", why, processes)
+            self.end_attempt(row, ctx, handle, "failed", why)
             return
         if codes and all(c == 0 for c in codes):
             last_end = max((rs.end or 0) for rs in status.ranks.values())
@@ -347,24 +364,24 @@ class Supervisor(threading.Thread):
             preempted = self.preempted(job_id, ctx.attempt)
             self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
                              "preempted: checkpoint committed, attempt ended cleanly" if preempted
-                             else "every rank exited 0", processes)
+                             else "every rank exited 0")
             return
         if not alive and not status.running:
             lost = [r for r, rs in status.ranks.items() if rs.exit_code is None]
             self.end_attempt(row, ctx, handle, "failed",
-                             f"processes of rank(s) {lost} vanished without an exit record", processes)
+                             f"processes of rank(s) {lost} vanished without an exit record")
             return
-        self.check_liveness(row, ctx, handle, ranks, processes, now)
-        self.maybe_start_standby(row, ctx, ranks, processes)
+        self.check_liveness(row, ctx, handle, ranks, now)
+        self.maybe_start_standby(row, ctx, ranks)
 
-    def maybe_start_standby(self, row, ctx, ranks, processes) -> None:
+    def maybe_start_standby(self, row, ctx, ranks) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
         backend = get_backend(ctx.spec.backend)
         if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
                 not backend.capabilities(ctx.spec).standby_agents:
             return
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
-        if restarts >= ctx.spec.max_restarts or processes.get((row["id"], ctx.attempt + 1)):
+        if restarts >= ctx.spec.max_restarts:
             return
         if not any(r["last_progress"] for r in ranks.values()):
             return  # let the attempt's own start-up have the CPU first
@@ -400,11 +417,11 @@ class Supervisor(threading.Thread):
                                          {"rank": rank, "exit_code": rs.exit_code})
         return {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
 
-    def check_liveness(self, row, ctx, handle, ranks, processes, now: float) -> None:
+    def check_liveness(self, row, ctx, handle, ranks, now: float) -> None:
         spec = ctx.spec
         if spec.max_runtime and row["started"] and now - row["started"] > spec.max_runtime:
             self.end_attempt(row, ctx, handle, "timeout",
-                             f"max runtime {spec.max_runtime:g}s exceeded", processes)
+                             f"max runtime {spec.max_runtime:g}s exceeded")
             return
         verdict = spec.heartbeat_interval * spec.heartbeat_misses
         for rank, r in ranks.items():
@@ -413,18 +430,18 @@ class Supervisor(threading.Thread):
                 at = _on_host(get_backend(spec.backend), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
-                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped", processes)
+                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped")
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
         if progress and now - min(progress) > spec.progress_timeout:
             stuck = min(ranks.values(), key=lambda r: r["last_progress"] or now)
             self.end_attempt(row, ctx, handle, "failed",
                              f"no step progress on rank {stuck['rank']} for "
-                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang", processes)
+                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang")
             return
 
     # -- ending an attempt --------------------------------------------------------------
-    def end_attempt(self, row, ctx, handle, outcome: str, reason: str, processes) -> None:
+    def end_attempt(self, row, ctx, handle, outcome: str, reason: str) -> None:
         job_id = row["id"]
         backend = get_backend(ctx.spec.backend)
         for hook in self.hooks:
@@ -483,7 +500,7 @@ class Supervisor(threading.Thread):
             return None
         exits = {r["rank"]: r["exit_code"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)}
         try:
-            result = diagnose(ctx.attempt_dir, exits)
+            result = diagnose(ctx.attempt_dir, exits, reported=ctx.reported)
         except Exception:  # noqa: BLE001 - a failed diagnosis must not keep a job running
             log.error("diagnosis of %s failed:\n%s", ctx.job_id, traceback.format_exc())
             return None
@@ -506,11 +523,11 @@ class Supervisor(threading.Thread):
         return all(before.get(k) == diagnosis.get(k) for k in keys) and \
             diagnosis.get("class") != "host_oom"
 
-    def maybe_restart(self, row, processes, now: float) -> None:
+    def maybe_restart(self, row, now: float) -> None:
         job_id = row["id"]
         arow = self.store.attempt_row(job_id, row["attempt"])
         ctx = self.context(row)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         if backend.describe(ctx, handle).alive:
             backend.kill(ctx, handle)
@@ -550,7 +567,7 @@ class Supervisor(threading.Thread):
                     if self.store.transition(job_id, "STOPPED", reason, expect=state,
                                              stop_requested=time.time()):
                         # Standby agents, and what a failed attempt may still have running.
-                        self.kill_leftovers(job_id, job_processes())
+                        self.kill_leftovers(job_id)
                         return True
                     continue
                 if state in ("PENDING", "STARTING"):
@@ -558,7 +575,7 @@ class Supervisor(threading.Thread):
                 now = time.time()
                 ctx = self.context(row)
                 arow = self.store.attempt_row(job_id, ctx.attempt)
-                engine, handle = get_backend(spec.backend), json.loads(arow["handle"] or "{}")
+                engine, handle = get_backend(spec.backend), self.handle_of(ctx, arow)
                 if grace:
                     engine.stop(ctx, handle, grace)
                 else:
@@ -580,11 +597,11 @@ class Supervisor(threading.Thread):
                                  stop_requested=time.time() + spec.stop_grace):
             self.pending.setdefault(job_id, set()).add("stop")
 
-    def finish_stop(self, row, processes, now: float) -> None:
+    def finish_stop(self, row, now: float) -> None:
         job_id = row["id"]
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
-        handle = json.loads(arow["handle"] or "{}")
+        handle = self.handle_of(ctx, arow)
         backend = get_backend(ctx.spec.backend)
         status = backend.describe(ctx, handle)
         self.sync_ranks(ctx, status, status.alive)

@@ -1,8 +1,9 @@
 """Wraps every rank: `torchrun ... -m jupyter_dlc.runtime.bootstrap SCRIPT [ARGS]`.
 
 It gives each rank its own log file (torchrun only knows local ranks), records the rank's
-pid and exit in files the launcher reads even after a launcher restart, writes a structured
-error record with the time of the first exception (for first-error diagnosis), and leaves
+pid and exit, and a structured error record with the time of the first exception (for
+first-error diagnosis), both as report events (`layout.RECORD_EVENTS`) and, where the
+engine shares the job directory, in files the launcher reads even across its restart; and leaves
 with `os._exit` once the process group is destroyed: multi-node gloo workers often crash in
 interpreter shutdown, which would turn a finished job into a failed or hung one.
 
@@ -20,10 +21,15 @@ import time
 import traceback
 from typing import NoReturn
 
+from .. import layout
 from ..shims.python_private import run_exit_handlers
 
 EXIT_HANDLERS_SECONDS = 600.0
 FAILED_EXIT_HANDLERS_SECONDS = 5.0
+# How long a leaving rank tries to hand its end record to the launcher: briefly where the
+# record is also on disk, longer where the report route is its only way.
+SEND_SECONDS = 2.0
+REPORT_ONLY_SEND_SECONDS = 15.0
 
 
 def _run_exit_handlers() -> None:
@@ -60,27 +66,84 @@ def _destroy_process_group() -> None:
         pass
 
 
+class _Records:
+    """This rank's records: its start (pid, node), its end (exit code) and its first error.
+
+    They go to the launcher over the report route, so that no engine needs a filesystem
+    shared with the launcher for them; where the ranks do share the job directory (the local
+    engine's fast path) they are also written there, as files the launcher reads even after
+    it was down. An engine that sets DLC_RANK_RECORDS=report gets the route alone."""
+
+    def __init__(self, rank: int, attempt_dir: str | None):
+        self.report_only = os.environ.get(layout.RECORDS_ENV) == "report"
+        self.attempt_dir = attempt_dir if attempt_dir and not self.report_only else None
+        self.path = os.path.join(self.attempt_dir, f"rank-{rank}.json") if self.attempt_dir else None
+        self.record: dict = {
+            "rank": rank,
+            "node": int(os.environ.get("GROUP_RANK", os.environ.get("DLC_NODE_RANK", "0"))),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "pid": os.getpid(),
+            "start": time.time(),
+        }
+        self.pending: list[dict] = []
+        # With files on disk the route only copies them: a launcher that is down must not
+        # hold the rank's exit up for long. Without, it is the only record: wait longer.
+        self.send_seconds = REPORT_ONLY_SEND_SECONDS if self.report_only else SEND_SECONDS
+
+    def started(self) -> None:
+        if self.path:
+            _write_json(self.path, self.record)
+        if self.report_only:
+            # The launcher learns the rank is up (its pid) from this; off the script's path.
+            start = {"type": layout.RANK_START, **self._fields("pid", "node", "local_rank", "start")}
+            threading.Thread(target=_send, args=([start], self.send_seconds), daemon=True).start()
+
+    def failed(self, error: BaseException, text: str) -> None:
+        first = {"t": time.time(), "rank": self.record["rank"], "node": self.record["node"],
+                 "type": type(error).__name__, "message": str(error)[:2000], "traceback": text[-20000:]}
+        if self.attempt_dir:
+            _write_json(os.path.join(self.attempt_dir, f"rank-{self.record['rank']}.error.json"), first)
+        self.pending.append({"type": layout.RANK_ERROR, "t": first["t"], "node": first["node"],
+                             "error": first["type"][:200],
+                             "message": first["message"][:layout.RECORD_TEXT],
+                             "traceback": text[-layout.RECORD_TEXT:]})
+
+    def ended(self, exit_code: int) -> None:
+        self.record.update(end=time.time(), exit_code=exit_code)
+        end = {"type": layout.RANK_END, **self._fields("pid", "node", "local_rank", "start",
+                                                        "end", "exit_code")}
+        # Sent before the file is written: once the launcher learns of the exit (from the
+        # file, or the agent after this process is gone) it may kill what is left of the
+        # attempt, this process included, and the copy on the route would be cut short.
+        _send(self.pending + [end], self.send_seconds)
+        self.pending = []
+        if self.path:
+            _write_json(self.path, self.record)
+
+    def _fields(self, *names: str) -> dict:
+        return {name: self.record[name] for name in names}
+
+
+def _send(events: list[dict], seconds: float) -> None:
+    try:
+        from .report import send_events_now
+
+        send_events_now(events, seconds)
+    except Exception:  # noqa: BLE001 - a record that cannot be sent must not change the exit
+        pass
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m jupyter_dlc.runtime.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0"))
     attempt_dir = os.environ.get("DLC_ATTEMPT_DIR")
-    record: dict = {
-        "rank": rank,
-        "node": int(os.environ.get("GROUP_RANK", os.environ.get("DLC_NODE_RANK", "0"))),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "pid": os.getpid(),
-        "start": time.time(),
-    }
-    record_path = None
     if attempt_dir:
         _redirect_output(os.path.join(attempt_dir, f"rank-{rank}.log"))
-        record_path = os.path.join(attempt_dir, f"rank-{rank}.json")
-        _write_json(record_path, record)
-
-    if record_path:
-        _record_os_exit(record, record_path)
+    records = _Records(rank, attempt_dir)
+    records.started()
+    _record_os_exit(records)
 
     script = argv[0]
     sys.argv = list(argv)
@@ -97,11 +160,7 @@ def main(argv: list[str]) -> int:
         exit_code = 1
         text = traceback.format_exc()
         sys.stderr.write(text)
-        if attempt_dir:
-            _write_json(os.path.join(attempt_dir, f"rank-{rank}.error.json"), {
-                "t": time.time(), "rank": rank, "node": record["node"],
-                "type": type(error).__name__, "message": str(error)[:2000], "traceback": text[-20000:],
-            })
+        records.failed(error, text)
     # atexit handlers (the runtime's last report and checkpoint commit, user hooks) would be
     # skipped by os._exit. After a failure they get a short while only: a commit waiting for
     # ranks that are gone must not keep this rank, and so the whole job, from ending.
@@ -110,9 +169,7 @@ def main(argv: list[str]) -> int:
     runner.join(EXIT_HANDLERS_SECONDS if exit_code == 0 else FAILED_EXIT_HANDLERS_SECONDS)
     if exit_code == 0:
         _destroy_process_group()
-    if record_path:
-        record.update(end=time.time(), exit_code=exit_code)
-        _write_json(record_path, record)
+    records.ended(exit_code)
     sys.stdout.flush()
     sys.stderr.flush()
     _REAL_OS_EXIT(exit_code)
@@ -121,16 +178,15 @@ def main(argv: list[str]) -> int:
 _REAL_OS_EXIT = os._exit
 
 
-def _record_os_exit(record: dict, record_path: str) -> None:
+def _record_os_exit(records: _Records) -> None:
     """A script that leaves with `os._exit(code)` (as multi-node gloo scripts must, see
     FIELD-NOTES) skips everything after it: record its exit code first. Otherwise the
     launcher sees a rank gone without a record and has to guess between a clean exit and a
     kill from its agent's verdict, which a loaded machine can delay past any grace."""
     def recorded_exit(status: int) -> NoReturn:
-        if os.getpid() == record["pid"]:  # not a forked child (a DataLoader worker) leaving
+        if os.getpid() == records.record["pid"]:  # not a forked child (a DataLoader worker)
             try:
-                record.update(end=time.time(), exit_code=int(status))
-                _write_json(record_path, record)
+                records.ended(int(status))
             except (OSError, TypeError, ValueError):
                 pass
         _REAL_OS_EXIT(status)

@@ -291,6 +291,47 @@ _reporter = _NOT_STARTED
 _reporter_lock = threading.Lock()
 
 
+def send_events_now(events, timeout):
+    """Deliver `events` (dicts with a "type") before this process leaves, within `timeout`
+    seconds: through this process's Reporter when one runs (after what it still holds), else
+    as a report of their own, retried while the launcher is unreachable. Used by the
+    bootstrap for the records the launcher must not read from a shared filesystem (a rank's
+    start, end and first error). Returns True when the launcher accepted them."""
+    stamped = [{"t": time.time(), **event} for event in events]
+    reporter = _reporter if _reporter is not _NOT_STARTED else None
+    if reporter is not None:
+        for event in stamped:
+            reporter._put("events", event, urgent=True)
+        return reporter.flush(timeout)
+    info = rank_info()
+    if not info.reporting:
+        return False
+    body = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
+            "pid": os.getpid(), "t": time.time(), "events": stamped}
+    request = urllib.request.Request(
+        f"{info.launcher_url}/api/jobs/{info.job_id}/report",
+        data=json.dumps(body, allow_nan=False, default=_plain).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"token {info.token}"})
+    deadline = time.monotonic() + timeout
+    pause = 0.1
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with urllib.request.urlopen(request, timeout=min(HTTP_TIMEOUT, left)):
+                return True
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
+                print(f"jupyter_dlc: launcher refused this rank's records ({error.code})",
+                      file=sys.stderr, flush=True)
+                return False
+        except (OSError, ValueError):
+            pass  # down or restarting: try again until the deadline
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(1.0, pause * 2)
+
+
 def get_reporter():
     """This process's Reporter, started on first use; None when no launcher is set."""
     global _reporter

@@ -203,7 +203,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. */
+        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes). A report of only these is not a heartbeat. */
         post: operations["report"];
         delete?: never;
         options?: never;
@@ -637,14 +637,21 @@ export interface components {
         Report: {
             attempt?: number | null;
             events?: ({
+                end?: number | null;
                 error?: string | null;
+                exit_code?: number | null;
+                local_rank?: number | null;
                 message?: string | null;
+                node?: number | null;
                 path?: string | null;
+                pid?: number | null;
                 seconds?: number | null;
                 size?: number | null;
+                start?: number | null;
                 step?: number | null;
                 /** @description seconds since the epoch */
                 t?: number;
+                traceback?: string | null;
                 type: string;
                 world_size?: number | null;
             } & {
@@ -665,14 +672,21 @@ export interface components {
             ranks?: ({
                 attempt?: number | null;
                 events?: ({
+                    end?: number | null;
                     error?: string | null;
+                    exit_code?: number | null;
+                    local_rank?: number | null;
                     message?: string | null;
+                    node?: number | null;
                     path?: string | null;
+                    pid?: number | null;
                     seconds?: number | null;
                     size?: number | null;
+                    start?: number | null;
                     step?: number | null;
                     /** @description seconds since the epoch */
                     t?: number;
+                    traceback?: string | null;
                     type: string;
                     world_size?: number | null;
                 } & {

@@ -321,3 +321,16 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_gone(launcher, tmp_pa
     assert reporter.flush(10)
     assert [m["step"] for m in launcher.entries("metrics")] == list(range(20))
     assert reporter.reports_via_node == 0 and reporter.dropped == 0
+
+
+def test_the_report_interval_grows_with_the_world(monkeypatch):
+    from jupyter_dlc.runtime.report import BATCH_INTERVAL, MIN_BATCH_INTERVAL, batch_interval
+
+    monkeypatch.delenv("DLC_REPORT_INTERVAL", raising=False)
+    assert batch_interval(4) == MIN_BATCH_INTERVAL
+    assert MIN_BATCH_INTERVAL < batch_interval(64) < BATCH_INTERVAL
+    assert batch_interval(4096) == BATCH_INTERVAL
+    monkeypatch.setenv("DLC_REPORT_INTERVAL", "0.5")
+    assert batch_interval(4096) == 0.5
+    monkeypatch.setenv("DLC_REPORT_INTERVAL", "soon")  # not a number: the default stands
+    assert batch_interval(4) == MIN_BATCH_INTERVAL

@@ -32,9 +32,24 @@ from . import control, system
 from ..node_reporter import url_file
 from .env import rank_info
 
-# Metrics reach live views within about this long; batching keeps it to four POSTs a second
-# however fast the loop logs.
+# Metrics reach live views within about this long after a log(); batching keeps a rank to a
+# few POSTs a second however fast its loop logs. A small job can afford more (views draw
+# within a quarter second end to end); past ~100 ranks the launcher's load sets the pace, so
+# the interval grows with the world up to BATCH_INTERVAL (benchmarks/ingest.py, live_view.py).
 BATCH_INTERVAL = 0.25
+MIN_BATCH_INTERVAL = 0.1
+RANKS_PER_SECOND_OF_INTERVAL = 400
+
+
+def batch_interval(world_size: int) -> float:
+    """Seconds between a rank's data reports: `$DLC_REPORT_INTERVAL` when set, else by size."""
+    override = os.environ.get("DLC_REPORT_INTERVAL", "")
+    try:
+        if override and float(override) > 0:
+            return float(override)
+    except ValueError:
+        pass
+    return min(BATCH_INTERVAL, max(MIN_BATCH_INTERVAL, world_size / RANKS_PER_SECOND_OF_INTERVAL))
 MAX_BATCH = 2000
 HTTP_TIMEOUT = 3.0
 MAX_BACKOFF = 5.0
@@ -84,6 +99,7 @@ class Reporter:
         ca_file = os.environ.get("DLC_LAUNCHER_CA")
         self.tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.heartbeat_interval = info.heartbeat_interval
+        self.batch_interval = batch_interval(info.world_size)
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
         self.on_commands = on_commands
@@ -149,7 +165,7 @@ class Reporter:
                 self._cond.notify_all()
             elif was_idle:
                 # The sender sleeps until the next heartbeat while nothing is pending; wake it
-                # so that this entry goes out within BATCH_INTERVAL, not a heartbeat later.
+                # so that this entry goes out within the batch interval, not a heartbeat later.
                 self._cond.notify_all()
 
     def _pending(self):
@@ -162,7 +178,7 @@ class Reporter:
             with self._cond:
                 while True:
                     now = time.monotonic()
-                    due = last_report + (BATCH_INTERVAL if self._pending()
+                    due = last_report + (self.batch_interval if self._pending()
                                          else self.heartbeat_interval)
                     if backoff:
                         due = max(due, last_report + backoff)

@@ -444,3 +444,27 @@ def test_fsdp2_with_dropout_and_adam_resumes_bitwise(launcher):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert launcher.own_processes() == []
+
+
+STALLS = """
+import os, time
+from jupyter_dlc import runtime
+rank = int(os.environ["RANK"])
+for step in range(1, 10_000):
+    if rank == 1 and step > 3:
+        time.sleep(3600)  # a stuck data loader: heartbeats go on, steps do not
+    runtime.log(step, loss=1.0 / step)
+    time.sleep(0.1)
+"""
+
+
+def test_the_progress_verdict_names_the_rank_that_stopped_stepping(launcher):
+    """Heartbeats keep coming from rank 1 (its reporter thread lives), so only the progress
+    verdict can catch it, and the reason must name rank 1, not whichever rank logged last."""
+    script = launcher.script("stalls.py", STALLS)
+    client = launcher.client
+    job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
+                         "heartbeat_interval": 1, "progress_timeout": "5s"})
+    final = client.wait(job["id"], timeout=120)
+    assert final["state"] == "FAILED", final["reason"]
+    assert "rank 1 stuck at step 3" in final["reason"], final["reason"]

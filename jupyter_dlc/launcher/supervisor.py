@@ -434,10 +434,7 @@ class Supervisor(threading.Thread):
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
         if progress and now - min(progress) > spec.progress_timeout:
-            stuck = min(ranks.values(), key=lambda r: r["last_progress"] or now)
-            self.end_attempt(row, ctx, handle, "failed",
-                             f"no step progress on rank {stuck['rank']} for "
-                             f"{now - min(progress):.0f}s (step {stuck['last_step']}): a hang")
+            self.end_attempt(row, ctx, handle, "failed", _hang_reason(ranks, now - min(progress)))
             return
 
     # -- ending an attempt --------------------------------------------------------------
@@ -630,6 +627,23 @@ class Supervisor(threading.Thread):
                                resume_step=step)
         self.wake.set()
         return attempt is not None
+
+
+def _hang_reason(ranks: dict, silent: float) -> str:
+    """The progress verdict's reason. In a hang every rank waits in the same collective, so
+    the time of each rank's last step says nothing about which one is stuck; only a rank
+    whose last step is behind the others' is named."""
+    stepped = [r for r in ranks.values() if r["last_progress"] and r["last_step"] is not None]
+    if not stepped:
+        return f"no step progress for {silent:.0f}s: a hang"
+    behind = min(r["last_step"] for r in stepped)
+    ahead = max(r["last_step"] for r in stepped)
+    if behind == ahead:
+        return f"no step progress on any rank for {silent:.0f}s (all at step {behind}): a hang"
+    laggards = sorted(r["rank"] for r in stepped if r["last_step"] == behind)
+    named = ", ".join(map(str, laggards[:8])) + (" ..." if len(laggards) > 8 else "")
+    return (f"no step progress for {silent:.0f}s: rank{'s' if len(laggards) > 1 else ''} {named} "
+            f"stuck at step {behind}, the others at step {ahead}: a hang")
 
 
 def job_dir_path(data_dir: str, job_id: str) -> str:

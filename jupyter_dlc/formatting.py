@@ -178,3 +178,15 @@ def pools_table(pools: list[dict]) -> str:
                      f"{p['idle_seconds']:.0f}s", f"{p['idle_timeout']:.0f}s idle",
                      f"{p['node_hours']:.3f}", holds))
     return _table(rows)
+
+
+def downsampled_note(thinned: dict | None) -> str:
+    """What a view says under its charts once retention thinned older points (the metrics
+    answer's `downsampled`); empty while every point is as logged."""
+    if not thinned or not thinned.get("until"):
+        return ""
+    until = time.strftime("%H:%M:%S", time.localtime(thinned["until"]))
+    bucket = thinned.get("bucket_seconds") or 0
+    return (f"Points logged before {until} are downsampled (min, max and last of every "
+            f"{bucket:g} s, NaN kept) to keep this job's storage bounded; "
+            f"{thinned.get('dropped', 0):,} points thinned so far.")

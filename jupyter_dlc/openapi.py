@@ -221,7 +221,8 @@ PATHS: dict[str, dict[str, Any]] = {
             "`rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first "
             "exception: error = its type, message, traceback's tail) and `node_preflight` "
             "(node, host, ok, message: a node's preflight, where the engine runs it on its "
-            "nodes). A report of only these is not a heartbeat."),
+            "nodes). A report of only these is not a heartbeat. `stacks` (main, threads) is a "
+            "rank's answer to the `stacks` command of a suspected hang."),
         "requestBody": _body("Report"),
         "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {

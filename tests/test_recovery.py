@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import wait_for
-from jupyter_dlc import layout
+from jupyter_dlc import formatting, layout
 
 DATA = """
 g = torch.Generator().manual_seed(0)
@@ -446,25 +446,53 @@ def test_fsdp2_with_dropout_and_adam_resumes_bitwise(launcher):
     assert launcher.own_processes() == []
 
 
+
 STALLS = """
 import os, time
+import torch.distributed as dist
 from jupyter_dlc import runtime
-rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
 for step in range(1, 10_000):
-    if rank == 1 and step > 3:
+    if rank == 1 and step == 4:
         time.sleep(3600)  # a stuck data loader: heartbeats go on, steps do not
+    dist.barrier()
     runtime.log(step, loss=1.0 / step)
-    time.sleep(0.1)
+    time.sleep(0.05)
 """
 
 
-def test_the_progress_verdict_names_the_rank_that_stopped_stepping(launcher):
-    """Heartbeats keep coming from rank 1 (its reporter thread lives), so only the progress
-    verdict can catch it, and the reason must name rank 1, not whichever rank logged last."""
+def test_a_hang_is_diagnosed_from_the_stacks_the_ranks_send(launcher):
+    """Rank 1 stops before step 4; rank 0 waits for it in the barrier. Both still heartbeat
+    (their reporter threads live) and both last logged step 3, so only the progress verdict
+    catches it, and only the stacks the ranks send when asked tell which rank holds the other
+    up and where: `why` must name rank 1 and the sleeping line, not the barrier."""
     script = launcher.script("stalls.py", STALLS)
     client = launcher.client
     job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
-                         "heartbeat_interval": 1, "progress_timeout": "5s"})
+                         "heartbeat_interval": 1, "progress_timeout": "5s", "max_restarts": 0})
     final = client.wait(job["id"], timeout=120)
     assert final["state"] == "FAILED", final["reason"]
-    assert "rank 1 stuck at step 3" in final["reason"], final["reason"]
+    assert "all at step 3" in final["reason"], final["reason"]
+    stacks = [e for e in client.events(job["id"]) if e["type"] == "stacks"]
+    assert sorted(e["data"]["rank"] for e in stacks) == [0, 1]
+    diagnosis = client.diagnosis(job["id"])[-1]
+    assert diagnosis["class"] == "hang" and diagnosis["rank"] == 1, diagnosis
+    assert diagnosis["where"].endswith(".py:9"), diagnosis  # the sleeping line
+    assert any("time.sleep(3600)" in line for line in diagnosis["context"]), diagnosis
+    assert "rank 0 at " in diagnosis["suggestion"] and ".py:10" in diagnosis["suggestion"], diagnosis
+    text = formatting.diagnosis_text(client.diagnosis(job["id"]), client.job(job["id"]))
+    assert "hang (rank 1 on node 0)" in text and ".py:9" in text, text
+
+
+def test_the_progress_verdict_names_only_a_rank_that_is_behind():
+    from jupyter_dlc.launcher.supervisor import _hang_reason
+
+    def rank(r, step):
+        return {"rank": r, "last_step": step, "last_progress": 100.0 + r}
+
+    level = {0: rank(0, 7), 1: rank(1, 7), 2: rank(2, 7)}
+    assert _hang_reason(level, 30) == ("no step progress on any rank for 30s (all at step 7): a hang", [])
+    behind = {0: rank(0, 9), 1: rank(1, 3), 2: rank(2, 9)}
+    reason, laggards = _hang_reason(behind, 30)
+    assert laggards == [1] and "rank 1 stuck at step 3, the others at step 9" in reason

@@ -144,6 +144,28 @@ def test_python_run_exit_handlers():
     assert python_private.run_exit_handlers.__module__ == "jupyter_dlc.shims.python_private"
 
 
+def test_python_current_frames_sees_a_blocked_main_thread():
+    """runtime/stacks.py reads the main thread's stack from the reporter thread."""
+    import threading
+
+    from jupyter_dlc.runtime import stacks
+
+    seen = {}
+    started = threading.Event()
+
+    def reporter():
+        started.wait()
+        seen.update(stacks.snapshot())
+
+    thread = threading.Thread(target=reporter)
+    thread.start()
+    started.set()
+    thread.join()
+    assert threading.main_thread().ident in python_private.current_frames(), \
+        _moved("python_private", "sys._current_frames")
+    assert "test_python_current_frames_sees_a_blocked_main_thread" in seen["main"], seen
+
+
 # -- Jupyter ----------------------------------------------------------------------------
 
 def test_jupyter_kernel_parent_ident():

@@ -574,7 +574,9 @@ class MetricsStreamHandler(BaseHandler):
             if not points:
                 return since
             since = points[-1]["seq"]
-            data = json.dumps(_clean({"points": points, "last_seq": since}), default=_json_default)
+            data = json.dumps(_clean({"points": points, "last_seq": since, "downsampled":
+                                      downsampled(self.store.retention_state(job_id))}),
+                              default=_json_default)
             self.write(f"event: metrics\ndata: {data}\n\n")
 
 

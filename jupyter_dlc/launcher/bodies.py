@@ -69,7 +69,10 @@ RANK_REPORT: dict[str, Any] = {
                 "local_rank": nullable({"type": "integer", "minimum": 0, "maximum": 1 << 20}),
                 "start": nullable(TIME), "end": nullable(TIME),
                 "exit_code": nullable({"type": "integer", "minimum": -255, "maximum": 255}),
-                "traceback": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
+                "traceback": nullable({"type": "string", "maxLength": MAX_TEXT}),
+                # `stacks`, a rank's answer to a suspected hang (runtime/stacks.py).
+                "main": nullable({"type": "string", "maxLength": MAX_TEXT}),
+                "threads": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
     },
     # A newer runtime may send more identity fields; flat scalars are accepted and ignored.
     "additionalProperties": SCALAR,

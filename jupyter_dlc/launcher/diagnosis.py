@@ -392,3 +392,55 @@ def _suggest(found: dict, r: _Rank, ranks: dict[int, _Rank], findings: dict,
     sig = r.signal
     how = f"signal {_SIGNAL_NAMES.get(sig, sig)}" if sig else f"exit code {code}"
     return f"{who} ended with {how} and no Python error: read the end of its log (rank-{r.rank}.log)"
+
+
+def diagnose_hang(attempt_dir: str, reason: str, laggards: list[int], stacks: dict[int, dict],
+                  nproc_per_node: int) -> dict:
+    """A progress verdict's diagnosis, from the stacks the ranks sent when asked
+    (runtime/stacks.py). In a hang most ranks wait in the same collective for the few that
+    never got there; those few are the story. So the rank shown is one whose last step is
+    behind the others' (`laggards`), else one from the smallest group of ranks stopped at
+    the same place, and `where` is its innermost frame of the user's own code."""
+    origin = source_origin(os.path.dirname(os.path.abspath(attempt_dir)))
+    places = {r: _user_frame(s.get("main") or "", origin) for r, s in stacks.items()}
+    groups: dict[str | None, list[int]] = {}
+    for r in sorted(places):
+        groups.setdefault(places[r], []).append(r)
+    if laggards:
+        rank: int | None = laggards[0]
+    elif groups:
+        # The ranks inside a collective wait for the others: prefer a rank that is not.
+        waiting = {r: _in_collective(stacks[r].get("main") or "") for r in stacks}
+        rank = min(groups.values(), key=lambda g: (all(waiting[r] for r in g), len(g), g[0]))[0]
+    else:
+        rank = None
+    main = (stacks.get(rank) or {}).get("main") or "" if rank is not None else ""
+    where = places.get(rank) if rank is not None else None
+    if not stacks:
+        suggestion = ("no rank sent its stacks: a rank blocked in C code with the GIL held "
+                      "cannot answer; `py-spy dump --pid PID` on the node shows where it is")
+    elif len(groups) > 1:
+        elsewhere = "; ".join(f"rank{'s' if len(g) > 1 else ''} {number_list(g)} at {p or 'no frame of yours'}"
+                              for p, g in groups.items() if rank not in g)
+        suggestion = (f"rank {rank} stopped at {where or 'no frame of yours'} while {elsewhere}: "
+                      "the ranks waiting in a collective wait for it")
+    else:
+        suggestion = (f"every rank stopped at {where or 'no frame of yours'}: a collective that "
+                      "some rank entered with another shape or order, or a peer that cannot be "
+                      "reached (check NCCL/GLOO_SOCKET_IFNAME)")
+    return {"class": "hang", "rank": rank, "node": rank // nproc_per_node if rank is not None else None,
+            "time": time.time(), "line": reason, "exit_code": None,
+            "context": [origin.relocate(x) for x in main.rstrip().splitlines()[-CONTEXT_LINES:]],
+            "same_ranks": [r for r in groups.get(where, []) if r != rank] if where else [],
+            "where": where, "suggestion": suggestion}
+
+
+def _in_collective(stack: str) -> bool:
+    """Whether a stack's innermost frames are torch.distributed's (a collective, a barrier,
+    a store wait): such a rank waits for a peer rather than being the one stuck."""
+    frames = re.findall(r'File "([^"]+)"', stack)
+    return any("/torch/distributed/" in path for path in frames[-3:])
+
+
+def number_list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")

@@ -77,6 +77,8 @@ class Supervisor(threading.Thread):
         self.hooks: list[Any] = []
         # Commands for ranks (from checkpoint-and-stop alerts), handed out with report answers.
         self.pending: dict[str, set[str]] = {}
+        # Jobs suspected of a hang: (attempt, when their ranks were asked for their stacks).
+        self.stacks_asked: dict[str, tuple[int, float]] = {}
         # Held while an attempt starts (preflight, spawning agents) and while a stop decides:
         # a stop never sees a start half done, so it can end a job that has not started at
         # once, and a start never spawns processes for a job that was stopped meanwhile.
@@ -434,18 +436,41 @@ class Supervisor(threading.Thread):
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
         if progress and now - min(progress) > spec.progress_timeout:
-            self.end_attempt(row, ctx, handle, "failed", _hang_reason(ranks, now - min(progress)))
+            reason, laggards = _hang_reason(ranks, now - min(progress))
+            job_id = row["id"]
+            asked = self.stacks_asked.get(job_id)
+            if asked is None or asked[0] != ctx.attempt:
+                # Before the kill, each rank's reporter thread is asked where its threads are
+                # (runtime/stacks.py): `why` then shows where training stopped.
+                self.stacks_asked[job_id] = (ctx.attempt, now)
+                self.pending.setdefault(job_id, set()).add("stacks")
+                self.store.add_event(job_id, ctx.attempt, "hang",
+                                     f"{reason}; asking the ranks where they are")
+                return
+            stacks = {e["data"]["rank"]: e["data"] for e in self.store.events(job_id, types=("stacks",))
+                      if e["attempt"] == ctx.attempt and e["data"]}
+            live = [k for k, r in ranks.items() if r["exit_code"] is None]
+            if len(stacks) < len(live) and now - asked[1] < max(3.0, 2 * spec.heartbeat_interval):
+                return
+            from .diagnosis import diagnose_hang
+
+            diagnosis = diagnose_hang(ctx.attempt_dir, reason, laggards, stacks, spec.nproc_per_node)
+            self.end_attempt(row, ctx, handle, "failed", reason, diagnosis=diagnosis)
             return
 
     # -- ending an attempt --------------------------------------------------------------
-    def end_attempt(self, row, ctx, handle, outcome: str, reason: str) -> None:
+    def end_attempt(self, row, ctx, handle, outcome: str, reason: str,
+                    diagnosis: dict | None = None) -> None:
         job_id = row["id"]
         backend = get_backend(ctx.spec.backend)
         for hook in self.hooks:
             hook(row, time.time(), final=True)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         backend.kill(ctx, handle)
-        diagnosis = self.diagnose(ctx) if outcome in ("failed", "timeout") else None
+        self.stacks_asked.pop(job_id, None)
+        self.pending.get(job_id, set()).discard("stacks")
+        if diagnosis is None and outcome in ("failed", "timeout"):
+            diagnosis = self.diagnose(ctx)
         if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
             # A rank killed by a signal has no end time of its own; the diagnosis knows it
             # failed first, and the ranks that exited just after it died of its absence.
@@ -629,21 +654,21 @@ class Supervisor(threading.Thread):
         return attempt is not None
 
 
-def _hang_reason(ranks: dict, silent: float) -> str:
+def _hang_reason(ranks: dict, silent: float) -> tuple[str, list[int]]:
     """The progress verdict's reason. In a hang every rank waits in the same collective, so
     the time of each rank's last step says nothing about which one is stuck; only a rank
     whose last step is behind the others' is named."""
     stepped = [r for r in ranks.values() if r["last_progress"] and r["last_step"] is not None]
     if not stepped:
-        return f"no step progress for {silent:.0f}s: a hang"
+        return f"no step progress for {silent:.0f}s: a hang", []
     behind = min(r["last_step"] for r in stepped)
     ahead = max(r["last_step"] for r in stepped)
     if behind == ahead:
-        return f"no step progress on any rank for {silent:.0f}s (all at step {behind}): a hang"
+        return f"no step progress on any rank for {silent:.0f}s (all at step {behind}): a hang", []
     laggards = sorted(r["rank"] for r in stepped if r["last_step"] == behind)
     named = ", ".join(map(str, laggards[:8])) + (" ..." if len(laggards) > 8 else "")
     return (f"no step progress for {silent:.0f}s: rank{'s' if len(laggards) > 1 else ''} {named} "
-            f"stuck at step {behind}, the others at step {ahead}: a hang")
+            f"stuck at step {behind}, the others at step {ahead}: a hang"), laggards
 
 
 def job_dir_path(data_dir: str, job_id: str) -> str:

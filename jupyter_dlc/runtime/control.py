@@ -12,6 +12,8 @@ from .env import rank_info
 
 STOP = "stop"
 CHECKPOINT = "checkpoint"
+# Not a step-boundary request: the reporter thread answers it at once (runtime/stacks.py).
+STACKS = "stacks"
 
 # Reentrant: the SIGTERM handler runs on the main thread, possibly while it holds the lock.
 _lock = threading.RLock()

@@ -348,6 +348,22 @@ def send_events_now(events, timeout):
         pause = min(1.0, pause * 2)
 
 
+_stacks_sent = False
+
+
+def _on_commands(commands):
+    """A launcher's commands: step-boundary requests go to `control`; a request for this
+    rank's stacks (a suspected hang: the main thread may never reach a boundary again) is
+    answered here, on the reporter's thread, once."""
+    global _stacks_sent
+    control.request_commands(commands)
+    if control.STACKS in commands and not _stacks_sent and _reporter not in (None, _NOT_STARTED):
+        _stacks_sent = True
+        from . import stacks
+
+        _reporter._put("events", stacks.snapshot(), urgent=True)
+
+
 def get_reporter():
     """This process's Reporter, started on first use; None when no launcher is set."""
     global _reporter
@@ -355,7 +371,7 @@ def get_reporter():
         with _reporter_lock:
             if _reporter is _NOT_STARTED:
                 info = rank_info()
-                _reporter = Reporter(info, control.request_commands) if info.reporting else None
+                _reporter = Reporter(info, _on_commands) if info.reporting else None
                 if _reporter and info.local_rank == 0:
                     system.start_sampler(_reporter, info.heartbeat_interval)
     return _reporter

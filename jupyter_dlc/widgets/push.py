@@ -23,7 +23,7 @@ BACKOFF = (0.5, 1, 2, 4, 8, 10)
 
 class MetricsFollower:
     def __init__(self, client_of: Callable, job_id: str, since_of: Callable[[], int],
-                 on_points: Callable[[list, int], None], on_job: Callable[[dict], None],
+                 on_points: Callable[[list, int, dict | None], None], on_job: Callable[[dict], None],
                  on_state: Callable[[str], None]):
         # client_of/since_of are read at each (re)connect: the view may have switched to a
         # launcher that came back on a new port, and has polled points meanwhile.
@@ -75,7 +75,8 @@ class MetricsFollower:
                         self._set("live")
                         failures = 0
                         if event == "metrics":
-                            self._on_points(data.get("points") or [], int(data.get("last_seq") or 0))
+                            self._on_points(data.get("points") or [], int(data.get("last_seq") or 0),
+                                            data.get("downsampled"))
                         elif event == "job":
                             self._on_job(data)
                         elif event == "deleted":

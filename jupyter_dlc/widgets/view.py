@@ -148,6 +148,7 @@ class JobView:
         self.metric_select = w.Dropdown(description="metric", options=["loss"], value="loss",
                                         layout=w.Layout(width="260px"))
         self.chart_note = w.HTML(NO_BOKEH_NOTE)
+        self.retention_note = w.HTML()  # says when older points are downsampled
         self.log_filter = w.Dropdown(description="logs", options=[("all ranks", -1)], value=-1,
                                      layout=w.Layout(width="200px"))
         self.log_view = w.HTML()
@@ -170,7 +171,7 @@ class JobView:
             self.header, self.banner,
             w.HBox([self.stop_button, self.resume_steps, self.resume_button, self.clone_button,
                     self.action_note]),
-            self.rank_bar, self.rank_table, self.metric_select, self.bokeh, self.chart_note,
+            self.rank_bar, self.rank_table, self.metric_select, self.bokeh, self.retention_note, self.chart_note,
             self.log_filter, self.log_view,
         ])
         self.widget.add_class("dlc-job-view")
@@ -317,7 +318,7 @@ class JobView:
             f = self._f
             self._push = MetricsFollower(
                 lambda: self.client, f.job_id, lambda: f.metrics_seq,
-                lambda points, last: self._pushed(f, points, last),
+                lambda points, last, thinned: self._pushed(f, points, last, thinned),
                 lambda job: self._job_changed(f, job), self._push_state).start()
 
     def _stop_push(self) -> None:
@@ -329,15 +330,23 @@ class JobView:
         push = self._push
         return push is not None and push.state != "down"
 
-    def _pushed(self, f: _Followed, points: list, last_seq: int) -> None:
+    def _pushed(self, f: _Followed, points: list, last_seq: int, thinned: dict | None = None) -> None:
         with self._lock:
             if f is not self._f:
                 return  # the view follows another job now
+            self._show_downsampled(thinned)
             added = self._add_points(f, points)
             f.metrics_seq = max(f.metrics_seq, last_seq)
             self.points_pushed += added
             if added:
                 self.charts.push()
+
+    def _show_downsampled(self, thinned: dict | None) -> None:
+        text = formatting.downsampled_note(thinned)
+        if getattr(self, "_retention_text", None) != text:
+            self._retention_text = text
+            self.retention_note.value = f'<span class="dlc-retention-note">{html.escape(text)}</span>' \
+                if text else ""
 
     def _job_changed(self, f: _Followed, job: dict) -> None:
         known = f.job or {}
@@ -439,6 +448,8 @@ class JobView:
             answer = self.client.metrics(f.job_id, since=f.metrics_seq)
             points = answer.get("points") or []
             self.points_polled += self._add_points(f, points)
+            with self._lock:
+                self._show_downsampled(answer.get("downsampled"))
             f.metrics_seq = max(f.metrics_seq, int(answer.get("last_seq") or 0))
             if len(points) < METRIC_PAGE:
                 break

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DlcApi, DlcError } from './api';
 import { MetricPoint, MetricSeries, lineChart } from './charts';
-import { FeedStatus, MetricsFeed } from './metricsfeed';
+import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
 import { stateClass } from './listview';
 import { JobDetail, JobEntry, age, isActive } from './store';
 import {
@@ -199,7 +199,8 @@ export class DetailView {
     logBox.appendChild(logSummary);
     this.parts.logs = el('pre', 'dlc-logs');
     logBox.appendChild(this.parts.logs);
-    this.node.append(this.parts.alerts, this.parts.diagnosis, this.parts.charts, ranksBox, logBox);
+    this.parts.retention = el('div', 'dlc-retention-note');
+    this.node.append(this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.retention, ranksBox, logBox);
   }
 
   get jobId(): string | null {
@@ -216,7 +217,7 @@ export class DetailView {
         this.host.api,
         entry.job.id,
         () => metrics.lastSeq,
-        points => this.pointsArrived(metrics, points),
+        (points, downsampled) => this.pointsArrived(metrics, points, downsampled),
         status => this.feedStatus(status)
       );
       this.ranks = [];
@@ -224,6 +225,7 @@ export class DetailView {
       this.lastFullRev = -1;
       this.logRank = '';
       this.parts.charts.textContent = '';
+      this.parts.retention.textContent = '';
       this.parts.logs.textContent = '';
       this.parts.ranks.textContent = '';
       this.parts.alerts.textContent = '';
@@ -342,9 +344,16 @@ export class DetailView {
   }
 
   /** Points came (pushed or polled): draw them at the next frame. */
-  private pointsArrived(metrics: MetricSeries, points: MetricPoint[]): void {
+  private pointsArrived(metrics: MetricSeries, points: MetricPoint[], downsampled: Downsampled | null): void {
     if (metrics !== this.metrics) {
       return; // another job is shown now
+    }
+    const note = downsampledNote(downsampled);
+    if (this.parts.retention.textContent !== note) {
+      this.parts.retention.textContent = note;
+    }
+    if (!points.length) {
+      return;
     }
     metrics.add(points);
     this.node.dataset.pushed = String(this.feed?.pushed ?? 0);

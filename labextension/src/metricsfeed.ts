@@ -11,6 +11,21 @@ import { Poll } from '@lumino/polling';
 import { DlcApi } from './api';
 import { MetricPoint } from './charts';
 import { SseParser } from './store';
+import { components } from './wire';
+
+export type Downsampled = components['schemas']['Downsampled'];
+
+/** What the detail says under its charts once retention thinned older points; '' before. */
+export function downsampledNote(d: Downsampled | null | undefined): string {
+  if (!d || !d.until) {
+    return '';
+  }
+  const until = new Date(d.until * 1000).toLocaleTimeString();
+  return (
+    `Points logged before ${until} are downsampled (min, max and last of every ${d.bucket_seconds} s, ` +
+    `NaN kept) to keep this job's storage bounded; ${d.dropped.toLocaleString()} points thinned so far.`
+  );
+}
 
 export type FeedStatus = 'connecting' | 'live' | 'polling';
 
@@ -27,7 +42,7 @@ export class MetricsFeed {
     private api: DlcApi,
     readonly id: string,
     private lastSeq: () => number,
-    private onPoints: (points: MetricPoint[]) => void,
+    private onPoints: (points: MetricPoint[], downsampled: Downsampled | null) => void,
     private onStatus: (status: FeedStatus) => void
   ) {
     this.poll = new Poll({
@@ -64,10 +79,8 @@ export class MetricsFeed {
     // what came while the stream was down (or before it opened); a failure backs off
     const answer = await this.api.sub(this.id, 'metrics', { since: this.lastSeq() });
     const fresh = answer.points.filter(p => p.seq > this.lastSeq());
-    if (fresh.length) {
-      this.polled += fresh.length;
-      this.onPoints(fresh);
-    }
+    this.polled += fresh.length;
+    this.onPoints(fresh, answer.downsampled ?? null);
   }
 
   private async follow(): Promise<void> {
@@ -90,12 +103,10 @@ export class MetricsFeed {
         }
         for (const ev of parser.feed(decoder.decode(value, { stream: true }))) {
           if (ev.event === 'metrics') {
-            const data = JSON.parse(ev.data) as { points: MetricPoint[] };
+            const data = JSON.parse(ev.data) as { points: MetricPoint[]; downsampled?: Downsampled | null };
             const fresh = data.points.filter(p => p.seq > this.lastSeq());
-            if (fresh.length) {
-              this.pushed += fresh.length;
-              this.onPoints(fresh);
-            }
+            this.pushed += fresh.length;
+            this.onPoints(fresh, data.downsampled ?? null);
           } else if (ev.event === 'launcher') {
             ended = true; // the relay says the launcher went away
           }

@@ -203,7 +203,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes). A report of only these is not a heartbeat. */
+        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes). A report of only these is not a heartbeat. `stacks` (main, threads) is a rank's answer to the `stacks` command of a suspected hang. */
         post: operations["report"];
         delete?: never;
         options?: never;
@@ -641,6 +641,7 @@ export interface components {
                 error?: string | null;
                 exit_code?: number | null;
                 local_rank?: number | null;
+                main?: string | null;
                 message?: string | null;
                 node?: number | null;
                 path?: string | null;
@@ -651,6 +652,7 @@ export interface components {
                 step?: number | null;
                 /** @description seconds since the epoch */
                 t?: number;
+                threads?: string | null;
                 traceback?: string | null;
                 type: string;
                 world_size?: number | null;
@@ -676,6 +678,7 @@ export interface components {
                     error?: string | null;
                     exit_code?: number | null;
                     local_rank?: number | null;
+                    main?: string | null;
                     message?: string | null;
                     node?: number | null;
                     path?: string | null;
@@ -686,6 +689,7 @@ export interface components {
                     step?: number | null;
                     /** @description seconds since the epoch */
                     t?: number;
+                    threads?: string | null;
                     traceback?: string | null;
                     type: string;
                     world_size?: number | null;

@@ -1,3 +1,4 @@
+import { downsampledNote } from '../src/metricsfeed';
 import { MetricSeries, MetricPoint, lineChart, MAX_POINTS_PER_SERIES, MAX_OUTLIERS, bandOf, outliersAt } from '../src/charts';
 
 function pt(seq: number, over: Partial<MetricPoint>): MetricPoint {
@@ -76,5 +77,14 @@ describe('bandOf and the band chart past 8 ranks', () => {
     const few = lineChart('loss', ranks(8, (r, x) => x + r));
     expect(few.querySelectorAll('path.dlc-chart-band').length).toBe(0);
     expect(few.querySelectorAll('path.dlc-chart-line').length).toBe(8);
+  });
+});
+
+describe('downsampledNote', () => {
+  it('says nothing while every point is as logged, and when and how coarsely after', () => {
+    expect(downsampledNote(null)).toBe('');
+    const note = downsampledNote({ until: 1700000000, bucket_seconds: 5, dropped: 12345, keep_last: 1000 });
+    expect(note).toContain('downsampled (min, max and last of every 5 s');
+    expect(note).toContain((12345).toLocaleString());
   });
 });

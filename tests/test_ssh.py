@@ -9,6 +9,7 @@ carry the job's id, and by what runs in each namespace (`ip netns pids`).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
 
-from jupyter_dlc import clusters, formatting
+from jupyter_dlc import clusters, formatting, layout
 from jupyter_dlc.backends import ssh_node
 from jupyter_dlc.backends.local import job_processes
 
@@ -153,6 +154,15 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
         with open(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.log")) as f:
             assert "OMP_NUM_THREADS" in f.read()
         assert not os.path.exists(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.ssh.json"))
+    # Rank records came over the report route (DLC_RANK_RECORDS=report): no record files,
+    # yet the launcher knows every rank's pid and exit; preflight ran on both hosts first.
+    attempt_dir = layout.attempt_dir(job["job_dir"], 1)
+    assert glob.glob(os.path.join(attempt_dir, "rank-*.json")) == []
+    assert {(r["rank"], r["exit_code"]) for r in job["ranks"]} == {(r, 0) for r in range(4)}
+    assert all(r["pid"] for r in job["ranks"])
+    checks = [e["data"] for e in launcher.client.events(job["id"]) if e["type"] == layout.NODE_PREFLIGHT]
+    assert sorted((c["node"], c["host"], c["ok"]) for c in checks) == [
+        (0, HOSTS[0], True), (1, HOSTS[1], True)]
     shown = formatting.status_text(launcher.client.job(job["id"]))
     assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]} on cluster local-ssh" in shown
     # Export works for an SSH job as for any other: plain run.sh and job.sbatch.
@@ -161,6 +171,49 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
     written = export_job(launcher.client, job["id"], str(tmp_path / "bundle"))
     assert {"run.sh", "job.sbatch", "script.py"} <= {os.path.basename(p) for p in written}
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def _profile(hosts) -> dict:
+    import yaml
+
+    with open(hosts["DLC_CLUSTERS"]) as f:
+        return yaml.safe_load(f)["clusters"][CLUSTER]
+
+
+def test_a_host_that_sees_another_checkpoint_directory_fails_preflight_by_name(launcher, hosts, tmp_path):
+    """Host 2 runs its Python in a mount namespace of its own with an empty tmpfs over the
+    checkpoint directory (the same path, another directory: a node-local disk). Preflight
+    runs on every host over ssh before any agent, names the host and the fix, no agent
+    starts anywhere, and nothing is retried."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ran = tmp_path / "ran"
+    wrapper = tmp_path / "python-private-ckpt-on-host2"
+    wrapper.write_text(f"""#!/bin/sh
+if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
+    exec unshare -m --propagation private sh -c 'mount -t tmpfs dlctest "$0" && exec "$@"' \\
+        {ckpt} {sys.executable} "$@"
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    clusters.put_profile("privateckpt", dict(_profile(hosts), engine="ssh", python=str(wrapper)))
+    try:
+        script = launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n")
+        job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                      "cluster": "privateckpt", "max_restarts": 2,
+                                      "checkpoint_dir": str(ckpt)})
+        final = launcher.client.wait(job["id"], timeout=180)
+    finally:
+        clusters.remove_profile("privateckpt")
+    assert final["state"] == "FAILED" and final["attempt"] == 1, final["reason"]
+    assert final["reason"].startswith(f"preflight on node 1 ({HOSTS[1]}): {HOSTS[1]} does not see the "
+                                      f"checkpoint directory {ckpt}"), final["reason"]
+    assert "mount the same shared filesystem at that path on every node" in final["reason"]
+    assert not ran.exists()  # no rank ran anywhere
+    assert all(r["pid"] is None for r in final["ranks"])
+    wait_for(lambda: not glob.glob(str(ckpt / ".dlc-preflight-*")), 60, what="no preflight marker left")
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
 
 
 def test_stop_leaves_nothing_on_either_host(launcher, hosts):

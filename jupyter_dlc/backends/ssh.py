@@ -38,8 +38,18 @@ from typing import Any
 
 from .. import layout
 from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, Backend, Capabilities, NodeStatus, RankStatus
-from .local import _alive, _read_int, _read_json, _spawn, agent_summary_codes, torchrun_argv
+from . import (
+    AttemptContext,
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+    failed_preflight,
+    rank_records,
+    remove_preflight_markers,
+)
+from .local import _alive, _read_int, _spawn, agent_summary_codes, torchrun_argv
 from .slurm import job_script_env
 
 CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
@@ -136,7 +146,8 @@ class SSHBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
-        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False,
+                            node_preflight=True)
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
@@ -201,7 +212,7 @@ class SSHBackend(Backend):
             argv = torchrun_argv(ctx.spec, node, ctx.port or 29500, ctx.script_path, python,
                                  master_addr=master)
             payloads.append({"argv": argv, "cwd": ctx.spec.workdir or ctx.job_dir,
-                             "env": dict(env, DLC_NODE_RANK=str(node)),
+                             "env": dict(env, DLC_NODE_RANK=str(node), DLC_NODE_HOST=hosts[node]),
                              "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node}})
         return profile, hosts, payloads
 
@@ -216,6 +227,7 @@ class SSHBackend(Backend):
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         request = self.dry_run(ctx)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
+        results = [os.path.join(ctx.attempt_dir, f"node-{n}.preflight") for n in range(ctx.spec.nodes)]
         nodes = []
         for node, (host, argv, payload) in enumerate(zip(request["hosts"], request["commands"],
                                                          request["payloads"], strict=True)):
@@ -223,7 +235,10 @@ class SSHBackend(Backend):
             path = os.path.join(ctx.attempt_dir, f"node-{node}.ssh.json")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"argv": argv, "payload": payload,
+                # Preflight on every host before any agent (the keepers gate on each other's
+                # verdicts): a node that fails reports why over the route, and none starts.
+                preflight = {"argv": argv[:-1] + ["preflight"], "result": results[node], "results": results}
+                json.dump({"argv": argv, "payload": payload, "preflight": preflight,
                            "exit_path": layout.node_exit(ctx.attempt_dir, node)}, f)
             # The keeper runs here, in a session of its own (it outlives the launcher) and in
             # the attempt's cgroup; it carries the job's id, so the supervisor sees it alive.
@@ -249,9 +264,11 @@ class SSHBackend(Backend):
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)
         status.phase = "RUNNING" if status.alive else "ENDED"
+        status.reason = failed_preflight(ctx.reported)  # no agent started: fix and resume
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
+        records = rank_records(ctx)  # reported over the route: the ranks write no files
         for rank in range(ctx.spec.world_size):
-            record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
+            record = records[rank]
             host_node = status.nodes[rank // ctx.spec.nproc_per_node]
             code = record.get("exit_code")
             if code is None:
@@ -294,3 +311,4 @@ class SSHBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("nodes") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
+        remove_preflight_markers(ctx)

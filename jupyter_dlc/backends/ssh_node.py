@@ -3,11 +3,17 @@
 Stdlib only, and nothing of ours: it runs on the hosts, where only Python, torch and
 jupyter-dlc need to be.
 
-    keep REQUEST      on the launcher's host: start `ssh` with the request's argv, hand the
+    keep REQUEST      on the launcher's host: first preflight (below) over its own ssh, record
+                      its exit in the node's preflight file and wait for every node's; only
+                      when all passed, start `ssh` with the request's argv, hand the
                       remote end its payload on ssh's stdin and hold that stdin open for as
                       long as ssh runs; record ssh's exit code (the remote agent's, or 255 when
-                      the connection failed) in the node's exit file. The request file holds
-                      the job token: it is read once and deleted.
+                      the connection failed; PREFLIGHT_FAILED when a node was unfit) in the
+                      node's exit file. The request file holds the job token: it is read once
+                      and deleted.
+    preflight         on a host: as `run`, but the process is `jupyter_dlc.runtime.node_preflight`
+                      (torch, the script, the checkpoint directory every node sees), which
+                      reports its verdict to the launcher itself.
     run               on a host, under sshd: read the payload (argv, env, cwd, tags) as one
                       JSON line from stdin, start the torchrun agent in a session of its own
                       with that env (no shell parses any of it), and watch stdin: end of file
@@ -35,6 +41,11 @@ import time
 
 # After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
 SWEEP_GRACE = 3.0
+# A node's exit code when a preflight (its own or another node's) failed: no agent started.
+PREFLIGHT_FAILED = 3
+# Preflight waits up to 2 x 20 s for the other nodes (runtime/node_preflight.py); past this,
+# a node that has not answered counts as failed.
+PREFLIGHT_TIMEOUT = 120.0
 # The only variable `run` adds to the job's own: which node of the attempt a process is, so
 # two nodes of one job on one host (or hosts sharing a process table) stay apart.
 NODE_TAG = "DLC_HOST_NODE"
@@ -79,14 +90,16 @@ def sweep(job: str, attempt: str, node: str) -> None:
         time.sleep(0.05)
 
 
-def run() -> int:
+def run(check: bool = False) -> int:
+    """The node's agent (or, with `check`, its preflight) under the stdin watch."""
     payload = json.loads(sys.stdin.buffer.readline() or b"{}")
     tags = payload["tags"]
     job, attempt, node = str(tags["job"]), str(tags["attempt"]), str(tags["node"])
     env = dict(os.environ, **payload["env"], **{NODE_TAG: node})
     cwd = payload.get("cwd") or os.path.expanduser("~")
+    argv = [sys.executable, "-m", "jupyter_dlc.runtime.node_preflight"] if check else payload["argv"]
     try:
-        agent = subprocess.Popen(payload["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        agent = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                  stdout=sys.stdout, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as error:
         print(f"jupyter-dlc ssh node {node}: cannot start the agent: {error}", flush=True)
@@ -94,9 +107,10 @@ def run() -> int:
 
     def watch_stdin() -> None:
         # Nothing more is ever sent: a read returns only at end of file, which is the
-        # launcher's side going away.
+        # launcher's side going away. A raw read: a daemon thread blocked in the buffered
+        # reader holds its lock, and the interpreter aborts on it at exit.
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(sys.stdin.fileno(), 4096):
                 pass
         except OSError:
             pass
@@ -109,10 +123,59 @@ def run() -> int:
     return 128 - code if code < 0 else code
 
 
+def _write_code(path: str, code: int) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, path)
+
+
+def _read_code(path: str) -> int | None:
+    # local._read_int's twin: this module runs on the hosts and imports nothing of ours.
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _gate(request: dict) -> bool:
+    """This node's preflight over ssh, then every node's verdict (each node's keeper writes
+    its own): True when all passed, so the agents start on all hosts or on none."""
+    gate = request["preflight"]
+    check = subprocess.Popen(gate["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
+                             stderr=subprocess.STDOUT)
+    try:  # stdin stays open while the check runs: its end would sweep the host's side
+        check.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
+        check.stdin.flush()
+    except OSError:
+        pass  # ssh already gone: its exit code says so
+    try:
+        code = check.wait(timeout=PREFLIGHT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        check.kill()
+        code = check.wait()
+    check.stdin.close()
+    _write_code(gate["result"], 128 - code if code < 0 else code)
+    deadline = time.monotonic() + PREFLIGHT_TIMEOUT
+    while time.monotonic() < deadline:
+        codes = [_read_code(path) for path in gate["results"]]
+        if any(c not in (None, 0) for c in codes):
+            return False
+        if all(c == 0 for c in codes):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def keep(request_path: str) -> int:
     with open(request_path) as f:
         request = json.load(f)
     os.unlink(request_path)  # it holds the job token
+    if request.get("preflight") and not _gate(request):
+        print("jupyter-dlc: preflight failed on a node; no agent started", flush=True)
+        _write_code(request["exit_path"], PREFLIGHT_FAILED)
+        return PREFLIGHT_FAILED
     ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
                            stderr=subprocess.STDOUT)
     try:
@@ -122,10 +185,7 @@ def keep(request_path: str) -> int:
         pass  # ssh already gone (host unreachable): its exit code says so
     code = ssh.wait()  # stdin stays open until this process ends
     code = 128 - code if code < 0 else code  # ssh killed by a signal: the shell's convention
-    tmp = request["exit_path"] + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{code}\n")
-    os.replace(tmp, request["exit_path"])
+    _write_code(request["exit_path"], code)
     return code
 
 
@@ -159,8 +219,10 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["probe"]:
         return probe()
+    if argv[:1] == ["preflight"]:
+        return run(check=True)
     print("usage: python -m jupyter_dlc.backends.ssh_node run | keep REQUEST | "
-          "signal JOB ATTEMPT NODE SIG | probe", file=sys.stderr)
+          "signal JOB ATTEMPT NODE SIG | probe | preflight", file=sys.stderr)
     return 2
 
 

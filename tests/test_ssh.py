@@ -216,6 +216,109 @@ exec {sys.executable} "$@"
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
 
 
+SEES = WHERE_SCRIPT.replace(
+    '"argv":', '"sees_launcher_data": os.path.exists(os.environ["LAUNCHER_DATA"] + "/jobs"), '
+    '"attempt_dir": os.environ["DLC_ATTEMPT_DIR"], '
+    '"pushed": open(os.environ["DLC_JOB_DIR"] + "/files/data.txt").read(), "argv":')
+
+FAILS_ON_RANK_3 = """
+import os, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank} up", flush=True)
+if rank == 3:
+    time.sleep(1)
+    raise ValueError("shard 7 is corrupt")
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_hosts_without_a_shared_filesystem_get_files_in_the_payload_and_send_logs_back(
+        launcher, hosts, tmp_path):
+    """Both hosts run their Python in a mount namespace where the launcher's data directory
+    is an empty tmpfs: they cannot see the job directory. The script travels in the ssh
+    payload into a directory of each host's own, rank logs come back over the ssh pipe into
+    the launcher's rank-R.log, records and first errors over the report route; checkpoints
+    go to the profile's checkpoint_dir, which every host sees."""
+    wrapper = tmp_path / "python-without-launcher-data"
+    wrapper.write_text(f"""#!/bin/sh
+exec unshare -m --propagation private sh -c 'mount -t tmpfs dlchidden "$0" && exec "$@"' \\
+    {launcher.data_dir} {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    ckpt = tmp_path / "ckpt"
+    clusters.put_profile("noshare", dict(_profile(hosts), engine="ssh", python=str(wrapper),
+                                         shared_filesystem=False, checkpoint_dir=str(ckpt)))
+    try:
+        script = launcher.script("envjob.py", SEES)
+        data = tmp_path / "data.txt"
+        data.write_text("pushed value")
+        job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster="noshare", env={
+            "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "LAUNCHER_DATA": launcher.data_dir},
+            files={"data.txt": str(data)}))
+        job = launcher.client.wait(job["id"], timeout=180)
+        assert job["state"] == "SUCCEEDED", job["reason"]
+        envs = rank_env(launcher.client, job["id"], 4)  # from the per-rank logs
+        for rank, env in envs.items():
+            node = rank // 2
+            assert_torchrun_env(env, rank)
+            assert env["netns"] == os.stat(f"/run/netns/{PREFIX}{node + 1}").st_ino
+            assert env["sees_launcher_data"] is False  # the job directory was out of sight
+            assert env["pushed"] == "pushed value"  # pushed files travel with the script
+            staged = env["DLC_JOB_DIR"]
+            assert os.path.basename(staged).startswith(f"dlc-{job['id']}-a1-n{node}-"), staged
+            assert env["attempt_dir"].startswith(staged + "/")
+            assert env["DLC_CHECKPOINT_DIR"] == str(ckpt / job["id"])
+            assert env["argv"] == ["--lr", "0.1"] and env["USER_VAR"] == "x" and env["sum"] == 6.0
+            assert env["DLC_LAUNCHER_URL"] == launcher.client.url
+        attempt_dir = layout.attempt_dir(job["job_dir"], 1)
+        for rank in range(4):
+            with open(layout.rank_log(attempt_dir, rank)) as f:
+                assert "\nENV {" in "\n" + f.read(), rank
+        assert glob.glob(os.path.join(attempt_dir, "rank-*.json")) == []
+        # Each host removed its job directory at the end.
+        wait_for(lambda: not [p for e in envs.values() for p in [e["DLC_JOB_DIR"]] if os.path.exists(p)],
+                 30, what="the hosts' job directories removed")
+
+        failing = launcher.client.submit({"script": launcher.script("fails.py", FAILS_ON_RANK_3),
+                                          "nodes": 2, "nproc_per_node": 2, "cluster": "noshare",
+                                          "max_restarts": 0})
+        final = launcher.client.wait(failing["id"], timeout=180)
+    finally:
+        clusters.remove_profile("noshare")
+    assert final["state"] == "FAILED"
+    assert final["reason"].startswith(f"rank 3 on host {HOSTS[1]} exited with code 1"), final["reason"]
+    [why] = launcher.client.diagnosis(failing["id"])
+    assert "ValueError: shard 7 is corrupt" in why["line"], why
+    lines = [line["text"] for line in launcher.client.logs(failing["id"])["lines"] if line["rank"] == 3]
+    assert "rank 3 up" in lines and any("ValueError: shard 7 is corrupt" in t for t in lines), lines
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
+
+
+def test_a_profile_without_a_shared_filesystem_needs_a_checkpoint_dir_and_small_files(
+        launcher, hosts, tmp_path):
+    script = launcher.script("sleeper.py", SLEEPER)
+    clusters.put_profile("nockpt", dict(_profile(hosts), engine="ssh", shared_filesystem=False))
+    try:
+        with pytest.raises(Exception) as error:
+            launcher.client.submit({"script": script, "cluster": "nockpt"})
+        big = tmp_path / "big.bin"
+        with open(big, "wb") as f:
+            f.truncate(33 * 2**20)
+        with pytest.raises(Exception) as too_big:
+            launcher.client.submit({"script": script, "cluster": "nockpt", "files": {"big.bin": str(big)},
+                                    "checkpoint_dir": str(tmp_path / "ckpt")})
+    finally:
+        clusters.remove_profile("nockpt")
+    assert str(error.value) == (
+        "cluster nockpt: checkpoint_dir: the hosts do not share the launcher's job directory "
+        "(shared_filesystem: false), so checkpoints need a directory every host and this machine "
+        "see; set checkpoint_dir: PATH in the profile or pass --checkpoint-dir")
+    assert str(too_big.value).startswith("files: the script and pushed files take 33.0 MiB, over the "
+                                         "32 MiB that travel over ssh to cluster nockpt"), str(too_big.value)
+    assert launcher.client.jobs() == []  # nothing stored for a refused job
+
+
 def test_stop_leaves_nothing_on_either_host(launcher, hosts):
     """SIGTERM reaches every rank on both hosts (the polite job leaves within its 30 s grace),
     SIGKILL the stubborn one's when its grace is over."""

@@ -31,13 +31,18 @@ its own, so a process group would miss them.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Any
 
 # After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
 SWEEP_GRACE = 3.0
@@ -46,6 +51,9 @@ PREFLIGHT_FAILED = 3
 # Preflight waits up to 2 x 20 s for the other nodes (runtime/node_preflight.py); past this,
 # a node that has not answered counts as failed.
 PREFLIGHT_TIMEOUT = 120.0
+# How a rank's log line travels over the ssh pipe without a shared filesystem:
+# RANK_LINE + rank + RANK_SEP + the line (control characters a log does not start with).
+RANK_LINE, RANK_SEP = b"\x1edlc-rank ", b"\x1f"
 # The only variable `run` adds to the job's own: which node of the attempt a process is, so
 # two nodes of one job on one host (or hosts sharing a process table) stay apart.
 NODE_TAG = "DLC_HOST_NODE"
@@ -90,11 +98,79 @@ def sweep(job: str, attempt: str, node: str) -> None:
         time.sleep(0.05)
 
 
+def stage(payload: dict, job: str, attempt: str, node: str) -> str:
+    """Without a shared filesystem: write the job's files (script, pushed files) into a
+    directory of this node's own, and point the payload's paths under the launcher's job
+    directory there. Returns the directory (removed when the node ends)."""
+    staged = payload["stage"]
+    root = tempfile.mkdtemp(prefix=f"dlc-{job}-a{attempt}-n{node}-")
+    for name, data in staged["files"].items():
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+    source = staged["from"].rstrip("/")
+
+    def moved(value: str) -> str:
+        return root + value[len(source):] if value == source or value.startswith(source + "/") else value
+
+    payload["argv"] = [moved(a) for a in payload["argv"]]
+    payload["env"] = {k: moved(v) for k, v in payload["env"].items()}
+    payload["cwd"] = moved(payload.get("cwd") or root)
+    os.makedirs(payload["env"]["DLC_ATTEMPT_DIR"], exist_ok=True)
+    os.makedirs(payload["cwd"], exist_ok=True)
+    return root
+
+
+class RankLogs:
+    """Forwards the rank logs the ranks write here (bootstrap: DLC_ATTEMPT_DIR/rank-R.log)
+    over stdout, each line tagged with its rank, for the keeper to split back into the
+    launcher's rank-R.log files. Complete lines only, but what is left at the end too."""
+
+    def __init__(self, attempt_dir: str):
+        self.attempt_dir = attempt_dir
+        self.offsets: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def forward(self, final: bool = False) -> None:
+        with self.lock:
+            for name in sorted(os.listdir(self.attempt_dir)):
+                match = re.fullmatch(r"rank-(\d+)\.log", name)
+                if not match:
+                    continue
+                path = os.path.join(self.attempt_dir, name)
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(name, 0))
+                    data = f.read()
+                if not final:
+                    data = data[:data.rfind(b"\n") + 1]
+                if not data:
+                    continue
+                self.offsets[name] = self.offsets.get(name, 0) + len(data)
+                out = b"".join(RANK_LINE + match.group(1).encode() + RANK_SEP + line + b"\n"
+                               for line in data.splitlines())
+                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.flush()
+
+    def follow(self, done: threading.Event) -> None:
+        while not done.wait(0.2):
+            self.forward()
+
+
 def run(check: bool = False) -> int:
     """The node's agent (or, with `check`, its preflight) under the stdin watch."""
     payload = json.loads(sys.stdin.buffer.readline() or b"{}")
     tags = payload["tags"]
     job, attempt, node = str(tags["job"]), str(tags["attempt"]), str(tags["node"])
+    root = stage(payload, job, attempt, node) if payload.get("stage") else None
+    try:
+        return _run(payload, job, attempt, node, check, root)
+    finally:
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(payload: dict, job: str, attempt: str, node: str, check: bool, root: str | None) -> int:
     env = dict(os.environ, **payload["env"], **{NODE_TAG: node})
     cwd = payload.get("cwd") or os.path.expanduser("~")
     argv = [sys.executable, "-m", "jupyter_dlc.runtime.node_preflight"] if check else payload["argv"]
@@ -104,6 +180,10 @@ def run(check: bool = False) -> int:
     except OSError as error:
         print(f"jupyter-dlc ssh node {node}: cannot start the agent: {error}", flush=True)
         return 127
+    logs = RankLogs(env["DLC_ATTEMPT_DIR"]) if root and not check else None
+    done = threading.Event()
+    if logs:
+        threading.Thread(target=logs.follow, args=(done,), daemon=True).start()
 
     def watch_stdin() -> None:
         # Nothing more is ever sent: a read returns only at end of file, which is the
@@ -120,6 +200,9 @@ def run(check: bool = False) -> int:
     threading.Thread(target=watch_stdin, daemon=True).start()
     code = agent.wait()
     sweep(job, attempt, node)  # a rank the agent left behind, a daemon it started
+    done.set()
+    if logs:
+        logs.forward(final=True)
     return 128 - code if code < 0 else code
 
 
@@ -168,6 +251,27 @@ def _gate(request: dict) -> bool:
     return False
 
 
+def split_rank_logs(stream, rank_dir: str) -> None:
+    """The node's output until it ends: tagged lines into rank_dir/rank-R.log, the agent's
+    own lines to stdout (the node log)."""
+    files: dict[bytes, Any] = {}
+    try:
+        for line in stream:
+            if line.startswith(RANK_LINE):
+                rank, _, text = line[len(RANK_LINE):].partition(RANK_SEP)
+                if rank.isdigit():
+                    if rank not in files:
+                        files[rank] = open(os.path.join(rank_dir, f"rank-{int(rank)}.log"), "ab")
+                    files[rank].write(text)
+                    files[rank].flush()
+                    continue
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+    finally:
+        for f in files.values():
+            f.close()
+
+
 def keep(request_path: str) -> int:
     with open(request_path) as f:
         request = json.load(f)
@@ -176,13 +280,16 @@ def keep(request_path: str) -> int:
         print("jupyter-dlc: preflight failed on a node; no agent started", flush=True)
         _write_code(request["exit_path"], PREFLIGHT_FAILED)
         return PREFLIGHT_FAILED
-    ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
-                           stderr=subprocess.STDOUT)
+    rank_dir = request.get("rank_logs")  # no shared filesystem: rank logs come over the pipe
+    ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE if rank_dir else sys.stdout, stderr=subprocess.STDOUT)
     try:
         ssh.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
         ssh.stdin.flush()
     except OSError:
         pass  # ssh already gone (host unreachable): its exit code says so
+    if rank_dir:
+        split_rank_logs(ssh.stdout, rank_dir)
     code = ssh.wait()  # stdin stays open until this process ends
     code = 128 - code if code < 0 else code  # ssh killed by a signal: the shell's convention
     _write_code(request["exit_path"], code)

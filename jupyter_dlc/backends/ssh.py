@@ -10,8 +10,13 @@
   (the job token among it) and working directory travel as one JSON line on ssh's stdin.
 - The agents' output streams back over the ssh pipe into the attempt's `node-K.log`, so
   torchrun's failure summary (ranks killed by a signal) reaches the launcher without a
-  shared filesystem; rank records and per-rank logs come from the job directory, which the
-  hosts must share for now (`shared_filesystem: true`).
+  shared filesystem; rank records and first errors come over the report route
+  (`DLC_RANK_RECORDS=report`). Without a shared filesystem (`shared_filesystem: false`) the
+  script and pushed files travel in the payload into a directory of the host's own, and the
+  ranks' logs come back over the pipe, tagged per rank, into the launcher's `rank-R.log`;
+  checkpoints need the profile's `checkpoint_dir`, which every host and the launcher see.
+- Preflight (`runtime/node_preflight.py`) runs on every host over ssh before any agent: each
+  keeper runs its node's and waits for all verdicts, so agents start everywhere or nowhere.
 - Nothing outlives its job on any host: `run` kills every process of its node when its
   stdin closes (the ssh client or its keeper was killed, or sshd dropped a dead connection)
   and when the agent exits; stop and kill reach the hosts with

@@ -76,7 +76,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
             "known_hosts": (str, "a known_hosts file with the hosts' keys"),
             "ssh_options": (list, "a list of ssh -o options, e.g. [ProxyJump=bastion]"),
             "master_addr": (str, "node 0's address as the other hosts reach it (default: hosts[0])"),
-            "shared_filesystem": (bool, "true when the hosts see the launcher's job directory")},
+            "shared_filesystem": (bool, "true when the hosts see the launcher's job directory"),
+            "checkpoint_dir": (str, "a directory every host and the launcher see, for checkpoints "
+                               "(one per job under it); needed without a shared filesystem")},
 }
 # Options whose list holds mappings, not strings; options with a fixed set of values.
 _LIST_OF_MAPPINGS = ("tolerations",)

@@ -9,6 +9,7 @@ carry the job's id, and by what runs in each namespace (`ip netns pids`).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
 
-from jupyter_dlc import clusters, formatting
+from jupyter_dlc import clusters, formatting, layout
 from jupyter_dlc.backends import ssh_node
 from jupyter_dlc.backends.local import job_processes
 
@@ -153,6 +154,15 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
         with open(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.log")) as f:
             assert "OMP_NUM_THREADS" in f.read()
         assert not os.path.exists(os.path.join(job["job_dir"], "attempt-1", f"node-{node}.ssh.json"))
+    # Rank records came over the report route (DLC_RANK_RECORDS=report): no record files,
+    # yet the launcher knows every rank's pid and exit; preflight ran on both hosts first.
+    attempt_dir = layout.attempt_dir(job["job_dir"], 1)
+    assert glob.glob(os.path.join(attempt_dir, "rank-*.json")) == []
+    assert {(r["rank"], r["exit_code"]) for r in job["ranks"]} == {(r, 0) for r in range(4)}
+    assert all(r["pid"] for r in job["ranks"])
+    checks = [e["data"] for e in launcher.client.events(job["id"]) if e["type"] == layout.NODE_PREFLIGHT]
+    assert sorted((c["node"], c["host"], c["ok"]) for c in checks) == [
+        (0, HOSTS[0], True), (1, HOSTS[1], True)]
     shown = formatting.status_text(launcher.client.job(job["id"]))
     assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]} on cluster local-ssh" in shown
     # Export works for an SSH job as for any other: plain run.sh and job.sbatch.
@@ -161,6 +171,152 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
     written = export_job(launcher.client, job["id"], str(tmp_path / "bundle"))
     assert {"run.sh", "job.sbatch", "script.py"} <= {os.path.basename(p) for p in written}
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def _profile(hosts) -> dict:
+    import yaml
+
+    with open(hosts["DLC_CLUSTERS"]) as f:
+        return yaml.safe_load(f)["clusters"][CLUSTER]
+
+
+def test_a_host_that_sees_another_checkpoint_directory_fails_preflight_by_name(launcher, hosts, tmp_path):
+    """Host 2 runs its Python in a mount namespace of its own with an empty tmpfs over the
+    checkpoint directory (the same path, another directory: a node-local disk). Preflight
+    runs on every host over ssh before any agent, names the host and the fix, no agent
+    starts anywhere, and nothing is retried."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ran = tmp_path / "ran"
+    wrapper = tmp_path / "python-private-ckpt-on-host2"
+    wrapper.write_text(f"""#!/bin/sh
+if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
+    exec unshare -m --propagation private sh -c 'mount -t tmpfs dlctest "$0" && exec "$@"' \\
+        {ckpt} {sys.executable} "$@"
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    clusters.put_profile("privateckpt", dict(_profile(hosts), engine="ssh", python=str(wrapper)))
+    try:
+        script = launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n")
+        job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                      "cluster": "privateckpt", "max_restarts": 2,
+                                      "checkpoint_dir": str(ckpt)})
+        final = launcher.client.wait(job["id"], timeout=180)
+    finally:
+        clusters.remove_profile("privateckpt")
+    assert final["state"] == "FAILED" and final["attempt"] == 1, final["reason"]
+    assert final["reason"].startswith(f"preflight on node 1 ({HOSTS[1]}): {HOSTS[1]} does not see the "
+                                      f"checkpoint directory {ckpt}"), final["reason"]
+    assert "mount the same shared filesystem at that path on every node" in final["reason"]
+    assert not ran.exists()  # no rank ran anywhere
+    assert all(r["pid"] is None for r in final["ranks"])
+    wait_for(lambda: not glob.glob(str(ckpt / ".dlc-preflight-*")), 60, what="no preflight marker left")
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
+
+
+SEES = WHERE_SCRIPT.replace(
+    '"argv":', '"sees_launcher_data": os.path.exists(os.environ["LAUNCHER_DATA"] + "/jobs"), '
+    '"attempt_dir": os.environ["DLC_ATTEMPT_DIR"], '
+    '"pushed": open(os.environ["DLC_JOB_DIR"] + "/files/data.txt").read(), "argv":')
+
+FAILS_ON_RANK_3 = """
+import os, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank} up", flush=True)
+if rank == 3:
+    time.sleep(1)
+    raise ValueError("shard 7 is corrupt")
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_hosts_without_a_shared_filesystem_get_files_in_the_payload_and_send_logs_back(
+        launcher, hosts, tmp_path):
+    """Both hosts run their Python in a mount namespace where the launcher's data directory
+    is an empty tmpfs: they cannot see the job directory. The script travels in the ssh
+    payload into a directory of each host's own, rank logs come back over the ssh pipe into
+    the launcher's rank-R.log, records and first errors over the report route; checkpoints
+    go to the profile's checkpoint_dir, which every host sees."""
+    wrapper = tmp_path / "python-without-launcher-data"
+    wrapper.write_text(f"""#!/bin/sh
+exec unshare -m --propagation private sh -c 'mount -t tmpfs dlchidden "$0" && exec "$@"' \\
+    {launcher.data_dir} {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    ckpt = tmp_path / "ckpt"
+    clusters.put_profile("noshare", dict(_profile(hosts), engine="ssh", python=str(wrapper),
+                                         shared_filesystem=False, checkpoint_dir=str(ckpt)))
+    try:
+        script = launcher.script("envjob.py", SEES)
+        data = tmp_path / "data.txt"
+        data.write_text("pushed value")
+        job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster="noshare", env={
+            "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "LAUNCHER_DATA": launcher.data_dir},
+            files={"data.txt": str(data)}))
+        job = launcher.client.wait(job["id"], timeout=180)
+        assert job["state"] == "SUCCEEDED", job["reason"]
+        envs = rank_env(launcher.client, job["id"], 4)  # from the per-rank logs
+        for rank, env in envs.items():
+            node = rank // 2
+            assert_torchrun_env(env, rank)
+            assert env["netns"] == os.stat(f"/run/netns/{PREFIX}{node + 1}").st_ino
+            assert env["sees_launcher_data"] is False  # the job directory was out of sight
+            assert env["pushed"] == "pushed value"  # pushed files travel with the script
+            staged = env["DLC_JOB_DIR"]
+            assert os.path.basename(staged).startswith(f"dlc-{job['id']}-a1-n{node}-"), staged
+            assert env["attempt_dir"].startswith(staged + "/")
+            assert env["DLC_CHECKPOINT_DIR"] == str(ckpt / job["id"])
+            assert env["argv"] == ["--lr", "0.1"] and env["USER_VAR"] == "x" and env["sum"] == 6.0
+            assert env["DLC_LAUNCHER_URL"] == launcher.client.url
+        attempt_dir = layout.attempt_dir(job["job_dir"], 1)
+        for rank in range(4):
+            with open(layout.rank_log(attempt_dir, rank)) as f:
+                assert "\nENV {" in "\n" + f.read(), rank
+        assert glob.glob(os.path.join(attempt_dir, "rank-*.json")) == []
+        # Each host removed its job directory at the end.
+        wait_for(lambda: not [p for e in envs.values() for p in [e["DLC_JOB_DIR"]] if os.path.exists(p)],
+                 30, what="the hosts' job directories removed")
+
+        failing = launcher.client.submit({"script": launcher.script("fails.py", FAILS_ON_RANK_3),
+                                          "nodes": 2, "nproc_per_node": 2, "cluster": "noshare",
+                                          "max_restarts": 0})
+        final = launcher.client.wait(failing["id"], timeout=180)
+    finally:
+        clusters.remove_profile("noshare")
+    assert final["state"] == "FAILED"
+    assert final["reason"].startswith(f"rank 3 on host {HOSTS[1]} exited with code 1"), final["reason"]
+    [why] = launcher.client.diagnosis(failing["id"])
+    assert "ValueError: shard 7 is corrupt" in why["line"], why
+    lines = [line["text"] for line in launcher.client.logs(failing["id"])["lines"] if line["rank"] == 3]
+    assert "rank 3 up" in lines and any("ValueError: shard 7 is corrupt" in t for t in lines), lines
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
+
+
+def test_a_profile_without_a_shared_filesystem_needs_a_checkpoint_dir_and_small_files(
+        launcher, hosts, tmp_path):
+    script = launcher.script("sleeper.py", SLEEPER)
+    clusters.put_profile("nockpt", dict(_profile(hosts), engine="ssh", shared_filesystem=False))
+    try:
+        with pytest.raises(Exception) as error:
+            launcher.client.submit({"script": script, "cluster": "nockpt"})
+        big = tmp_path / "big.bin"
+        with open(big, "wb") as f:
+            f.truncate(33 * 2**20)
+        with pytest.raises(Exception) as too_big:
+            launcher.client.submit({"script": script, "cluster": "nockpt", "files": {"big.bin": str(big)},
+                                    "checkpoint_dir": str(tmp_path / "ckpt")})
+    finally:
+        clusters.remove_profile("nockpt")
+    assert str(error.value) == (
+        "cluster nockpt: checkpoint_dir: the hosts do not share the launcher's job directory "
+        "(shared_filesystem: false), so checkpoints need a directory every host and this machine "
+        "see; set checkpoint_dir: PATH in the profile or pass --checkpoint-dir")
+    assert str(too_big.value).startswith("files: the script and pushed files take 33.0 MiB, over the "
+                                         "32 MiB that travel over ssh to cluster nockpt"), str(too_big.value)
+    assert launcher.client.jobs() == []  # nothing stored for a refused job
 
 
 def test_stop_leaves_nothing_on_either_host(launcher, hosts):

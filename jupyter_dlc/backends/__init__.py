@@ -218,6 +218,21 @@ def failed_preflight(events: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def remove_preflight_markers(ctx: AttemptContext) -> None:
+    """Preflight markers that node 0 did not live to remove (the attempt ended mid-check)."""
+    import glob
+    import os
+
+    from .. import layout
+
+    marker = layout.preflight_marker(ctx.env["DLC_CHECKPOINT_DIR"], ctx.job_id, "*")
+    for path in glob.glob(marker) + glob.glob(marker + ".ok-*"):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 def rank_records(ctx: AttemptContext) -> dict[int, dict]:
     """Every rank's record: the attempt directory's file where the ranks wrote one (the
     local engine's fast path, and readable while the launcher was down), over what the

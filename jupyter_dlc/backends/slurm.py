@@ -17,7 +17,6 @@ job: it only ever asks Slurm about that id. The batch script is standalone (`dry
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import secrets
@@ -38,6 +37,7 @@ from . import (
     RankStatus,
     failed_preflight,
     rank_records,
+    remove_preflight_markers,
 )
 from .local import _read_int, agent_summary_codes, torchrun_argv
 
@@ -401,13 +401,7 @@ class SlurmBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
-        # Preflight markers that node 0 did not live to remove (the attempt ended mid-check).
-        marker = layout.preflight_marker(ctx.env["DLC_CHECKPOINT_DIR"], ctx.job_id, "*")
-        for path in glob.glob(marker) + glob.glob(marker + ".ok-*"):
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        remove_preflight_markers(ctx)
 
 
 def _pooled() -> Backend:

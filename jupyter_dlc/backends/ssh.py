@@ -10,8 +10,13 @@
   (the job token among it) and working directory travel as one JSON line on ssh's stdin.
 - The agents' output streams back over the ssh pipe into the attempt's `node-K.log`, so
   torchrun's failure summary (ranks killed by a signal) reaches the launcher without a
-  shared filesystem; rank records and per-rank logs come from the job directory, which the
-  hosts must share for now (`shared_filesystem: true`).
+  shared filesystem; rank records and first errors come over the report route
+  (`DLC_RANK_RECORDS=report`). Without a shared filesystem (`shared_filesystem: false`) the
+  script and pushed files travel in the payload into a directory of the host's own, and the
+  ranks' logs come back over the pipe, tagged per rank, into the launcher's `rank-R.log`;
+  checkpoints need the profile's `checkpoint_dir`, which every host and the launcher see.
+- Preflight (`runtime/node_preflight.py`) runs on every host over ssh before any agent: each
+  keeper runs its node's and waits for all verdicts, so agents start everywhere or nowhere.
 - Nothing outlives its job on any host: `run` kills every process of its node when its
   stdin closes (the ssh client or its keeper was killed, or sshd dropped a dead connection)
   and when the agent exits; stop and kill reach the hosts with
@@ -25,6 +30,7 @@ a launcher killed with -9 re-adopts the attempt from them and the exit files.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -38,8 +44,18 @@ from typing import Any
 
 from .. import layout
 from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, Backend, Capabilities, NodeStatus, RankStatus
-from .local import _alive, _read_int, _read_json, _spawn, agent_summary_codes, torchrun_argv
+from . import (
+    AttemptContext,
+    AttemptStatus,
+    Backend,
+    Capabilities,
+    NodeStatus,
+    RankStatus,
+    failed_preflight,
+    rank_records,
+    remove_preflight_markers,
+)
+from .local import _alive, _read_int, _spawn, agent_summary_codes, torchrun_argv
 from .slurm import job_script_env
 
 CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
@@ -50,6 +66,8 @@ SIGNAL_TIMEOUT = 15.0  # one round of `ssh_node signal` to every host
 SSH_FAILED = 255  # ssh's own exit code: the connection failed or was lost
 VANISHED_GRACE = 1.0
 KILLED = 137
+# What a job without a shared filesystem may carry to each host in its ssh payload.
+STAGE_LIMIT = 32 * 2**20
 
 
 def _profile(spec: JobSpec):
@@ -77,6 +95,32 @@ def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
     for option in profile.get("ssh_options") or []:
         argv += ["-o", option]
     return argv + [host, "--", *(shlex.quote(word) for word in remote)]
+
+
+def _staged_size(spec: JobSpec) -> int:
+    """Bytes of the script and pushed files that a job without a shared filesystem sends."""
+    paths = list(spec.files.values()) + ([] if spec.code is not None else [spec.script])
+    size = len((spec.code or "").encode())
+    for path in paths:
+        try:
+            size += os.path.getsize(path)
+        except (OSError, TypeError):
+            pass
+    return size
+
+
+def staged_files(job_dir: str) -> dict[str, str]:
+    """The job directory's script and pushed files (relative name -> base64), as the payload
+    carries them to hosts that do not share the launcher's filesystem."""
+    pushed = os.path.join(job_dir, "files")
+    names = ["script.py"] + [os.path.join("files", n) for n in
+                             (sorted(os.listdir(pushed)) if os.path.isdir(pushed) else [])
+                             if os.path.isfile(os.path.join(pushed, n))]
+    staged = {}
+    for name in names:
+        with open(os.path.join(job_dir, name), "rb") as f:
+            staged[name] = base64.b64encode(f.read()).decode()
+    return staged
 
 
 def remote_python(spec: JobSpec, profile) -> str:
@@ -136,7 +180,8 @@ class SSHBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
-        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False)
+        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False,
+                            node_preflight=True)
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
@@ -148,8 +193,16 @@ class SSHBackend(Backend):
                 return (f"cluster {profile.name}: hosts: {host!r} carries a user or port; give them "
                         "as `user:` and `port:` in the profile, and the bare host here")
         if not profile.get("shared_filesystem"):
-            return (f"cluster {profile.name}: the SSH engine needs the hosts to see the launcher's "
-                    "job directory; mount it on the hosts and set shared_filesystem: true in the profile")
+            if not (spec.checkpoint_dir or profile.get("checkpoint_dir")):
+                return (f"cluster {profile.name}: checkpoint_dir: the hosts do not share the launcher's "
+                        "job directory (shared_filesystem: false), so checkpoints need a directory "
+                        "every host and this machine see; set checkpoint_dir: PATH in the profile "
+                        "or pass --checkpoint-dir")
+            size = _staged_size(spec)
+            if size > STAGE_LIMIT:
+                return (f"files: the script and pushed files take {size / 2**20:.1f} MiB, over the "
+                        f"{STAGE_LIMIT // 2**20} MiB that travel over ssh to cluster {profile.name} "
+                        "(shared_filesystem: false); push less, or share a filesystem with the hosts")
         from . import launcher_url
 
         reach = urllib.parse.urlsplit(launcher_url or "").hostname or ""
@@ -177,6 +230,14 @@ class SSHBackend(Backend):
                         f"has {have}{unit}; use {flag} {have}{unit} or less")
         return None
 
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """The spec's, else the profile's `checkpoint_dir` (one directory per job under it:
+        a path every host and the launcher see), else the job directory's."""
+        base = _profile(spec).get("checkpoint_dir")
+        if spec.checkpoint_dir or not base:
+            return super().checkpoint_dir(spec, job_id, job_dir)
+        return os.path.join(os.path.expanduser(str(base)), job_id)
+
     def check(self, profile) -> dict[str, Any]:
         rows = probe_hosts(profile)
         if not rows:
@@ -197,12 +258,16 @@ class SSHBackend(Backend):
         env.update(profile.env)
         env.update(ctx.spec.env)  # the user's --env wins, as with every engine
         payloads = []
+        # Without a shared filesystem the job's files travel in the payload; the host writes
+        # them into a directory of its own and points the job directory's paths there.
+        stage = None if profile.get("shared_filesystem") else {"from": ctx.job_dir, "files": {}}
         for node in range(ctx.spec.nodes):
             argv = torchrun_argv(ctx.spec, node, ctx.port or 29500, ctx.script_path, python,
                                  master_addr=master)
             payloads.append({"argv": argv, "cwd": ctx.spec.workdir or ctx.job_dir,
-                             "env": dict(env, DLC_NODE_RANK=str(node)),
-                             "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node}})
+                             "env": dict(env, DLC_NODE_RANK=str(node), DLC_NODE_HOST=hosts[node]),
+                             "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node},
+                             **({"stage": stage} if stage else {})})
         return profile, hosts, payloads
 
     def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
@@ -216,15 +281,24 @@ class SSHBackend(Backend):
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         request = self.dry_run(ctx)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
+        results = [os.path.join(ctx.attempt_dir, f"node-{n}.preflight") for n in range(ctx.spec.nodes)]
+        shared = self.capabilities(ctx.spec).shared_filesystem
+        files = None if shared else staged_files(ctx.job_dir)
         nodes = []
         for node, (host, argv, payload) in enumerate(zip(request["hosts"], request["commands"],
                                                          request["payloads"], strict=True)):
             payload["env"]["DLC_TOKEN"] = ctx.env["DLC_TOKEN"]
+            if files is not None:
+                payload["stage"] = dict(payload["stage"], files=files)
             path = os.path.join(ctx.attempt_dir, f"node-{node}.ssh.json")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"argv": argv, "payload": payload,
-                           "exit_path": layout.node_exit(ctx.attempt_dir, node)}, f)
+                # Preflight on every host before any agent (the keepers gate on each other's
+                # verdicts): a node that fails reports why over the route, and none starts.
+                preflight = {"argv": argv[:-1] + ["preflight"], "result": results[node], "results": results}
+                json.dump({"argv": argv, "payload": payload, "preflight": preflight,
+                           "exit_path": layout.node_exit(ctx.attempt_dir, node),
+                           "rank_logs": None if shared else ctx.attempt_dir}, f)
             # The keeper runs here, in a session of its own (it outlives the launcher) and in
             # the attempt's cgroup; it carries the job's id, so the supervisor sees it alive.
             pid = _spawn(ctx, node, [sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", path])
@@ -249,9 +323,11 @@ class SSHBackend(Backend):
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)
         status.phase = "RUNNING" if status.alive else "ENDED"
+        status.reason = failed_preflight(ctx.reported)  # no agent started: fix and resume
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
+        records = rank_records(ctx)  # reported over the route: the ranks write no files
         for rank in range(ctx.spec.world_size):
-            record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
+            record = records[rank]
             host_node = status.nodes[rank // ctx.spec.nproc_per_node]
             code = record.get("exit_code")
             if code is None:
@@ -294,3 +370,4 @@ class SSHBackend(Backend):
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("nodes") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
+        remove_preflight_markers(ctx)

@@ -82,7 +82,8 @@ def _read(path: str) -> dict | None:
 def main() -> int:
     env = dict(os.environ)
     node = int(env.get("DLC_NODE_RANK", env.get("SLURM_NODEID", "0")))
-    host = env.get("SLURMD_NODENAME") or socket.gethostname()
+    # The name the engine knows the node by (an SSH profile's host), else Slurm's, else its own.
+    host = env.get("DLC_NODE_HOST") or env.get("SLURMD_NODENAME") or socket.gethostname()
     problem = check(node, host, env)
     from .report import send_events_now
 

@@ -103,8 +103,8 @@ def _staged_size(spec: JobSpec) -> int:
     size = len((spec.code or "").encode())
     for path in paths:
         try:
-            size += os.path.getsize(path)
-        except (OSError, TypeError):
+            size += os.path.getsize(path) if path else 0
+        except OSError:
             pass
     return size
 

@@ -20,6 +20,12 @@ Files in POOL_DIR (written atomically by rename):
     node-K.ack          {"seq", "pid"}: the node process of order `seq` runs as `pid`
     store-ready.json    {"seq", "port"}: the store that job `seq` will use is listening
     store-claim         the seq of the job that took the ready store
+
+Files of a pooled job's node process in the attempt's directory (shared with the launcher):
+    node-K.exit         the node's exit code, as torchrun's wrapper writes it
+    node-K.alive        {"host", "pid", "t"}, refreshed every second while the ranks run
+    node-K.signal       {"signal": TERM|KILL}: the launcher's stop/kill order, carried out here on the
+                        ranks' process groups (the launcher may be on another host)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -36,6 +43,8 @@ from .local import _read_json
 from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
+_NODE_POLL = 0.05  # a node process's look at its ranks and the launcher's orders
+ALIVE_INTERVAL = 1.0  # how often a node process refreshes node-K.alive
 LEASE_SECONDS = float(os.environ.get("DLC_POOL_LEASE", "60"))
 
 
@@ -190,11 +199,27 @@ def run_node(order: dict) -> int:
     print(f"pool node {order['node']}: ranks {sorted(ranks.values())} started as {sorted(ranks)}",
           flush=True)
     worst = 0
+    signal_path = os.path.join(order["attempt_dir"], f"node-{order['node']}.signal")
+    alive_path = os.path.join(order["attempt_dir"], f"node-{order['node']}.alive")
+    obeyed, beat = "", 0.0
     while ranks:
+        # The launcher may run on another host: it neither sees these pids nor can signal
+        # them, so it leaves an order (TERM, then KILL) in the shared attempt directory and
+        # this process, which owns the ranks, carries it out; and it shows it is alive.
+        if time.monotonic() - beat >= ALIVE_INTERVAL:
+            beat = time.monotonic()
+            _write_json(alive_path, {"host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
+        wanted = _read_order(signal_path)
+        if wanted and wanted != obeyed:
+            obeyed = wanted
+            _signal_ranks(list(ranks), signal.SIGKILL if wanted == "KILL" else signal.SIGTERM)
         try:
-            pid, status = os.wait()
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
+        if not pid:
+            time.sleep(_NODE_POLL)
+            continue
         rank = ranks.pop(pid, None)
         if rank is None:
             continue
@@ -212,6 +237,21 @@ def run_node(order: dict) -> int:
     with open(order["exit_file"], "w") as f:
         f.write(str(exit_code))
     return exit_code
+
+
+def _read_order(path: str) -> str:
+    return (_read_json(path) or {}).get("signal") or ""
+
+
+def _signal_ranks(pids: list[int], sig: int) -> None:
+    """Each rank leads a session and process group of its own (setsid): the signal reaches
+    what the rank started too (data loader workers), as torchrun's agent does."""
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:  # forked, not yet in a group of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 # -- the zygote ---------------------------------------------------------------------------

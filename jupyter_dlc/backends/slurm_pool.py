@@ -15,9 +15,13 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
+from .. import layout
 from ..spec import JobSpec
-from .slurm import STEP_VARS, _profile, _run, client_env, sbatch_directives
+from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
+from .local import _read_int, _read_json
+from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
 POOL_SBATCH = """#!/bin/bash
 {header}
@@ -74,3 +78,79 @@ def cancel(cluster: str, engine_id: str) -> None:
         _run(["scancel", engine_id], client_env(_profile(_shape(cluster))))
     except (RuntimeError, subprocess.SubprocessError):
         pass  # Slurm unreachable: the agents' lease ends the allocation anyway
+
+
+# -- a job on the pool, seen and stopped without the launcher's /proc or signals -----------
+# The pool's nodes may be other hosts: the launcher neither sees their pids nor can signal
+# them. Each node process (pool_agent.run_node) owns its ranks, records their exits in the
+# shared attempt directory and carries out the TERM/KILL orders left there; the ranks report
+# their own records over the report route; Slurm says whether the allocation still holds.
+NODE_STALE = 30.0  # seconds without a node process's sign of life before its node is lost
+_states: dict[str, tuple[float, str]] = {}  # allocation -> (when asked, squeue's state)
+
+
+def polled_state(cluster: str, engine_id: str) -> str:
+    """The allocation's state, asked of Slurm at most once a POLL_INTERVAL."""
+    asked, state = _states.get(engine_id, (0.0, ""))
+    if time.monotonic() - asked >= POLL_INTERVAL:
+        state = allocation_state(cluster, engine_id)
+        _states[engine_id] = (time.monotonic(), state)
+    return state
+
+
+def allocation_held(state: str) -> bool:
+    return ACTIVE.get(state) is not None and state != "COMPLETING"
+
+
+def _node_host(ctx: AttemptContext, handle: dict, node: int) -> str:
+    alive = _read_json(os.path.join(ctx.attempt_dir, f"node-{node}.alive")) or {}
+    return alive.get("host") or (_read_json(os.path.join(handle.get("pool_dir", ""),
+                                                         f"node-{node}.pid")) or {}).get("addr") or "?"
+
+
+def _lost(ctx: AttemptContext, handle: dict, waiting: list[int]) -> str | None:
+    """Why the nodes still without an exit record will never write one, or None."""
+    allocation = handle.get("allocation")
+    state = polled_state(ctx.spec.cluster, allocation) if allocation else "GONE"
+    node = waiting[0]
+    if not allocation_held(state):
+        return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
+                f"its allocation {allocation} is {state}")
+    for node in waiting:
+        path = os.path.join(ctx.attempt_dir, f"node-{node}.alive")
+        try:
+            seen = os.stat(path).st_mtime
+        except OSError:
+            seen = handle.get("submitted") or time.time()
+        if time.time() - seen > NODE_STALE:
+            return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
+                    f"no sign of its node process for {time.time() - seen:.0f}s")
+    return None
+
+
+def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:
+    nodes = ctx.spec.nodes
+    exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(nodes)}
+    records = rank_records(ctx)
+    waiting = [n for n, code in exits.items() if code is None]
+    status = AttemptStatus()
+    lost = _lost(ctx, handle, waiting) if waiting else None
+    status.phase = "RUNNING" if waiting and not lost else "ENDED"
+    status.alive = status.phase == "RUNNING"
+    status.reason = lost
+    for node, code in exits.items():
+        status.nodes.append(NodeStatus(node, status.alive and code is None, code))
+    for rank, record in records.items():
+        code = record.get("exit_code")
+        if code is None and exits[rank // ctx.spec.nproc_per_node] == 0:
+            code = 0  # left with os._exit before its record; its node process saw it exit 0
+        running = code is None and record.get("pid") is not None and status.alive
+        status.ranks[rank] = RankStatus(rank, record.get("pid"), running, code,
+                                        record.get("start"), record.get("end"))
+    return status
+
+
+def order_job(ctx: AttemptContext, what: str) -> None:
+    """Leave TERM or KILL for each node process of the attempt (pool_agent.run_node)."""
+    for node in range(ctx.spec.nodes):
+        layout.write_json_atomic(os.path.join(ctx.attempt_dir, f"node-{node}.signal"), {"signal": what})

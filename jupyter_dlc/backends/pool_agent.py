@@ -135,6 +135,8 @@ def _allocation_env() -> dict[str, str]:
 
 
 _ALLOCATION_ENV: dict[str, str] = {}
+# The node's name as Slurm knows it (as reasons name nodes), else the host's.
+_NODE_NAME = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def run_rank(order: dict, local_rank: int) -> None:
@@ -208,7 +210,7 @@ def run_node(order: dict) -> int:
         # this process, which owns the ranks, carries it out; and it shows it is alive.
         if time.monotonic() - beat >= ALIVE_INTERVAL:
             beat = time.monotonic()
-            _write_json(alive_path, {"host": socket.gethostname(), "pid": os.getpid(), "t": time.time()})
+            _write_json(alive_path, {"host": _NODE_NAME, "pid": os.getpid(), "t": time.time()})
         wanted = _read_order(signal_path)
         if wanted and wanted != obeyed:
             obeyed = wanted
@@ -281,7 +283,7 @@ def main(pool_dir: str, node: int) -> int:
             sys.stdout.flush()
             os._exit(code)
     _write_json(os.path.join(pool_dir, f"node-{node}.pid"),
-                {"pid": os.getpid(), "keeper": keeper,
+                {"pid": os.getpid(), "keeper": keeper, "host": _NODE_NAME,
                  "addr": os.environ.get("DLC_POOL_ADDR") or "127.0.0.1"})
     order_path = os.path.join(pool_dir, f"node-{node}.order")
     while not _lease_expired(pool_dir):

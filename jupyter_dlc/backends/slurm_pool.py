@@ -28,7 +28,7 @@ POOL_SBATCH = """#!/bin/bash
 # A warm pool of jupyter-dlc: one agent per node, holding the allocation until released.
 set -u
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
+srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\
     /bin/bash -c {task}
 """
 
@@ -89,10 +89,10 @@ NODE_STALE = 30.0  # seconds without a node process's sign of life before its no
 _states: dict[str, tuple[float, str]] = {}  # allocation -> (when asked, squeue's state)
 
 
-def polled_state(cluster: str, engine_id: str) -> str:
-    """The allocation's state, asked of Slurm at most once a POLL_INTERVAL."""
+def polled_state(cluster: str, engine_id: str, fresh: bool = False) -> str:
+    """The allocation's state, asked of Slurm at most once a POLL_INTERVAL (`fresh`: now)."""
     asked, state = _states.get(engine_id, (0.0, ""))
-    if time.monotonic() - asked >= POLL_INTERVAL:
+    if fresh or time.monotonic() - asked >= POLL_INTERVAL:
         state = allocation_state(cluster, engine_id)
         _states[engine_id] = (time.monotonic(), state)
     return state
@@ -104,15 +104,16 @@ def allocation_held(state: str) -> bool:
 
 def _node_host(ctx: AttemptContext, handle: dict, node: int) -> str:
     alive = _read_json(os.path.join(ctx.attempt_dir, f"node-{node}.alive")) or {}
-    return alive.get("host") or (_read_json(os.path.join(handle.get("pool_dir", ""),
-                                                         f"node-{node}.pid")) or {}).get("addr") or "?"
+    agent = _read_json(os.path.join(handle.get("pool_dir", ""), f"node-{node}.pid")) or {}
+    return alive.get("host") or agent.get("host") or agent.get("addr") or "?"
 
 
-def _lost(ctx: AttemptContext, handle: dict, waiting: list[int]) -> str | None:
-    """Why the nodes still without an exit record will never write one, or None."""
+def _lost(ctx: AttemptContext, handle: dict, waiting: list[int], failing: list[int]) -> str | None:
+    """Why the nodes still without an exit record will never write one, or why the failing
+    ones failed when Slurm took the allocation (a scancel's SIGTERM ends ranks too), or None."""
     allocation = handle.get("allocation")
-    state = polled_state(ctx.spec.cluster, allocation) if allocation else "GONE"
-    node = waiting[0]
+    state = polled_state(ctx.spec.cluster, allocation, fresh=bool(failing)) if allocation else "GONE"
+    node = (waiting or failing)[0]
     if not allocation_held(state):
         return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
                 f"its allocation {allocation} is {state}")
@@ -133,8 +134,10 @@ def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:
     exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(nodes)}
     records = rank_records(ctx)
     waiting = [n for n, code in exits.items() if code is None]
+    failing = [n for n, code in exits.items() if code] or \
+        sorted({r // ctx.spec.nproc_per_node for r, rec in records.items() if rec.get("exit_code")})
     status = AttemptStatus()
-    lost = _lost(ctx, handle, waiting) if waiting else None
+    lost = _lost(ctx, handle, waiting, failing) if waiting or failing else None
     status.phase = "RUNNING" if waiting and not lost else "ENDED"
     status.alive = status.phase == "RUNNING"
     status.reason = lost

@@ -11,7 +11,9 @@ agents and ranks never run it (the pool drops DLC_* variables; ranks are forks o
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 
@@ -20,6 +22,7 @@ from conftest import LauncherEnv, assert_launcher_env, wait_for
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_slurm import CLUSTER, local_slurm, squeue_ids
 
+from jupyter_dlc import layout
 from jupyter_dlc.backends.local import job_processes
 
 BLIND = """
@@ -165,10 +168,33 @@ def test_scancel_of_the_pool_fails_its_job_naming_the_node_and_replaces_the_pool
     subprocess.run(["scancel", allocation], env=slurm, check=True)
     final = client.wait(job["id"], timeout=120)
     assert final["state"] == "FAILED", final["reason"]
-    assert final["reason"].startswith(f"pool {CLUSTER}-2x2 lost node 0 (n1"), final["reason"]
-    assert f"its allocation {allocation} is " in final["reason"], final["reason"]
+    # Every node went with the allocation; the reason names the first one seen lost.
+    lost = re.match(rf"pool {CLUSTER}-2x2 lost node (\d) \(n(\d)\): its allocation {allocation} is [A-Z]+$",
+                    final["reason"])
+    assert lost and int(lost[2]) == int(lost[1]) + 1, final["reason"]  # node K runs on n(K+1)
     wait_for(lambda: not _left(pooled, job["id"]), 60, what="nothing of the job left")
     # Slurm said the allocation is gone: the launcher holds a new one for the shape.
     wait_for(lambda: [p for p in client.pools() if p["engine_id"] not in (None, allocation)],
              60, what="pool replaced")
     assert allocation not in squeue_ids(slurm)
+
+
+def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):
+    """kill -9 of node 1's node process (what owns its ranks and carries out the launcher's
+    orders): its ranks die with it, and with no exit record and no sign of life for 30 s
+    the job fails naming the node; node 0's ranks are ended by their own node process."""
+    client = pooled.client
+    wait_for(lambda: [p for p in client.pools() if p["state"] == "ready"], 180, what="pool ready")
+    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
+                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
+    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
+    assert ran_warm(client, job["id"])
+    alive = os.path.join(layout.attempt_dir(client.job(job["id"])["job_dir"], 1), "node-1.alive")
+    wait_for(lambda: os.path.exists(alive), 30, what="node 1's sign of life")
+    with open(alive) as f:
+        os.kill(json.load(f)["pid"], signal.SIGKILL)
+    final = client.wait(job["id"], timeout=120)
+    assert final["state"] == "FAILED", final["reason"]
+    assert final["reason"].startswith(f"pool {CLUSTER}-2x2 lost node 1 (n2): no sign of its "
+                                      "node process for"), final["reason"]
+    wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")

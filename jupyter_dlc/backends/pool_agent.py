@@ -44,6 +44,7 @@ from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
 _NODE_POLL = 0.05  # a node process's look at its ranks and the launcher's orders
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 ALIVE_INTERVAL = 1.0  # how often a node process refreshes node-K.alive
 LEASE_SECONDS = float(os.environ.get("DLC_POOL_LEASE", "60"))
 
@@ -186,11 +187,13 @@ def run_node(order: dict) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     ranks: dict[int, int] = {}
+    parent = os.getpid()
     for local_rank in range(order["nproc_per_node"]):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                _die_with_parent(parent)
                 run_rank(order, local_rank)  # leaves with os._exit
             except BaseException:  # noqa: BLE001 - a rank must never return into this loop
                 import traceback
@@ -239,6 +242,14 @@ def run_node(order: dict) -> int:
     with open(order["exit_file"], "w") as f:
         f.write(str(exit_code))
     return exit_code
+
+
+def _die_with_parent(parent: int) -> None:
+    """A rank whose node process is gone has nobody left to carry out the launcher's orders
+    or record its exit (the launcher may be on another host): the kernel kills it then."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
 
 
 def _read_order(path: str) -> str:

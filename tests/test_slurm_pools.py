@@ -198,3 +198,22 @@ def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):
     assert final["reason"].startswith(f"pool {CLUSTER}-2x2 lost node 1 (n2): no sign of its "
                                       "node process for"), final["reason"]
     wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")
+
+
+def test_a_killed_agent_ends_the_allocation_and_the_pool_is_replaced(pooled, slurm):
+    """An agent that dies (kill -9, OOM) fails its srun task, which ends the step
+    (--kill-on-bad-exit) and the allocation with it: Slurm's word is how the launcher knows."""
+    client = pooled.client
+    wait_for(lambda: [p for p in client.pools() if p["state"] == "ready"], 180, what="pool ready")
+    pool = client.pools()[0]
+    os.kill(pool["agents"][1], signal.SIGKILL)
+    wait_for(lambda: pool["engine_id"] not in squeue_ids(slurm), 60, what="allocation ended")
+    wait_for(lambda: [p for p in client.pools() if p["state"] == "ready" and
+                      p["engine_id"] != pool["engine_id"]], 180, what="pool replaced")
+    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
+                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
+    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
+    assert ran_warm(client, job["id"])
+    client.stop(job["id"], grace=2)
+    assert client.wait(job["id"], timeout=90)["state"] == "STOPPED"
+    wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")

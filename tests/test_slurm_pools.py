@@ -198,6 +198,14 @@ def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):
     assert final["reason"].startswith(f"pool {CLUSTER}-2x2 lost node 1 (n2): no sign of its "
                                       "node process for"), final["reason"]
     wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")
+    # The lost node process holds the pool no longer: the same agents take the next job.
+    wait_for(lambda: client.pools()[0]["state"] == "ready", 60, what="pool free again")
+    after = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
+                           "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
+    wait_for(lambda: _running(client, after["id"]), 120, what="ranks up")
+    assert ran_warm(client, after["id"])
+    client.stop(after["id"], grace=2)
+    assert client.wait(after["id"], timeout=90)["state"] == "STOPPED"
 
 
 def test_a_killed_agent_ends_the_allocation_and_the_pool_is_replaced(pooled, slurm):

@@ -118,15 +118,31 @@ def _lost(ctx: AttemptContext, handle: dict, waiting: list[int], failing: list[i
         return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
                 f"its allocation {allocation} is {state}")
     for node in waiting:
-        path = os.path.join(ctx.attempt_dir, f"node-{node}.alive")
-        try:
-            seen = os.stat(path).st_mtime
-        except OSError:
-            seen = handle.get("submitted") or time.time()
-        if time.time() - seen > NODE_STALE:
+        silent = silent_for(ctx.attempt_dir, node, handle.get("submitted"))
+        if silent > NODE_STALE:
             return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
-                    f"no sign of its node process for {time.time() - seen:.0f}s")
+                    f"no sign of its node process for {silent:.0f}s")
     return None
+
+
+def silent_for(attempt_dir: str, node: int, since: float | None = None) -> float:
+    """Seconds since the node process of `node` last showed it is alive (or since `since`,
+    else the attempt directory's creation, when it never did)."""
+    try:
+        seen = os.stat(os.path.join(attempt_dir, f"node-{node}.alive")).st_mtime
+    except OSError:
+        try:
+            seen = since or os.stat(attempt_dir).st_mtime
+        except OSError:
+            return float("inf")
+    return time.time() - seen
+
+
+def nodes_left(attempt_dir: str, nodes: int) -> list[int]:
+    """Nodes of an attempt whose node process may still run: no exit recorded, and a sign
+    of life within NODE_STALE."""
+    return [n for n in range(nodes) if not os.path.exists(layout.node_exit(attempt_dir, n))
+            and silent_for(attempt_dir, n) <= NODE_STALE]
 
 
 def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:

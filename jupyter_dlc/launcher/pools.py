@@ -22,7 +22,6 @@ import threading
 import time
 from typing import Any
 
-from .. import layout
 from ..backends import AttemptContext, pool
 from ..backends.local import job_processes, kill_job
 from ..spec import SpecError, parse_duration
@@ -204,10 +203,12 @@ class Pools:
 
     def _last_job_over(self, record: dict) -> bool:
         """A Slurm pool's last job has left the agents: every node process recorded its exit
-        in the shared attempt directory, or the allocation that ran them is gone."""
+        in the shared attempt directory or fell silent (lost, its ranks with it), or the
+        allocation that ran them is gone."""
+        from ..backends import slurm_pool
+
         attempt_dir = record.get("attempt_dir")
-        if not attempt_dir or all(os.path.exists(layout.node_exit(attempt_dir, n))
-                                  for n in range(record.get("job_nodes", record["nodes"]))):
+        if not attempt_dir or not slurm_pool.nodes_left(attempt_dir, record.get("job_nodes", record["nodes"])):
             return True
         return self._broken(record) is not None
 

@@ -98,6 +98,21 @@ def _running(client, job_id: str) -> bool:
     return job["state"] == "RUNNING" and all(r["pid"] for r in job["ranks"])
 
 
+def _sleeper_on_the_pool(pooled: LauncherEnv) -> dict:
+    """A 2x2 job that sleeps until it is ended, running (every rank up) on the warm pool."""
+    client = pooled.client
+    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
+                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
+    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
+    assert ran_warm(client, job["id"])
+    return job
+
+
+def _stop(pooled: LauncherEnv, job: dict) -> None:
+    pooled.client.stop(job["id"], grace=2)
+    assert pooled.client.wait(job["id"], timeout=90)["state"] == "STOPPED"
+
+
 def ran_warm(client, job_id: str) -> bool:
     return any((e["reason"] or "").endswith(f"; warm pool {CLUSTER}-2x2")
                for e in client.events(job_id) if e["type"] == "state")
@@ -144,10 +159,7 @@ def test_stop_of_a_pooled_job_is_graceful_then_killed_and_leaves_nothing(pooled,
 def test_kill_9_of_a_pooled_rank_ends_the_job_with_its_code(pooled):
     client = pooled.client
     agents = client.pools()[0]["agents"]
-    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
-                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
-    assert ran_warm(client, job["id"])
+    job = _sleeper_on_the_pool(pooled)
     victim = next(r["pid"] for r in client.job(job["id"])["ranks"] if r["rank"] == 3)
     os.kill(victim, signal.SIGKILL)
     final = client.wait(job["id"], timeout=90)
@@ -161,10 +173,7 @@ def test_kill_9_of_a_pooled_rank_ends_the_job_with_its_code(pooled):
 def test_scancel_of_the_pool_fails_its_job_naming_the_node_and_replaces_the_pool(pooled, slurm):
     client = pooled.client
     allocation = client.pools()[0]["engine_id"]
-    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
-                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
-    assert ran_warm(client, job["id"])
+    job = _sleeper_on_the_pool(pooled)
     subprocess.run(["scancel", allocation], env=slurm, check=True)
     final = client.wait(job["id"], timeout=120)
     assert final["state"] == "FAILED", final["reason"]
@@ -185,10 +194,7 @@ def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):
     the job fails naming the node; node 0's ranks are ended by their own node process."""
     client = pooled.client
     wait_for(lambda: [p for p in client.pools() if p["state"] == "ready"], 180, what="pool ready")
-    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
-                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
-    assert ran_warm(client, job["id"])
+    job = _sleeper_on_the_pool(pooled)
     alive = os.path.join(layout.attempt_dir(client.job(job["id"])["job_dir"], 1), "node-1.alive")
     wait_for(lambda: os.path.exists(alive), 30, what="node 1's sign of life")
     with open(alive) as f:
@@ -200,12 +206,8 @@ def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):
     wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")
     # The lost node process holds the pool no longer: the same agents take the next job.
     wait_for(lambda: client.pools()[0]["state"] == "ready", 60, what="pool free again")
-    after = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
-                           "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, after["id"]), 120, what="ranks up")
-    assert ran_warm(client, after["id"])
-    client.stop(after["id"], grace=2)
-    assert client.wait(after["id"], timeout=90)["state"] == "STOPPED"
+    after = _sleeper_on_the_pool(pooled)
+    _stop(pooled, after)
 
 
 def test_a_killed_agent_ends_the_allocation_and_the_pool_is_replaced(pooled, slurm):
@@ -218,10 +220,6 @@ def test_a_killed_agent_ends_the_allocation_and_the_pool_is_replaced(pooled, slu
     wait_for(lambda: pool["engine_id"] not in squeue_ids(slurm), 60, what="allocation ended")
     wait_for(lambda: [p for p in client.pools() if p["state"] == "ready" and
                       p["engine_id"] != pool["engine_id"]], 180, what="pool replaced")
-    job = client.submit({"script": pooled.script("sleeper.py", SLEEPER), "nodes": 2,
-                         "nproc_per_node": 2, "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
-    assert ran_warm(client, job["id"])
-    client.stop(job["id"], grace=2)
-    assert client.wait(job["id"], timeout=90)["state"] == "STOPPED"
+    job = _sleeper_on_the_pool(pooled)
+    _stop(pooled, job)
     wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")

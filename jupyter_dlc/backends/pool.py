@@ -58,23 +58,25 @@ def touch_lease(pool_dir: str) -> None:
         pass
 
 
-def agent_pids(pool_dir: str, nodes: int) -> list[int | None]:
-    """Each node agent's pid once it is ready (torch imported), None where not (yet)."""
+def agent_pids(pool_dir: str, nodes: int, here: bool = True) -> list[int | None]:
+    """Each node agent's pid once it is ready (torch imported), None where not (yet). Only
+    agents `here` (on this machine) are also checked to be alive: another host's pids mean
+    nothing here (a Slurm pool's liveness is its allocation's, launcher/pools.py)."""
     pids: list[int | None] = []
     for node in range(nodes):
         info = _read_json(os.path.join(pool_dir, f"node-{node}.pid")) or {}
         pid = info.get("pid")
-        pids.append(pid if pid and _alive(pid) else None)
+        pids.append(pid if pid and (not here or _alive(pid)) else None)
     return pids
 
 
-def keeper_pid(pool_dir: str) -> int | None:
+def keeper_pid(pool_dir: str, here: bool = True) -> int | None:
     pid = (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("keeper")
-    return pid if pid and _alive(pid) else None
+    return pid if pid and (not here or _alive(pid)) else None
 
 
-def ready(pool_dir: str, nodes: int) -> bool:
-    return all(agent_pids(pool_dir, nodes)) and keeper_pid(pool_dir) is not None and \
+def ready(pool_dir: str, nodes: int, here: bool = True) -> bool:
+    return all(agent_pids(pool_dir, nodes, here)) and keeper_pid(pool_dir, here) is not None and \
         os.path.exists(os.path.join(pool_dir, "store-ready.json"))
 
 
@@ -107,14 +109,17 @@ def _pool_processes(pool_dir: str) -> list[int]:
     return found
 
 
-def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0) -> bool:
-    """An agent or the store keeper that was up and is gone, or an agent that never became
-    ready: the pool must be replaced."""
+def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0,
+           here: bool = True) -> bool:
+    """An agent or the store keeper that was up and is gone (seen only `here`), or an agent
+    that never became ready: the pool must be replaced."""
     for node in range(nodes):
         info = _read_json(os.path.join(pool_dir, f"node-{node}.pid"))
         if info is None:
             if time.time() - started > warm_within:
                 return True
+        elif not here:
+            continue
         elif not _alive(info["pid"]) or (node == 0 and info.get("keeper") and not _alive(info["keeper"])):
             return True
     return False
@@ -125,9 +130,11 @@ def head_address(pool_dir: str) -> str:
     return (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
 
 
-def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | None:
+def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> dict[str, Any] | None:
     """Hand attempt `ctx` to the pool's agents; the engine handle (node processes' pids) as
-    a cold start's, or None if the pool did not take it (then nothing of it runs)."""
+    a cold start's, or None if the pool did not take it (then nothing of it runs). `here`:
+    the agents run on this machine, so the job's processes join the attempt's cgroup (on
+    other hosts that path means nothing, and Slurm's own tracking of the step holds them)."""
     spec = ctx.spec
     store = _read_json(os.path.join(pool_dir, "store-ready.json")) or {}
     if store.get("seq") != seq:
@@ -136,7 +143,7 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | Non
         f.write(str(seq))
     os.replace(os.path.join(pool_dir, "store-claim.tmp"), os.path.join(pool_dir, "store-claim"))
     argv = torchrun_argv(spec, 0, store["port"], ctx.script_path, sys.executable)
-    cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True)
+    cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True) if here else None
     os.makedirs(ctx.attempt_dir, exist_ok=True)
     for node in range(spec.nodes):
         order = {"seq": seq, "node": node, "nnodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
@@ -159,7 +166,9 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int) -> dict[str, Any] | Non
                 nodes.append({"node": node, "pid": ack["pid"]})
                 break
             if time.monotonic() > deadline:
-                return {"nodes": nodes, "pool": os.path.basename(pool_dir), "broken": True}
+                return {"nodes": nodes, "pool": os.path.basename(pool_dir),
+                        "pool_dir": os.path.abspath(pool_dir), "broken": True}
             time.sleep(0.005)
-    return {"nodes": nodes, "pool": os.path.basename(pool_dir)}
+    return {"nodes": nodes, "pool": os.path.basename(pool_dir), "pool_dir": os.path.abspath(pool_dir),
+            "submitted": time.time()}
 

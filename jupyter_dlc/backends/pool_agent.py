@@ -20,6 +20,12 @@ Files in POOL_DIR (written atomically by rename):
     node-K.ack          {"seq", "pid"}: the node process of order `seq` runs as `pid`
     store-ready.json    {"seq", "port"}: the store that job `seq` will use is listening
     store-claim         the seq of the job that took the ready store
+
+Files of a pooled job's node process in the attempt's directory (shared with the launcher):
+    node-K.exit         the node's exit code, as torchrun's wrapper writes it
+    node-K.alive        {"host", "pid", "t"}, refreshed every second while the ranks run
+    node-K.signal       {"signal": TERM|KILL}: the launcher's stop/kill order, carried out here on the
+                        ranks' process groups (the launcher may be on another host)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -36,6 +43,9 @@ from .local import _read_json
 from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
+_NODE_POLL = 0.05  # a node process's look at its ranks and the launcher's orders
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+ALIVE_INTERVAL = 1.0  # how often a node process refreshes node-K.alive
 LEASE_SECONDS = float(os.environ.get("DLC_POOL_LEASE", "60"))
 
 
@@ -126,6 +136,8 @@ def _allocation_env() -> dict[str, str]:
 
 
 _ALLOCATION_ENV: dict[str, str] = {}
+# The node's name as Slurm knows it (as reasons name nodes), else the host's.
+_NODE_NAME = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def run_rank(order: dict, local_rank: int) -> None:
@@ -175,11 +187,13 @@ def run_node(order: dict) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     ranks: dict[int, int] = {}
+    parent = os.getpid()
     for local_rank in range(order["nproc_per_node"]):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                _die_with_parent(parent)
                 run_rank(order, local_rank)  # leaves with os._exit
             except BaseException:  # noqa: BLE001 - a rank must never return into this loop
                 import traceback
@@ -190,11 +204,27 @@ def run_node(order: dict) -> int:
     print(f"pool node {order['node']}: ranks {sorted(ranks.values())} started as {sorted(ranks)}",
           flush=True)
     worst = 0
+    signal_path = os.path.join(order["attempt_dir"], f"node-{order['node']}.signal")
+    alive_path = os.path.join(order["attempt_dir"], f"node-{order['node']}.alive")
+    obeyed, beat = "", 0.0
     while ranks:
+        # The launcher may run on another host: it neither sees these pids nor can signal
+        # them, so it leaves an order (TERM, then KILL) in the shared attempt directory and
+        # this process, which owns the ranks, carries it out; and it shows it is alive.
+        if time.monotonic() - beat >= ALIVE_INTERVAL:
+            beat = time.monotonic()
+            _write_json(alive_path, {"host": _NODE_NAME, "pid": os.getpid(), "t": time.time()})
+        wanted = _read_order(signal_path)
+        if wanted and wanted != obeyed:
+            obeyed = wanted
+            _signal_ranks(list(ranks), signal.SIGKILL if wanted == "KILL" else signal.SIGTERM)
         try:
-            pid, status = os.wait()
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
+        if not pid:
+            time.sleep(_NODE_POLL)
+            continue
         rank = ranks.pop(pid, None)
         if rank is None:
             continue
@@ -212,6 +242,29 @@ def run_node(order: dict) -> int:
     with open(order["exit_file"], "w") as f:
         f.write(str(exit_code))
     return exit_code
+
+
+def _die_with_parent(parent: int) -> None:
+    """A rank whose node process is gone has nobody left to carry out the launcher's orders
+    or record its exit (the launcher may be on another host): the kernel kills it then."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _read_order(path: str) -> str:
+    return (_read_json(path) or {}).get("signal") or ""
+
+
+def _signal_ranks(pids: list[int], sig: int) -> None:
+    """Each rank leads a session and process group of its own (setsid): the signal reaches
+    what the rank started too (data loader workers), as torchrun's agent does."""
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:  # forked, not yet in a group of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 # -- the zygote ---------------------------------------------------------------------------
@@ -241,7 +294,7 @@ def main(pool_dir: str, node: int) -> int:
             sys.stdout.flush()
             os._exit(code)
     _write_json(os.path.join(pool_dir, f"node-{node}.pid"),
-                {"pid": os.getpid(), "keeper": keeper,
+                {"pid": os.getpid(), "keeper": keeper, "host": _NODE_NAME,
                  "addr": os.environ.get("DLC_POOL_ADDR") or "127.0.0.1"})
     order_path = os.path.join(pool_dir, f"node-{node}.order")
     while not _lease_expired(pool_dir):

@@ -326,7 +326,7 @@ class SlurmBackend(Backend):
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         if handle.get("pool"):  # ran on a warm pool's agents (backends/slurm_pool.py)
-            return _pooled().describe(ctx, handle)
+            return _pooled().describe_job(ctx, handle)
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
         exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
@@ -372,7 +372,7 @@ class SlurmBackend(Backend):
         Not `--full`: the batch shell must outlive its step, or Slurm would end the
         allocation and cut the ranks' grace to its own KillWait."""
         if handle.get("pool"):
-            _pooled().stop(ctx, handle, grace)
+            _pooled().order_job(ctx, "TERM")
             return
         job_id = handle.get("engine_id")
         if not job_id:
@@ -388,7 +388,7 @@ class SlurmBackend(Backend):
 
     def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("pool"):
-            _pooled().kill(ctx, handle)
+            _pooled().order_job(ctx, "KILL")
             return
         job_id = handle.get("engine_id")
         if not job_id:
@@ -404,13 +404,13 @@ class SlurmBackend(Backend):
         remove_preflight_markers(ctx)
 
 
-def _pooled() -> Backend:
-    """Jobs on a warm pool's agents are watched and signalled as the pool's processes
-    (slurm_pool.py); here the nodes are this machine, so the local engine's /proc view is
-    every node's (see ARCHITECTURE, "Not yet engine-neutral")."""
-    from . import get_backend
+def _pooled():
+    """Jobs on a warm pool's agents are watched through the shared attempt directory and
+    stopped by orders their node processes carry out (slurm_pool.py): the nodes may be other
+    hosts, whose processes the launcher can neither see nor signal."""
+    from . import slurm_pool
 
-    return get_backend("local")
+    return slurm_pool
 
 
 def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:

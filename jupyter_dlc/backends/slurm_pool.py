@@ -15,16 +15,20 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
+from .. import layout
 from ..spec import JobSpec
-from .slurm import STEP_VARS, _profile, _run, client_env, sbatch_directives
+from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
+from .local import _read_int, _read_json
+from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
 POOL_SBATCH = """#!/bin/bash
 {header}
 # A warm pool of jupyter-dlc: one agent per node, holding the allocation until released.
 set -u
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
+srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\
     /bin/bash -c {task}
 """
 
@@ -74,3 +78,98 @@ def cancel(cluster: str, engine_id: str) -> None:
         _run(["scancel", engine_id], client_env(_profile(_shape(cluster))))
     except (RuntimeError, subprocess.SubprocessError):
         pass  # Slurm unreachable: the agents' lease ends the allocation anyway
+
+
+# -- a job on the pool, seen and stopped without the launcher's /proc or signals -----------
+# The pool's nodes may be other hosts: the launcher neither sees their pids nor can signal
+# them. Each node process (pool_agent.run_node) owns its ranks, records their exits in the
+# shared attempt directory and carries out the TERM/KILL orders left there; the ranks report
+# their own records over the report route; Slurm says whether the allocation still holds.
+NODE_STALE = 30.0  # seconds without a node process's sign of life before its node is lost
+_states: dict[str, tuple[float, str]] = {}  # allocation -> (when asked, squeue's state)
+
+
+def polled_state(cluster: str, engine_id: str, fresh: bool = False) -> str:
+    """The allocation's state, asked of Slurm at most once a POLL_INTERVAL (`fresh`: now)."""
+    asked, state = _states.get(engine_id, (0.0, ""))
+    if fresh or time.monotonic() - asked >= POLL_INTERVAL:
+        state = allocation_state(cluster, engine_id)
+        _states[engine_id] = (time.monotonic(), state)
+    return state
+
+
+def allocation_held(state: str) -> bool:
+    return ACTIVE.get(state) is not None and state != "COMPLETING"
+
+
+def _node_host(ctx: AttemptContext, handle: dict, node: int) -> str:
+    alive = _read_json(os.path.join(ctx.attempt_dir, f"node-{node}.alive")) or {}
+    agent = _read_json(os.path.join(handle.get("pool_dir", ""), f"node-{node}.pid")) or {}
+    return alive.get("host") or agent.get("host") or agent.get("addr") or "?"
+
+
+def _lost(ctx: AttemptContext, handle: dict, waiting: list[int], failing: list[int]) -> str | None:
+    """Why the nodes still without an exit record will never write one, or why the failing
+    ones failed when Slurm took the allocation (a scancel's SIGTERM ends ranks too), or None."""
+    allocation = handle.get("allocation")
+    state = polled_state(ctx.spec.cluster, allocation, fresh=bool(failing)) if allocation else "GONE"
+    node = (waiting or failing)[0]
+    if not allocation_held(state):
+        return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
+                f"its allocation {allocation} is {state}")
+    for node in waiting:
+        silent = silent_for(ctx.attempt_dir, node, handle.get("submitted"))
+        if silent > NODE_STALE:
+            return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "
+                    f"no sign of its node process for {silent:.0f}s")
+    return None
+
+
+def silent_for(attempt_dir: str, node: int, since: float | None = None) -> float:
+    """Seconds since the node process of `node` last showed it is alive (or since `since`,
+    else the attempt directory's creation, when it never did)."""
+    try:
+        seen = os.stat(os.path.join(attempt_dir, f"node-{node}.alive")).st_mtime
+    except OSError:
+        try:
+            seen = since or os.stat(attempt_dir).st_mtime
+        except OSError:
+            return float("inf")
+    return time.time() - seen
+
+
+def nodes_left(attempt_dir: str, nodes: int) -> list[int]:
+    """Nodes of an attempt whose node process may still run: no exit recorded, and a sign
+    of life within NODE_STALE."""
+    return [n for n in range(nodes) if not os.path.exists(layout.node_exit(attempt_dir, n))
+            and silent_for(attempt_dir, n) <= NODE_STALE]
+
+
+def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:
+    nodes = ctx.spec.nodes
+    exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(nodes)}
+    records = rank_records(ctx)
+    waiting = [n for n, code in exits.items() if code is None]
+    failing = [n for n, code in exits.items() if code] or \
+        sorted({r // ctx.spec.nproc_per_node for r, rec in records.items() if rec.get("exit_code")})
+    status = AttemptStatus()
+    lost = _lost(ctx, handle, waiting, failing) if waiting or failing else None
+    status.phase = "RUNNING" if waiting and not lost else "ENDED"
+    status.alive = status.phase == "RUNNING"
+    status.reason = lost
+    for node, code in exits.items():
+        status.nodes.append(NodeStatus(node, status.alive and code is None, code))
+    for rank, record in records.items():
+        code = record.get("exit_code")
+        if code is None and exits[rank // ctx.spec.nproc_per_node] == 0:
+            code = 0  # left with os._exit before its record; its node process saw it exit 0
+        running = code is None and record.get("pid") is not None and status.alive
+        status.ranks[rank] = RankStatus(rank, record.get("pid"), running, code,
+                                        record.get("start"), record.get("end"))
+    return status
+
+
+def order_job(ctx: AttemptContext, what: str) -> None:
+    """Leave TERM or KILL for each node process of the attempt (pool_agent.run_node)."""
+    for node in range(ctx.spec.nodes):
+        layout.write_json_atomic(os.path.join(ctx.attempt_dir, f"node-{node}.signal"), {"signal": what})

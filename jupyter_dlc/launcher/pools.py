@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -100,7 +101,8 @@ class Pools:
             record = self._record(name)
             if record is None:
                 pool.release(self._dir(name))
-            elif not all(pool.agent_pids(self._dir(name), record["nodes"])):
+            elif not all(pool.agent_pids(self._dir(name), record["nodes"], _here(record))) or \
+                    self._broken(record):
                 self._release(record)
             else:
                 pool.touch_lease(self._dir(name))
@@ -193,7 +195,43 @@ class Pools:
             from ..backends import slurm_pool
 
             slurm_pool.cancel(record["cluster"], record["engine_id"])
+            # The agents and the store keeper are the allocation's step: scancel ends them
+            # wherever they run; the launcher's /proc sees only this machine.
+            shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
+            return
         pool.release(self._dir(record["id"]))
+
+    def _last_job_over(self, record: dict) -> bool:
+        """A Slurm pool's last job has left the agents: every node process recorded its exit
+        in the shared attempt directory or fell silent (lost, its ranks with it), or the
+        allocation that ran them is gone."""
+        from ..backends import slurm_pool
+
+        attempt_dir = record.get("attempt_dir")
+        if not attempt_dir or not slurm_pool.nodes_left(attempt_dir, record.get("job_nodes", record["nodes"])):
+            return True
+        return self._broken(record) is not None
+
+    def _ready(self, record: dict) -> bool:
+        here = _here(record)
+        return pool.ready(self._dir(record["id"]), record["nodes"], here) and \
+            (here or self._broken(record) is None)
+
+    def _broken(self, record: dict) -> str | None:
+        """Why the pool must be replaced, or None. A local pool: an agent or its store keeper
+        died. A Slurm pool: its allocation is no longer held (scancel, time limit, a lost
+        node, an agent that exited: the step ends with it), as squeue says."""
+        directory = self._dir(record["id"])
+        if _here(record):
+            return "lost an agent" if pool.broken(directory, record["nodes"],
+                                                  record.get("started", record["created"])) else None
+        from ..backends import slurm_pool
+
+        if not record.get("engine_id"):
+            return "holds no allocation"
+        state = slurm_pool.polled_state(record["cluster"], record["engine_id"])
+        return None if slurm_pool.allocation_held(state) else \
+            f"its allocation {record['engine_id']} is {state}"
 
     def shutdown(self) -> None:
         """A launcher that exits cleanly gives its pools back: they hold memory and nodes."""
@@ -203,8 +241,7 @@ class Pools:
         directory = self._dir(record["id"])
         now = time.time()
         busy = self._busy(record, processes)
-        state = ("busy" if busy else "ready" if pool.ready(directory, record["nodes"])
-                 else "starting")
+        state = "busy" if busy else "ready" if self._ready(record) else "starting"
         return {"id": record["id"], "cluster": record["cluster"], "engine": record["engine"],
                 "nodes": record["nodes"], "nproc_per_node": record["nproc_per_node"],
                 "state": state, "job": record["job"] if busy else None,
@@ -212,20 +249,30 @@ class Pools:
                 "idle_seconds": 0.0 if busy else max(0.0, now - record["last_used"]),
                 "idle_timeout": record["idle_timeout"],
                 "node_hours": record["nodes"] * (now - record["created"]) / 3600.0,
-                "agents": [p for p in pool.agent_pids(directory, record["nodes"]) if p],
+                "agents": [p for p in pool.agent_pids(directory, record["nodes"], _here(record)) if p],
                 "engine_id": record.get("engine_id")}
 
     def status(self) -> list[dict]:
-        processes = job_processes()
+        processes = self._processes(self.records())
         with self.lock:  # not while a tick replaces a pool (its directory is remade)
             return [self.describe(r, processes) for r in self.records()]
+
+    @staticmethod
+    def _processes(records: list[dict]) -> dict:
+        """One look at this machine's processes, for the local pools with a job (a Slurm
+        pool's jobs are seen through their node processes' files instead)."""
+        return job_processes() if any(r.get("job") and _here(r) for r in records) else {}
 
     def _busy(self, record: dict, processes: dict | None = None) -> bool:
         if not record.get("job"):
             return False
-        processes = job_processes() if processes is None else processes
-        if processes.get((record["job"], record["attempt"])):
-            return True
+        if not _here(record):
+            if not self._last_job_over(record):
+                return True
+        else:
+            processes = job_processes() if processes is None else processes
+            if processes.get((record["job"], record["attempt"])):
+                return True
         state = self.store.state(record["job"])
         return state is not None and state not in TERMINAL_STATES and \
             self._holds(record["job"], record["attempt"], record["id"])
@@ -268,20 +315,28 @@ class Pools:
             if (spec.python or sys.executable) != record["python"]:
                 return None, f"cold start (pool {pid} runs another Python)"
             directory = self._dir(pid)
-            if not pool.ready(directory, record["nodes"]):
+            if not self._ready(record):
                 return None, f"cold start (pool {pid} is still warming)"
             if record.get("job") and not self._free_after_leftovers(record):
                 return None, f"cold start (pool {pid} is busy with {record['job']})"
             seq = record["seq"] + 1
-            handle = pool.submit(directory, ctx, seq)
+            handle = pool.submit(directory, ctx, seq, here=_here(record))
             if handle is None:
                 return None, f"cold start (pool {pid} has no store ready yet)"
+            if record.get("engine_id"):
+                handle["allocation"] = record["engine_id"]
             record.update(seq=seq, job=ctx.job_id, attempt=ctx.attempt, last_used=time.time(),
-                          jobs_served=record["jobs_served"] + 1)
+                          jobs_served=record["jobs_served"] + 1, attempt_dir=ctx.attempt_dir,
+                          job_nodes=ctx.spec.nodes)
             self._save(record)
             if handle.pop("broken", False):
                 # An agent took no order: the attempt's processes go, the pool is replaced.
-                kill_job(ctx.job_id, job_processes())
+                if _here(record):
+                    kill_job(ctx.job_id, job_processes())
+                else:
+                    from ..backends import slurm_pool
+
+                    slurm_pool.order_job(ctx, "KILL")
                 self._release(record)
                 log.warning("pool %s did not answer; released, the job starts cold", pid)
                 return None, f"cold start (pool {pid} did not answer and was replaced)"
@@ -294,6 +349,8 @@ class Pools:
         if state is not None and state not in TERMINAL_STATES and \
                 self._holds(record["job"], record["attempt"], record["id"]):
             return False
+        if not _here(record):
+            return self._last_job_over(record)
         deadline = time.monotonic() + _LEFTOVER_WAIT
         while True:
             processes = job_processes()
@@ -310,15 +367,15 @@ class Pools:
         with self.lock:
             records = self.records()
             # One look at the machine's processes serves every pool with a job this tick.
-            processes = job_processes() if any(r.get("job") for r in records) else {}
+            processes = self._processes(records)
             for record in records:
                 directory = self._dir(record["id"])
                 pool.touch_lease(directory)
                 busy = self._busy(record, processes)
                 if busy:
                     continue
-                if not pool.ready(directory, record["nodes"]) and \
-                        not pool.broken(directory, record["nodes"], record.get("started", record["created"])):
+                broken = self._broken(record)
+                if not self._ready(record) and not broken:
                     record["last_used"] = now  # idle time counts from when it is ready
                     self._save(record)
                     continue
@@ -326,12 +383,18 @@ class Pools:
                     log.info("pool %s idle for %.0fs: released", record["id"], now - record["last_used"])
                     self._release(record)
                     continue
-                if pool.broken(directory, record["nodes"], record.get("started", record["created"])):
-                    # An agent or the store keeper died (killed, OOM): replace them all.
-                    log.warning("pool %s lost an agent: replacing it", record["id"])
+                if broken:
+                    # An agent or the store keeper died (killed, OOM), or a Slurm pool's
+                    # allocation ended: replace them all.
+                    log.warning("pool %s %s: replacing it", record["id"], broken)
                     self._release(record)
                     record.update(job=None, attempt=None)
                     self._start(record)
+
+
+def _here(record: dict) -> bool:
+    """Whether the pool's agents run on this machine (the launcher may look at their pids)."""
+    return record["engine"] == "local"
 
 
 def _duration(value, default: float) -> float:

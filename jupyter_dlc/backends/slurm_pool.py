@@ -112,7 +112,7 @@ def _lost(ctx: AttemptContext, handle: dict, waiting: list[int], failing: list[i
     """Why the nodes still without an exit record will never write one, or why the failing
     ones failed when Slurm took the allocation (a scancel's SIGTERM ends ranks too), or None."""
     allocation = handle.get("allocation")
-    state = polled_state(ctx.spec.cluster, allocation, fresh=bool(failing)) if allocation else "GONE"
+    state = polled_state(ctx.spec.cluster or "", allocation, fresh=bool(failing)) if allocation else "GONE"
     node = (waiting or failing)[0]
     if not allocation_held(state):
         return (f"pool {handle['pool']} lost node {node} ({_node_host(ctx, handle, node)}): "

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 
 from conftest import wait_for
+
+from jupyter_dlc import formatting
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
 from jupyter_dlc.launcher.store import Store
 
@@ -115,6 +117,10 @@ def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monk
              what="the job's points brought under its cap of 400")
     answer = launcher.client.metrics(job["id"])
     assert answer["downsampled"]["dropped"] >= 1600 and answer["downsampled"]["bucket_seconds"] > 1
+    # What the notebook view shows under its charts, from this very answer.
+    note = formatting.downsampled_note(answer["downsampled"])
+    assert note.startswith("Points logged before ") and "are downsampled (min, max and last" in note
+    assert formatting.downsampled_note(None) == ""
     points = all_points(launcher.client, job["id"])
     for rank in (0, 1):
         steps = [p["step"] for p in points if p["rank"] == rank]

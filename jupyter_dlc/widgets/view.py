@@ -149,6 +149,7 @@ class JobView:
                                         layout=w.Layout(width="260px"))
         self.chart_note = w.HTML(NO_BOKEH_NOTE)
         self.retention_note = w.HTML()  # says when older points are downsampled
+        self._retention_text = ""
         self.log_filter = w.Dropdown(description="logs", options=[("all ranks", -1)], value=-1,
                                      layout=w.Layout(width="200px"))
         self.log_view = w.HTML()
@@ -343,7 +344,7 @@ class JobView:
 
     def _show_downsampled(self, thinned: dict | None) -> None:
         text = formatting.downsampled_note(thinned)
-        if getattr(self, "_retention_text", None) != text:
+        if self._retention_text != text:
             self._retention_text = text
             self.retention_note.value = f'<span class="dlc-retention-note">{html.escape(text)}</span>' \
                 if text else ""

@@ -8,4 +8,5 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 python3 -m ruff check .          # rules: [tool.ruff] in pyproject.toml
 python3 -m mypy                  # launcher, spec, client, runtime, shims: [tool.mypy]
 (cd labextension && npm test --silent)
-exec python3 -m pytest -q -ra tests "$@"
+# The slowest tests are listed at the end, to keep CI time in view.
+exec python3 -m pytest -q -ra --durations=25 tests "$@"

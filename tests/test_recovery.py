@@ -242,7 +242,10 @@ def test_kill_during_persist_never_resumes_from_the_partial_step(launcher, tmp_p
 # The same loop with DistributedDataParallel doing the all-reduce, Dropout drawing from the
 # RNG, and Adam: the script knows nothing of buckets; the Checkpointer carries DDP's rebuilt
 # bucket layout across the restart. Rank 1 of the first attempt kills itself with SIGKILL
-# at step KILL_AT, which is not a checkpoint step: a deterministic place, whatever the load.
+# at step KILL_AT, which is not a checkpoint step, once the step before it committed (as a
+# failure minutes into training finds it): a deterministic place, whatever the load. Without
+# the wait, a loaded machine can still be writing step 10 when rank 1 dies, and the restart
+# then rightly starts from scratch.
 TRAIN_DDP = """
 import os, signal, sys
 import torch, torch.nn as nn
@@ -262,6 +265,7 @@ model = WRAP
         step += 1
         runtime.log(step, loss=loss.item())
         if step == kill_at and info.attempt == 1 and info.rank == 1:
+            ckpt.wait()
             os.kill(os.getpid(), signal.SIGKILL)
         if step % 10 == 0:
             ckpt.save(step)
@@ -372,6 +376,7 @@ def test_restart_on_warm_ranks_forked_by_the_standby_resumes_bitwise(launcher):
 # Before rank 1 of attempt 1 dies, rank 1 flips a byte of its shared-memory copy of step 10
 # and rank 2 makes its copy name another step; a barrier makes sure both are done.
 SPOILED_RUN = DDP_RUN.replace("""        if step == kill_at and info.attempt == 1 and info.rank == 1:
+            ckpt.wait()
             os.kill(os.getpid(), signal.SIGKILL)
 """, """        if step == kill_at and info.attempt == 1:
             import json

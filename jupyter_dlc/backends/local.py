@@ -161,6 +161,10 @@ def cgroup_jobs() -> set[str]:
         return set()
 
 
+# How long kill_leftovers waits for SIGKILLed processes to be gone.
+LEFTOVER_WAIT = 5.0
+
+
 def kill_job(job_id: str, processes: dict[tuple[str, int], list[int]]) -> None:
     """SIGKILL every process of every attempt of the job (cgroups first, then the scan)."""
     base = cgroup_base() or ""
@@ -423,6 +427,17 @@ class LocalBackend(Backend):
         if self.snapshot is not None:
             kill_job(job_id, self.snapshot)
         kill_job(job_id, job_processes())
+        # SIGKILL is delivered at once, but a rank that held a few hundred MB of torch takes
+        # tens of milliseconds more to leave, longer on a loaded machine: wait (bounded) until
+        # it has, so that a job seen ended has left nothing running.
+        # Gone in two scans in a row is gone: a process caught mid-exec shows no environment
+        # for an instant.
+        deadline, empty = time.monotonic() + LEFTOVER_WAIT, 0
+        while empty < 2 and time.monotonic() < deadline:
+            left = {key: pids for key, pids in job_processes().items() if key[0] == job_id}
+            empty = 0 if left else empty + 1
+            kill_job(job_id, left)  # and anything forked since the first kill
+            time.sleep(0.01)
         release_cgroups(job_id)
 
     def release_all(self, is_ours) -> None:

@@ -484,6 +484,10 @@ class Supervisor(threading.Thread):
                                  f"{diagnosis.get('class')}: {diagnosis.get('suggestion', '')}",
                                  diagnosis)
         def move(state: str, why: str, data: dict | None = None) -> None:
+            if state != "RESTARTING":
+                # Before the job reads as ended, not a tick after: whoever sees it ended
+                # finds nothing of it running (standby agents for a next attempt included).
+                self.kill_leftovers(job_id)
             # The row was read at the start of the tick: a stop may have come since. Then the
             # stop wins, and what was killed above was its end.
             if not self.store.transition(job_id, state, why, data, expect=("PENDING", "STARTING", "RUNNING")):
@@ -491,6 +495,7 @@ class Supervisor(threading.Thread):
 
         fresh = self.store.job_row(job_id)
         if fresh["stop_requested"] or fresh["state"] == "STOPPING":
+            self.kill_leftovers(job_id)
             self.store.transition(job_id, "STOPPED", "stopped by the user")
             return
         if outcome == "succeeded":
@@ -644,6 +649,7 @@ class Supervisor(threading.Thread):
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)
         note = "" if not preempted else "; a checkpoint committed before exit"
+        self.kill_leftovers(job_id)  # standby agents for a next attempt, before it reads ended
         self.store.transition(job_id, "STOPPED", f"stopped{note}", expect="STOPPING")
 
     def resume(self, job_id: str, step: int | None) -> bool:

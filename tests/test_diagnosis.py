@@ -394,6 +394,17 @@ def test_identical_errors_are_grouped_and_shown_once(tmp_path):
     assert "attempts 2-3: the same error again" in text
 
 
+def test_a_job_submitted_by_path_points_at_the_users_file(tmp_path):
+    """client.submit({"script": path}) records no source; its spec's script path is the origin."""
+    job = tmp_path / "job-3"
+    attempt = job / "attempt-1"
+    attempt.mkdir(parents=True)
+    (job / "spec.json").write_text(json.dumps({"script": "/home/me/api_train.py", "nodes": 1}))
+    _failed_rank(attempt, 0, [(str(job / "script.py"), 9)], "ValueError: bad shape", 1.0)
+    result = diagnose(str(attempt), {0: 1})
+    assert result["where"] == "/home/me/api_train.py:9"
+
+
 def test_a_cli_job_points_at_the_users_file(tmp_path):
     job = tmp_path / "job-2"
     attempt = job / "attempt-1"

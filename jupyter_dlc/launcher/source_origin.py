@@ -1,9 +1,10 @@
 """Where a line of the job's script.py came from, in the user's terms.
 
 The ranks run `jobs/<id>/script.py`, our copy. A CLI job's copy is the user's file line for
-line (`source.path` in spec.json); a `%%dlc` job's script is captured code plus the cell, and
-`source.lines` maps its lines back to notebook cells (magics/capture.py, Capture.source_map).
-Lines capture added (comments, the push loader) map to nothing. Stdlib only.
+line (`source.path` in spec.json, else the `script` path it was submitted with); a `%%dlc`
+job's script is captured code plus the cell, and `source.lines` maps its lines back to
+notebook cells (magics/capture.py, Capture.source_map). Lines capture added (comments, the
+push loader) map to nothing. Stdlib only.
 """
 
 from __future__ import annotations
@@ -72,7 +73,12 @@ def source_origin(job_dir: str) -> SourceOrigin:
     """The origin recorded in the job's spec.json (an empty one when there is none)."""
     try:
         with open(os.path.join(job_dir, "spec.json")) as f:
-            source = json.load(f).get("source")
+            spec = json.load(f)
+        source = spec.get("source")
+        if not source and isinstance(spec.get("script"), str):
+            # Submitted by path through the API (client.submit, a scheduler's hook): the
+            # copy is that file line for line, as a CLI job's is.
+            source = {"kind": "cli", "path": spec["script"]}
     except (OSError, ValueError, AttributeError):
         source = None
     return SourceOrigin(job_dir, source)

@@ -37,6 +37,8 @@ class ScriptedEngine(Backend):
     def __init__(self):
         self.calls: list[tuple[str, int]] = []
         self.answer = AttemptStatus(phase="PENDING", reason="Priority", alive=True)
+        self.store = None
+        self.states_at_kill: list[str | None] = []
 
     def capabilities(self, spec):
         return Capabilities(standby_agents=False, shared_filesystem=True)
@@ -67,6 +69,9 @@ class ScriptedEngine(Backend):
 
     def kill_leftovers(self, job_id):
         self.calls.append(("kill_leftovers", job_id))
+        if self.store is not None:  # the job's state as its leftovers are killed
+            row = self.store.job_row(job_id)
+            self.states_at_kill.append(row["state"] if row else None)
 
 
 def running(codes=(None, None), alive=True, phase="RUNNING", reason=None):
@@ -83,6 +88,7 @@ def world(tmp_path, monkeypatch):
     engine = ScriptedEngine()
     monkeypatch.setitem(backends._engines, ENGINE, engine)
     store = Store(str(tmp_path / "store.sqlite"))
+    engine.store = store
     supervisor = Supervisor(store, str(tmp_path), "http://127.0.0.1:1")
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -205,6 +211,8 @@ def test_leftovers_of_ended_jobs_are_swept_through_the_engine_and_only_ours(worl
     world.supervisor.tick()
     assert world.job()["state"] == "SUCCEEDED"
     assert world.engine.calls.count(("kill_leftovers", "job-1")) == 1  # as it ended
+    # Before it read as ended: nobody who sees SUCCEEDED finds a process of it still running.
+    assert world.engine.states_at_kill == ["RUNNING"]
     world.engine.leftovers = {"job-1", "another-launchers-job"}  # a straggler shows up later
     world.supervisor.tick()
     assert world.engine.calls.count(("kill_leftovers", "job-1")) == 2

@@ -84,6 +84,8 @@ class Supervisor(threading.Thread):
         # once, and a start never spawns processes for a job that was stopped meanwhile.
         self.lifecycle = threading.RLock()
         self._seen_gone: set[str] = set()
+        # Jobs whose leftovers went as they ended, this tick (the tick's own sweep skips them).
+        self._swept: set[str] = set()
         # Admission: ranks that may run at once (fixed at start: free memory falls as jobs run).
         self.slots = process_slots()[0]
         # Warm pools (launcher/pools.py): an attempt starts on its shape's pool when one is free.
@@ -110,6 +112,7 @@ class Supervisor(threading.Thread):
         refresh_backends()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)
+        self._swept.clear()
         admitted = self.admit(rows)
         for row in rows:
             if row["state"] == "QUEUED" and row["id"] not in admitted:
@@ -119,7 +122,8 @@ class Supervisor(threading.Thread):
                 for hook in self.hooks:
                     hook(self.store.job_row(row["id"]), now)
                 if self.store.job_row(row["id"])["state"] not in ACTIVE_STATES:
-                    self.kill_leftovers(row["id"])
+                    if row["id"] not in self._swept:
+                        self.kill_leftovers(row["id"])
                     self.release(row["id"])
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
@@ -488,6 +492,7 @@ class Supervisor(threading.Thread):
                 # Before the job reads as ended, not a tick after: whoever sees it ended
                 # finds nothing of it running (standby agents for a next attempt included).
                 self.kill_leftovers(job_id)
+                self._swept.add(job_id)
             # The row was read at the start of the tick: a stop may have come since. Then the
             # stop wins, and what was killed above was its end.
             if not self.store.transition(job_id, state, why, data, expect=("PENDING", "STARTING", "RUNNING")):
@@ -496,6 +501,7 @@ class Supervisor(threading.Thread):
         fresh = self.store.job_row(job_id)
         if fresh["stop_requested"] or fresh["state"] == "STOPPING":
             self.kill_leftovers(job_id)
+            self._swept.add(job_id)
             self.store.transition(job_id, "STOPPED", "stopped by the user")
             return
         if outcome == "succeeded":
@@ -650,6 +656,7 @@ class Supervisor(threading.Thread):
         self.pending.pop(job_id, None)
         note = "" if not preempted else "; a checkpoint committed before exit"
         self.kill_leftovers(job_id)  # standby agents for a next attempt, before it reads ended
+        self._swept.add(job_id)
         self.store.transition(job_id, "STOPPED", f"stopped{note}", expect="STOPPING")
 
     def resume(self, job_id: str, step: int | None) -> bool:

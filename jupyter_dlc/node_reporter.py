@@ -63,9 +63,9 @@ def shell_start(python: str, path: str) -> str:
     return f"export {ENV}={path}; {python} -m jupyter_dlc.node_reporter & "
 
 
-def launcher_tls() -> ssl.SSLContext | None:
+def launcher_tls(env=os.environ) -> ssl.SSLContext | None:
     """An https launcher (serving other hosts) is trusted through the CA file it names."""
-    ca_file = os.environ.get("DLC_LAUNCHER_CA")
+    ca_file = env.get("DLC_LAUNCHER_CA")
     return ssl.create_default_context(cafile=ca_file) if ca_file else None
 
 
@@ -89,7 +89,7 @@ class NodeReporter:
     """Batches the reports handed to `submit` into one launcher request per COALESCE."""
 
     def __init__(self, launcher_url: str, job_id: str, token: str, node: int, attempt: int,
-                 tls: ssl.SSLContext | None = None):
+                 tls: ssl.SSLContext | None = None, start: bool = True):
         self.url = f"{launcher_url.rstrip('/')}/api/jobs/{job_id}/report"
         self.token = token
         self.tls = tls
@@ -99,6 +99,12 @@ class NodeReporter:
         self._pending: list[_Waiter] = []
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="dlc-node-reporter", daemon=True)
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """For a process that forks its ranks after binding (pool_agent.run_node): no
+        thread may run before the forks."""
         self._thread.start()
 
     def submit(self, report: dict) -> _Waiter:
@@ -168,8 +174,10 @@ def _split(waiters: list[_Waiter]) -> list[list[_Waiter]]:
     return parts
 
 
-def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """The loopback route the ranks post to: `POST /report` with the job token."""
+def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1",
+          start: bool = True) -> ThreadingHTTPServer:
+    """The loopback route the ranks post to: `POST /report` with the job token. Without
+    `start`, bound and listening (ranks may connect) but not answering until `start_serving`."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -209,8 +217,28 @@ def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1") -> Thre
 
     server = ThreadingHTTPServer((host, 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="dlc-node-reporter-http", daemon=True).start()
+    if start:
+        start_serving(server)
     return server
+
+
+def start_serving(server: ThreadingHTTPServer) -> None:
+    threading.Thread(target=server.serve_forever, name="dlc-node-reporter-http", daemon=True).start()
+
+
+def publish(server: ThreadingHTTPServer, path: str) -> None:
+    """Write the server's URL where the node's ranks look ($DLC_NODE_REPORTER)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
+    os.replace(path + ".tmp", path)
+
+
+def from_env(env, start: bool = True) -> tuple[NodeReporter, ThreadingHTTPServer]:
+    """The node's reporter and its route, for the job the environment names."""
+    reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
+                            int(env.get("DLC_NODE_RANK", "0")), int(env.get("DLC_ATTEMPT", "1")),
+                            launcher_tls(env), start)
+    return reporter, serve(reporter, _check_rank_report, start=start)
 
 
 def _check_rank_report(body: bytes) -> dict:
@@ -227,15 +255,9 @@ def _check_rank_report(body: bytes) -> dict:
 
 
 def main() -> int:
-    env = os.environ
-    node = int(env.get("DLC_NODE_RANK", "0"))
-    reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
-                            node, int(env.get("DLC_ATTEMPT", "1")), launcher_tls())
-    server = serve(reporter, _check_rank_report)
-    path = env[ENV]
-    with open(path + ".tmp", "w") as f:
-        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
-    os.replace(path + ".tmp", path)
+    _, server = from_env(os.environ)
+    path = os.environ[ENV]
+    publish(server, path)
     # A stop signals every process of the job at once: keep serving the ranks' last reports
     # (their final checkpoint event) until the node's wrapper, which outlives torchrun, is gone.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -292,11 +292,15 @@ def check_node_reporters(client, spec: dict, go, timeout: float = 240) -> dict:
         assert after[rank][0] > before[rank][0] and after[rank][1] == before[rank][1], (before, after)
     for rank in (2, 3):  # node 1: directly once its reporter was gone
         assert after[rank][1] > before[rank][1], (before, after)
-    points = all_points(client, job["id"])
-    for rank in range(4):
-        steps = sorted(p["step"] for p in points if p["rank"] == rank and p["name"] == "loss")
-        assert steps == list(range(40)), (rank, steps)
+    assert_every_step(client, job["id"], 4, 40)
     return ended
+
+
+def assert_every_step(client, job_id: str, world: int, steps: int) -> None:
+    points = all_points(client, job_id)
+    for rank in range(world):
+        stored = sorted(p["step"] for p in points if p["rank"] == rank and p["name"] == "loss")
+        assert stored == list(range(steps)), (rank, stored)
 
 
 # -- restart under load ------------------------------------------------------------------

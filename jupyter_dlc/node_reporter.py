@@ -1,10 +1,13 @@
 """One reporter per node: the node's ranks report to it, it reports to the launcher.
 
 With thousands of ranks, one request per rank every quarter second is more than one
-launcher can take. The engine's per-node command starts this process beside the torchrun
-agent (`python -m jupyter_dlc.node_reporter`, see backends/local.py); it listens on
-loopback and writes its URL to `<attempt dir>/node-<K>.reporter`, where the ranks'
-runtime/report.py looks for it. Each rank still POSTs its own report (the protocol of
+launcher can take. Every engine starts this process beside each node's torchrun agent
+(`python -m jupyter_dlc.node_reporter`: the wrapper shell of backends/local.py and of the
+Slurm batch script, `ssh_node run` on an SSH host). It listens on loopback and writes its
+URL to the file `$DLC_NODE_REPORTER` names, which the engine sets for it and for the
+node's ranks alike (runtime/report.py reads it): `<attempt dir>/node-<K>.reporter` in the
+attempt directory the node sees, which on an SSH host without a shared filesystem is the
+host's own copy. Each rank still POSTs its own report (the protocol of
 ARCHITECTURE.md), now to this process, which checks it (token and body, so that a bad entry
 is refused to its rank alone), holds the request, and forwards everything that arrived
 within COALESCE seconds as one node batch: `{"node", "attempt", "t", "ranks": [report...]}`.
@@ -16,7 +19,8 @@ reports directly). Nothing is acknowledged before the launcher acknowledged it, 
 process holds no data of its own. Ranks that find no reporter (a plain torchrun run, an
 engine that does not start one) report directly.
 
-The process leaves when the shell that started it (the node's wrapper) is gone.
+The process leaves when the process that started it (the node's wrapper) is gone. It
+forwards to `$DLC_LAUNCHER_URL` trusting `$DLC_LAUNCHER_CA`, as the ranks do.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -36,11 +41,32 @@ FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIME
 MAX_BODY = 4 << 20         # a batch body; the launcher takes 8 MB
 MAX_RANK_BODY = 2 << 20    # one rank's report
 PARENT_POLL = 0.5
+# The file the node's reporter writes its URL to, set by the engine for the reporter and the
+# node's ranks: the one place a rank looks for its node reporter, whatever the engine.
+ENV = "DLC_NODE_REPORTER"
 
 
-def url_file(attempt_dir: str, node: int) -> str:
-    """Where the node's reporter writes its URL (and where the ranks look for it)."""
+def url_file(attempt_dir: str, node: int | str) -> str:
+    """The file an engine names in $DLC_NODE_REPORTER: in the attempt directory the node sees."""
     return os.path.join(attempt_dir, f"node-{node}.reporter")
+
+
+def wanted(nproc_per_node: int) -> bool:
+    """A node reporter pays off only where a node runs more than one rank."""
+    return nproc_per_node > 1
+
+
+def shell_start(python: str, path: str) -> str:
+    """Shell text that starts the node's reporter in the background of the node's wrapper
+    shell and points the node's ranks at it; goes before the torchrun agent's command.
+    `python` and `path` are shell words (quoted by the caller)."""
+    return f"export {ENV}={path}; {python} -m jupyter_dlc.node_reporter & "
+
+
+def launcher_tls(env=os.environ) -> ssl.SSLContext | None:
+    """An https launcher (serving other hosts) is trusted through the CA file it names."""
+    ca_file = env.get("DLC_LAUNCHER_CA")
+    return ssl.create_default_context(cafile=ca_file) if ca_file else None
 
 
 class _Waiter:
@@ -62,15 +88,23 @@ class _Waiter:
 class NodeReporter:
     """Batches the reports handed to `submit` into one launcher request per COALESCE."""
 
-    def __init__(self, launcher_url: str, job_id: str, token: str, node: int, attempt: int):
+    def __init__(self, launcher_url: str, job_id: str, token: str, node: int, attempt: int,
+                 tls: ssl.SSLContext | None = None, start: bool = True):
         self.url = f"{launcher_url.rstrip('/')}/api/jobs/{job_id}/report"
         self.token = token
+        self.tls = tls
         self.node = node
         self.attempt = attempt
         self.batches_sent = 0
         self._pending: list[_Waiter] = []
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="dlc-node-reporter", daemon=True)
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """For a process that forks its ranks after binding (pool_agent.run_node): no
+        thread may run before the forks."""
         self._thread.start()
 
     def submit(self, report: dict) -> _Waiter:
@@ -104,7 +138,7 @@ class NodeReporter:
             self.url, data=data, method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"token {self.token}"})
         try:
-            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT) as response:
+            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT, context=self.tls) as response:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
             detail = error.read(500).decode(errors="replace")
@@ -140,8 +174,10 @@ def _split(waiters: list[_Waiter]) -> list[list[_Waiter]]:
     return parts
 
 
-def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """The loopback route the ranks post to: `POST /report` with the job token."""
+def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1",
+          start: bool = True) -> ThreadingHTTPServer:
+    """The loopback route the ranks post to: `POST /report` with the job token. Without
+    `start`, bound and listening (ranks may connect) but not answering until `start_serving`."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -181,8 +217,28 @@ def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1") -> Thre
 
     server = ThreadingHTTPServer((host, 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="dlc-node-reporter-http", daemon=True).start()
+    if start:
+        start_serving(server)
     return server
+
+
+def start_serving(server: ThreadingHTTPServer) -> None:
+    threading.Thread(target=server.serve_forever, name="dlc-node-reporter-http", daemon=True).start()
+
+
+def publish(server: ThreadingHTTPServer, path: str) -> None:
+    """Write the server's URL where the node's ranks look ($DLC_NODE_REPORTER)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
+    os.replace(path + ".tmp", path)
+
+
+def from_env(env, start: bool = True) -> tuple[NodeReporter, ThreadingHTTPServer]:
+    """The node's reporter and its route, for the job the environment names."""
+    reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
+                            int(env.get("DLC_NODE_RANK", "0")), int(env.get("DLC_ATTEMPT", "1")),
+                            launcher_tls(env), start)
+    return reporter, serve(reporter, _check_rank_report, start=start)
 
 
 def _check_rank_report(body: bytes) -> dict:
@@ -199,15 +255,9 @@ def _check_rank_report(body: bytes) -> dict:
 
 
 def main() -> int:
-    env = os.environ
-    attempt_dir, node = env["DLC_ATTEMPT_DIR"], int(env.get("DLC_NODE_RANK", "0"))
-    reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
-                            node, int(env.get("DLC_ATTEMPT", "1")))
-    server = serve(reporter, _check_rank_report)
-    path = url_file(attempt_dir, node)
-    with open(path + ".tmp", "w") as f:
-        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
-    os.replace(path + ".tmp", path)
+    _, server = from_env(os.environ)
+    path = os.environ[ENV]
+    publish(server, path)
     # A stop signals every process of the job at once: keep serving the ranks' last reports
     # (their final checkpoint event) until the node's wrapper, which outlives torchrun, is gone.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

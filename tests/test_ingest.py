@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import threading
 import time
 import urllib.error
@@ -15,6 +16,7 @@ import urllib.request
 from conftest import wait_for
 
 from jupyter_dlc import formatting
+from jupyter_dlc.backends.local import job_processes
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
 from jupyter_dlc.launcher.store import Store
 
@@ -214,6 +216,91 @@ def test_ranks_report_through_their_node_reporter(launcher):
     wait_for(lambda: not os.path.exists(os.path.join(attempt_dir, "node-0.reporter")), 30,
              what="the node reporter gone with its node")
     wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the job left")
+
+
+# A 2x2 job for the engines with nodes of their own (Slurm, SSH; tests/test_slurm.py and
+# test_ssh.py run it through `check_node_reporters`): 20 steps, then a wait for the test's
+# go file (meanwhile it kills node 1's reporter), then 20 more. Each rank prints how many of
+# its reports went through its node reporter and how many directly, before and after.
+THROUGH_NODE_REPORTERS = """
+import os, time
+from jupyter_dlc import runtime
+from jupyter_dlc.runtime.report import get_reporter
+runtime.init()
+reporter = get_reporter()
+
+def sent(when):
+    assert reporter.flush(60)
+    via = reporter.reports_via_node
+    print("SENT", when, via, reporter.reports_sent - via, flush=True)
+
+def steps(first):
+    for step in range(first, first + 20):
+        runtime.log(step, loss=1.0 / (step + 1))
+        time.sleep(0.05)
+
+steps(0)
+sent("before")
+while not os.path.exists(os.environ["GO"]):
+    time.sleep(0.1)
+steps(20)
+sent("after")
+"""
+
+
+def node_reporter_pids(job_id: str) -> dict[int, int]:
+    """node rank -> pid of that node's reporter process, for a running job."""
+    found = {}
+    for (job, _), pids in job_processes().items():
+        for pid in pids if job == job_id else []:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            except OSError:
+                continue
+            if b"jupyter_dlc.node_reporter" in argv:
+                found[int(environ[b"DLC_NODE_RANK"])] = pid
+    return found
+
+
+def sent_lines(client, job_id: str, when: str) -> dict[int, tuple[int, int]]:
+    """rank -> (reports through the node reporter, reports sent directly), as it printed."""
+    return {line["rank"]: (int(line["text"].split()[2]), int(line["text"].split()[3]))
+            for line in client.logs(job_id)["lines"] if line["text"].startswith(f"SENT {when} ")}
+
+
+def check_node_reporters(client, spec: dict, go, timeout: float = 240) -> dict:
+    """Run THROUGH_NODE_REPORTERS as `spec` says (2x2 on an engine): every rank's reports go
+    through its node's reporter; node 1's reporter is killed mid-job, and its ranks go on
+    reporting directly; every step of every rank is stored. Returns the ended job."""
+    job = client.submit(dict(spec, nodes=2, nproc_per_node=2, env={"GO": str(go)}))
+    wait_for(lambda: len(sent_lines(client, job["id"], "before")) == 4, timeout,
+             what="all 4 ranks through their first 20 steps")
+    before = sent_lines(client, job["id"], "before")
+    assert all(via > 0 for via, _ in before.values()), before  # node batches on every node
+    reporters = node_reporter_pids(job["id"])
+    assert sorted(reporters) == [0, 1], reporters
+    os.kill(reporters[1], signal.SIGKILL)
+    wait_for(lambda: 1 not in node_reporter_pids(job["id"]), 30, what="node 1's reporter gone")
+    go.write_text("go")
+    ended = client.wait(job["id"], timeout=timeout)
+    assert ended["state"] == "SUCCEEDED", ended["reason"]
+    after = sent_lines(client, job["id"], "after")
+    for rank in (0, 1):  # node 0: still through its reporter, never directly
+        assert after[rank][0] > before[rank][0] and after[rank][1] == before[rank][1], (before, after)
+    for rank in (2, 3):  # node 1: directly once its reporter was gone
+        assert after[rank][1] > before[rank][1], (before, after)
+    assert_every_step(client, job["id"], 4, 40)
+    return ended
+
+
+def assert_every_step(client, job_id: str, world: int, steps: int) -> None:
+    points = all_points(client, job_id)
+    for rank in range(world):
+        stored = sorted(p["step"] for p in points if p["rank"] == rank and p["name"] == "loss")
+        assert stored == list(range(steps)), (rank, stored)
 
 
 # -- restart under load ------------------------------------------------------------------

@@ -18,6 +18,7 @@ from jupyter_dlc import clusters, formatting
 from jupyter_dlc.backends.local import process_slots
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
+from test_ingest import THROUGH_NODE_REPORTERS, assert_every_step, sent_lines
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_recovery import TRAIN, committed_beyond, final_params
 
@@ -133,6 +134,15 @@ def test_environment_contract_on_a_warm_pool(pooled, tmp_path):
     assert not {r["pid"] for r in job["ranks"]} & set(pool["agents"])
     after = client.pools()[0]
     assert after["state"] == "ready" and after["jobs_served"] == 1 and after["agents"] == pool["agents"]
+    # Each node process is its ranks' node reporter, listening before they are forked: all
+    # their reports arrive as node batches, none directly.
+    go = tmp_path / "go"
+    go.write_text("go")
+    through = run(client, pooled.script("through.py", THROUGH_NODE_REPORTERS), env={"GO": str(go)})
+    assert through["state"] == "SUCCEEDED" and ran_warm(client, through["id"]), through["reason"]
+    sent = sent_lines(client, through["id"], "after")
+    assert sorted(sent) == [0, 1, 2, 3] and all(via > 0 and not direct for via, direct in sent.values()), sent
+    assert_every_step(client, through["id"], 4, 40)
 
 
 def test_nothing_of_one_job_is_seen_by_the_next(pooled, tmp_path):

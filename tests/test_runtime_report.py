@@ -314,7 +314,7 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_gone(launcher, tmp_pa
         probe.bind(("127.0.0.1", 0))
         dead = probe.getsockname()[1]
     (tmp_path / "node-1.reporter").write_text(f"http://127.0.0.1:{dead}\n")
-    monkeypatch.setenv("DLC_ATTEMPT_DIR", str(tmp_path))
+    monkeypatch.setenv("DLC_NODE_REPORTER", str(tmp_path / "node-1.reporter"))
     reporter = make_reporter(launcher.url)  # node 1
     for step in range(20):
         reporter.metric(step, {"loss": 1.0})

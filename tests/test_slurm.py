@@ -26,6 +26,7 @@ from conftest import (
     stop_polite_and_stubborn,
     wait_for,
 )
+from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
@@ -110,6 +111,19 @@ def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
         batch = f.read()
     assert "#SBATCH --nodes=2" in batch and launcher.client.token not in batch
     assert slurm_id not in squeue_ids(slurm)
+
+
+def test_ranks_report_through_node_reporters_and_directly_once_theirs_is_gone(launcher, slurm, tmp_path):
+    """2 Slurm nodes x 2 ranks: each node's task starts a node reporter beside its torchrun
+    agent, the ranks' reports arrive as node batches; node 1's reporter is killed mid-job and
+    its ranks report directly, losing nothing; the reporters leave with their steps."""
+    script = launcher.script("through.py", THROUGH_NODE_REPORTERS)
+    job = check_node_reporters(launcher.client, {"script": script, "cluster": CLUSTER}, tmp_path / "go")
+    with open(os.path.join(job["job_dir"], "attempt-1", "job.sbatch")) as f:
+        assert "-m jupyter_dlc.node_reporter &" in f.read()
+    assert engine_id(launcher.client, job["id"]) not in squeue_ids(slurm)
+    wait_for(lambda: not [p for (j, _), pids in job_processes().items() if j == job["id"] for p in pids],
+             30, what="no process of the job left")
 
 
 def test_scancel_from_outside_ends_the_job_with_that_reason(launcher, slurm):

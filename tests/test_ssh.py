@@ -26,6 +26,7 @@ from conftest import (
     stop_polite_and_stubborn,
     wait_for,
 )
+from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN, committed_beyond, final_params
@@ -216,9 +217,19 @@ exec {sys.executable} "$@"
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
 
 
-SEES = WHERE_SCRIPT.replace(
+# Reports that went through the node's reporter, once a metric was delivered.
+VIA_NODE = """
+def via_node():
+    from jupyter_dlc import runtime
+    from jupyter_dlc.runtime.report import get_reporter
+    runtime.log(0, probe=1.0)
+    assert get_reporter().flush(60)
+    return get_reporter().reports_via_node
+"""
+SEES = VIA_NODE + WHERE_SCRIPT.replace(
     '"argv":', '"sees_launcher_data": os.path.exists(os.environ["LAUNCHER_DATA"] + "/jobs"), '
-    '"attempt_dir": os.environ["DLC_ATTEMPT_DIR"], '
+    '"attempt_dir": os.environ["DLC_ATTEMPT_DIR"], "node_reporter": os.environ.get("DLC_NODE_REPORTER"), '
+    '"via_node": via_node(), '
     '"pushed": open(os.environ["DLC_JOB_DIR"] + "/files/data.txt").read(), "argv":')
 
 FAILS_ON_RANK_3 = """
@@ -268,6 +279,10 @@ exec unshare -m --propagation private sh -c 'mount -t tmpfs dlchidden "$0" && ex
             staged = env["DLC_JOB_DIR"]
             assert os.path.basename(staged).startswith(f"dlc-{job['id']}-a1-n{node}-"), staged
             assert env["attempt_dir"].startswith(staged + "/")
+            # The node reporter's URL file is in the host's own attempt directory, and the
+            # rank's reports went through it.
+            assert env["node_reporter"] == f"{env['attempt_dir']}/node-{node}.reporter"
+            assert env["via_node"] > 0
             assert env["DLC_CHECKPOINT_DIR"] == str(ckpt / job["id"])
             assert env["argv"] == ["--lr", "0.1"] and env["USER_VAR"] == "x" and env["sum"] == 6.0
             assert env["DLC_LAUNCHER_URL"] == launcher.client.url
@@ -567,18 +582,18 @@ def tls_launcher(hosts, tmp_path):
     env.close()
 
 
-def test_a_tls_launcher_serves_the_hosts_over_https(tls_launcher, hosts):
+def test_a_tls_launcher_serves_the_hosts_over_https_through_node_reporters(tls_launcher, hosts, tmp_path):
+    """2 hosts x 2 ranks: each host's node reporter forwards its ranks' reports as node
+    batches over https, trusting the CA file the ranks are given; node 1's reporter is
+    killed mid-job and its ranks report to the launcher directly, losing nothing."""
     from jupyter_dlc.client import LauncherClient, LauncherUnavailable
 
     client = tls_launcher.client
     assert client.url.startswith(f"https://{BRIDGE}:") and client.ca_file
-    script = tls_launcher.script("steps.py", STEPS)
-    job = client.submit({"script": script, "nodes": 2, "nproc_per_node": 1, "cluster": CLUSTER})
-    final = client.wait(job["id"], timeout=180)
-    assert final["state"] == "SUCCEEDED", final["reason"]
-    # Every rank's reports reached the launcher over https, trusting the CA file it was given.
-    assert final["last_step"] == 40
-    assert {r["last_step"] for r in final["ranks"]} == {40}
+    script = tls_launcher.script("through.py", THROUGH_NODE_REPORTERS)
+    final = check_node_reporters(client, {"script": script, "cluster": CLUSTER}, tmp_path / "go")
+    assert {r["last_step"] for r in final["ranks"]} == {39}
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
     # Without the CA the certificate is refused; plain http gets no answer from the port.
     with pytest.raises(LauncherUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
         LauncherClient(client.url, client.token).jobs()

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from .. import layout
+from .. import layout, node_reporter
 from ..shims import torch_private
 from ..spec import JobSpec
 from . import (
@@ -336,10 +336,11 @@ class LocalBackend(Backend):
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
-            if ctx.spec.nproc_per_node > 1:
-                # The node's ranks report through one node reporter (node_reporter.py), which
-                # leaves with this shell.
-                wrapper = f"{shlex.quote(argv[0])} -m jupyter_dlc.node_reporter & {wrapper}"
+            if node_reporter.wanted(ctx.spec.nproc_per_node):
+                # The node's ranks report through one node reporter, which leaves with this shell.
+                wrapper = node_reporter.shell_start(
+                    shlex.quote(argv[0]),
+                    shlex.quote(node_reporter.url_file(ctx.attempt_dir, node))) + wrapper
             nodes.append({"node": node, "pid": _spawn(ctx, node, ["/bin/sh", "-c", wrapper])})
         return {"nodes": nodes}
 

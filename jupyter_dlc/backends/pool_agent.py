@@ -38,6 +38,7 @@ import socket
 import sys
 import time
 
+from .. import node_reporter
 from ..runtime.bootstrap import _write_json
 from .local import _read_json
 from .warm_ranks import as_a_fresh_process
@@ -186,6 +187,15 @@ def run_node(order: dict) -> int:
     log = os.open(order["node_log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # The node's ranks report through one node reporter, in this process: it listens (and its
+    # URL is where the ranks look) before they are forked, and answers once they are, since
+    # no thread may run across a fork. It outlives the ranks, as this process does.
+    reporter = server = None
+    reporter_file = node_reporter.url_file(order["attempt_dir"], order["node"])
+    if node_reporter.wanted(order["nproc_per_node"]) and env.get("DLC_LAUNCHER_URL"):
+        reporter, server = node_reporter.from_env(env, start=False)
+        node_reporter.publish(server, reporter_file)
+        order["env"] = dict(order["env"], **{node_reporter.ENV: reporter_file})
     ranks: dict[int, int] = {}
     parent = os.getpid()
     for local_rank in range(order["nproc_per_node"]):
@@ -193,6 +203,8 @@ def run_node(order: dict) -> int:
         if pid == 0:
             code = 1
             try:
+                if server:  # else the port would still take connections once this node is gone
+                    server.socket.close()
                 _die_with_parent(parent)
                 run_rank(order, local_rank)  # leaves with os._exit
             except BaseException:  # noqa: BLE001 - a rank must never return into this loop
@@ -201,6 +213,9 @@ def run_node(order: dict) -> int:
                 traceback.print_exc()
             os._exit(code)
         ranks[pid] = order["node"] * order["nproc_per_node"] + local_rank
+    if reporter and server:
+        reporter.start()
+        node_reporter.start_serving(server)
     print(f"pool node {order['node']}: ranks {sorted(ranks.values())} started as {sorted(ranks)}",
           flush=True)
     worst = 0
@@ -239,6 +254,9 @@ def run_node(order: dict) -> int:
             worst = code
             print(f"pool node {order['node']}: rank {rank} exited with code {code}", flush=True)
     exit_code = 1 if worst else 0  # as torchrun's agent: 1 when any worker failed
+    if server:
+        with contextlib.suppress(OSError):
+            os.unlink(reporter_file)
     with open(order["exit_file"], "w") as f:
         f.write(str(exit_code))
     return exit_code

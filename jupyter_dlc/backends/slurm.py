@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from .. import layout
+from .. import layout, node_reporter
 from ..spec import JobSpec, network_env
 from . import (
     AttemptContext,
@@ -144,6 +144,12 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
     agent = (agent.replace("@NODE@", '"$node"').replace("@MASTER@", '"$MASTER_ADDR"')
              .replace("@PORT@", '"$MASTER_PORT"').replace("@SCRIPT@", script)
              .replace("@PYTHON@", python))
+    reporter = ""
+    if bootstrap and node_reporter.wanted(spec.nproc_per_node):
+        # The node's ranks report through one node reporter, which leaves with this shell
+        # (and Slurm ends it with the step in any case).
+        reporter = node_reporter.shell_start(
+            python, node_reporter.url_file(log_dir, "@NODE@").replace("@NODE@", "$node"))
     task = "\n".join([
         'node="$SLURM_NODEID"',
         f"unset {' '.join(STEP_VARS)}",
@@ -152,7 +158,7 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
         # outlive the agent it runs, through the SIGTERM of a stop, for the ranks' grace.
         # A handler, not an ignore: an ignored signal would stay ignored in the agent.
         "trap : TERM",
-        f'{agent} >> {node_log} 2>&1',
+        f'{reporter}{agent} >> {node_log} 2>&1',
         "rc=$?",
         f'echo "$rc" > {node_exit}',
         'exit "$rc"',

@@ -15,6 +15,9 @@
   script and pushed files travel in the payload into a directory of the host's own, and the
   ranks' logs come back over the pipe, tagged per rank, into the launcher's `rank-R.log`;
   checkpoints need the profile's `checkpoint_dir`, which every host and the launcher see.
+- Where a node runs more than one rank, `run` starts the node reporter (node_reporter.py)
+  beside the agent and names its URL file, in the attempt directory the host sees (its own
+  copy without a shared filesystem), in the ranks' `DLC_NODE_REPORTER`.
 - Preflight (`runtime/node_preflight.py`) runs on every host over ssh before any agent: each
   keeper runs its node's and waits for all verdicts, so agents start everywhere or nowhere.
 - Nothing outlives its job on any host: `run` kills every process of its node when its
@@ -42,7 +45,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from .. import layout
+from .. import layout, node_reporter
 from ..spec import JobSpec
 from . import (
     AttemptContext,
@@ -267,6 +270,7 @@ class SSHBackend(Backend):
             payloads.append({"argv": argv, "cwd": ctx.spec.workdir or ctx.job_dir,
                              "env": dict(env, DLC_NODE_RANK=str(node), DLC_NODE_HOST=hosts[node]),
                              "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node},
+                             "node_reporter": node_reporter.wanted(ctx.spec.nproc_per_node),
                              **({"stage": stage} if stage else {})})
         return profile, hosts, payloads
 

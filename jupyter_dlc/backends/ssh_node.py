@@ -1,7 +1,7 @@
 """The two ends of one SSH node: `python -m jupyter_dlc.backends.ssh_node ACTION`.
 
-Stdlib only, and nothing of ours: it runs on the hosts, where only Python, torch and
-jupyter-dlc need to be.
+Stdlib only, and nothing of ours but the node reporter (stdlib only too): it runs on the
+hosts, where only Python, torch and jupyter-dlc need to be.
 
     keep REQUEST      on the launcher's host: first preflight (below) over its own ssh, record
                       its exit in the node's preflight file and wait for every node's; only
@@ -20,6 +20,8 @@ jupyter-dlc need to be.
                       means the launcher's side is gone (ssh client or keeper killed, link cut
                       and sshd's ClientAlive gave up), and then every process of this node is
                       killed. On the agent's exit the same sweep runs, so nothing outlives it.
+                      With the payload's `node_reporter`, the node reporter runs beside the
+                      agent (jupyter_dlc.node_reporter) and ends with it.
     signal JOB ATTEMPT NODE SIG
                       on a host: send SIG to every process of that node of that attempt.
     probe             on a host: Python, torch, CPUs, GPUs and memory, as one JSON line.
@@ -43,6 +45,8 @@ import tempfile
 import threading
 import time
 from typing import Any
+
+from .. import node_reporter
 
 # After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
 SWEEP_GRACE = 3.0
@@ -174,11 +178,15 @@ def _run(payload: dict, job: str, attempt: str, node: str, check: bool, root: st
     env = dict(os.environ, **payload["env"], **{NODE_TAG: node})
     cwd = payload.get("cwd") or os.path.expanduser("~")
     argv = [sys.executable, "-m", "jupyter_dlc.runtime.node_preflight"] if check else payload["argv"]
-    try:
-        agent = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                 stdout=sys.stdout, stderr=subprocess.STDOUT, start_new_session=True)
-    except OSError as error:
-        print(f"jupyter-dlc ssh node {node}: cannot start the agent: {error}", flush=True)
+    reporter = None
+    if payload.get("node_reporter") and not check:
+        # Its URL file goes where this host's ranks look (no shared filesystem needed).
+        env[node_reporter.ENV] = node_reporter.url_file(env["DLC_ATTEMPT_DIR"], node)
+        reporter = _start(node, "the node reporter", [sys.executable, "-m", "jupyter_dlc.node_reporter"],
+                          env, cwd)
+    agent = _start(node, "the agent", argv, env, cwd)
+    if agent is None:
+        _end(reporter)
         return 127
     logs = RankLogs(env["DLC_ATTEMPT_DIR"]) if root and not check else None
     done = threading.Event()
@@ -195,15 +203,35 @@ def _run(payload: dict, job: str, attempt: str, node: str, check: bool, root: st
         except OSError:
             pass
         if agent.poll() is None:
+            _end(reporter)
             sweep(job, attempt, node)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     code = agent.wait()
+    _end(reporter)  # the ranks are gone (the agent waits for them): nothing is in flight
     sweep(job, attempt, node)  # a rank the agent left behind, a daemon it started
     done.set()
     if logs:
         logs.forward(final=True)
     return 128 - code if code < 0 else code
+
+
+def _start(node: str, what: str, argv: list[str], env: dict[str, str],
+           cwd: str) -> subprocess.Popen | None:
+    try:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=sys.stdout, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as error:
+        print(f"jupyter-dlc ssh node {node}: cannot start {what}: {error}", flush=True)
+        return None
+
+
+def _end(reporter: subprocess.Popen | None) -> None:
+    """The node reporter ignores the SIGTERM of a stop (it serves the ranks' last reports)
+    and holds no data of its own: once its ranks are done, it is killed outright."""
+    if reporter is not None and reporter.poll() is None:
+        reporter.kill()
+        reporter.wait()
 
 
 def _write_code(path: str, code: int) -> None:

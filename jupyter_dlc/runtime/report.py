@@ -8,7 +8,8 @@ which drops the oldest entries and counts them). Every report is a heartbeat; wi
 to say the thread still reports every DLC_HEARTBEAT_INTERVAL seconds.
 
 Where the node runs a reporter (jupyter_dlc/node_reporter.py, started beside the torchrun
-agent by the engine), the POST goes to it over loopback and it forwards the node's reports
+agent by every engine, which names its URL file in $DLC_NODE_REPORTER), the POST goes to it
+over loopback and it forwards the node's reports
 as one batch; its answer is still the launcher's. Where none runs, or it stopped answering,
 the report goes to the launcher directly (a plain torchrun run, an engine without one).
 
@@ -21,7 +22,6 @@ import atexit
 import collections
 import json
 import os
-import ssl
 import sys
 import threading
 import time
@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 
 from . import control, system
-from ..node_reporter import url_file
+from ..node_reporter import ENV as NODE_REPORTER_ENV, launcher_tls
 from .env import rank_info
 
 # Metrics reach live views within about this long after a log(); batching keeps a rank to a
@@ -95,16 +95,13 @@ class Reporter:
     def __init__(self, info, on_commands, capacity=20000):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
-        # An https launcher (serving other hosts) is trusted through the CA file it names.
-        ca_file = os.environ.get("DLC_LAUNCHER_CA")
-        self.tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
         self.batch_interval = batch_interval(info.world_size)
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
         self.on_commands = on_commands
-        attempt_dir = os.environ.get("DLC_ATTEMPT_DIR", "")
-        self._node_file = url_file(attempt_dir, info.node_rank) if attempt_dir else None
+        self._node_file = os.environ.get(NODE_REPORTER_ENV) or None
         self._node_url = None
         self._node_recheck = 0.0
         self.reports_via_node = 0

@@ -323,6 +323,29 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_gone(launcher, tmp_pa
     assert reporter.reports_via_node == 0 and reporter.dropped == 0
 
 
+def test_a_rank_reports_directly_when_its_node_reporter_is_stuck(launcher, tmp_path, monkeypatch):
+    """A node reporter that takes connections but never answers (stopped, deadlocked): the
+    rank's report still reaches the launcher, directly, once the request to it timed out."""
+    import socket
+
+    from jupyter_dlc.node_reporter import FORWARD_TIMEOUT, COALESCE
+    from jupyter_dlc.runtime.report import HTTP_TIMEOUT
+
+    # A live reporter always answers before the rank's timeout (503 past its own).
+    assert FORWARD_TIMEOUT + COALESCE < HTTP_TIMEOUT
+    with socket.socket() as stuck:  # the kernel completes connections; nobody reads them
+        stuck.bind(("127.0.0.1", 0))
+        stuck.listen(8)
+        (tmp_path / "node-1.reporter").write_text(f"http://127.0.0.1:{stuck.getsockname()[1]}\n")
+        monkeypatch.setenv("DLC_NODE_REPORTER", str(tmp_path / "node-1.reporter"))
+        reporter = make_reporter(launcher.url)  # node 1
+        for step in range(20):
+            reporter.metric(step, {"loss": 1.0})
+        assert reporter.flush(3 * HTTP_TIMEOUT)
+    assert [m["step"] for m in launcher.entries("metrics")] == list(range(20))
+    assert reporter.reports_via_node == 0 and reporter.dropped == 0
+
+
 def test_the_report_interval_grows_with_the_world(monkeypatch):
     from jupyter_dlc.runtime.report import BATCH_INTERVAL, MIN_BATCH_INTERVAL, batch_interval
 

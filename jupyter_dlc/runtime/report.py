@@ -232,11 +232,12 @@ class Reporter:
             return REFUSED
         node_url = self._node_reporter()
         if node_url:
-            outcome = self._send(node_url + "/report", data)
+            outcome = self._send(node_url + "/report", data, node=True)
             if outcome is not None:
                 self.reports_via_node += outcome == DELIVERED
                 return outcome
-            # Nobody listens there (the node reporter ended): report directly for a while.
+            # Nobody listens there (the node reporter ended), or it is stuck: report directly
+            # for a while.
             self._node_url, self._node_recheck = None, time.monotonic() + NODE_REPORTER_RECHECK
         return self._send(self.url, data) or RETRY
 
@@ -251,8 +252,11 @@ class Reporter:
             self._node_recheck = time.monotonic() + NODE_REPORTER_RECHECK
         return self._node_url
 
-    def _send(self, url, data):
-        """DELIVERED, REFUSED, RETRY, or None when nothing listens at `url`."""
+    def _send(self, url, data, node=False):
+        """DELIVERED, REFUSED, RETRY, or None when nothing listens at `url`. A node reporter
+        (`node`) answers well within HTTP_TIMEOUT whatever the launcher does (503 after its
+        own FORWARD_TIMEOUT): one that does not is stuck (stopped, deadlocked), and counts as
+        gone too, or its ranks' heartbeats would stall with it."""
         request = urllib.request.Request(
             url, data=data, method="POST",
             headers={"Content-Type": "application/json",
@@ -266,9 +270,13 @@ class Reporter:
                 return REFUSED
             return RETRY
         except urllib.error.URLError as error:
-            return None if isinstance(error.reason, ConnectionRefusedError) else RETRY
+            gone = isinstance(error.reason, ConnectionRefusedError) or \
+                (node and isinstance(error.reason, TimeoutError))
+            return None if gone else RETRY
         except ConnectionRefusedError:
             return None
+        except TimeoutError:
+            return None if node else RETRY
         except (OSError, ValueError):
             # Connection reset, timeout, half-written answer: the launcher is down or
             # restarting; keep the batch and retry.

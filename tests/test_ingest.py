@@ -350,3 +350,20 @@ def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
     assert not errors, errors
     stored = {(p["rank"], p["step"]) for p in all_points(launcher.client, job["id"])}
     assert acknowledged <= stored, sorted(acknowledged - stored)[:10]
+
+
+def test_alert_rules_read_only_the_metrics_they_name_and_never_fall_behind(tmp_path):
+    """Alerting reads the points of the metrics its rules name, however many others arrive,
+    and its cursor moves past all of them (a per-read limit once left it ever further behind
+    when thousands of ranks logged every step)."""
+    store = Store(str(tmp_path / "db.sqlite"))
+    store.insert_job("j", "j", {}, "token", str(tmp_path))
+    entries = [{"t": 1000.0 + i, "step": i, "values": {"loss": float(i), "samples_per_s": 9.0}}
+               for i in range(30_000)]
+    store.record_reports([("j", 1, [{"rank": 0, "metrics": entries}])])
+    newest, points = store.metric_points("j", 0, ["loss", "gpu_util"])
+    assert newest == max(p["seq"] for p in store.metrics("j", 59_000))
+    assert [name for _, name, *_ in points] == ["loss"] * 30_000
+    assert [p[4] for p in points[:3]] == [0.0, 1.0, 2.0]  # value
+    assert store.metric_points("j", newest, ["loss"]) == (newest, [])
+    assert store.metric_points("j", 0, []) == (newest, [])

@@ -20,6 +20,7 @@ from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
 log = logging.getLogger("jupyter_dlc.launcher")
 
 EVALUATE_EVERY = 0.5  # seconds; a NaN reported mid-interval fires at the next tick
+SAVE_EVERY = 5.0  # seconds between saves of the evaluation state when nothing fired
 _LOG_READ_LIMIT = 1 << 20
 
 
@@ -34,6 +35,8 @@ class JobAlerts:
         self.attempt = saved.get("attempt")
         self.log_offsets: dict[str, int] = saved.get("log_offsets") or {}
         self.last_run = 0.0
+        self.last_saved = 0.0
+        self.metric_names = sorted({rule.metric for rule in self.evaluator.rules if rule.metric})
 
     def state(self) -> dict:
         return {"evaluator": self.evaluator.state(), "alerts": self.evaluator.active(),
@@ -86,16 +89,23 @@ class Alerting:
         transitions = alerts.evaluator.evaluate(now, snapshot)
         for transition in transitions:
             self.act(row, transition)
-        self.store.update_job(job_id, alert_state=json.dumps(alerts.state()))
+        # The state (per-series cursors, thousands with many ranks) is what a restarted
+        # launcher evaluates on from: saved at once after a transition, else every few
+        # seconds; what it re-reads after a restart then changes no episode already recorded.
+        if transitions or final or now - alerts.last_saved >= SAVE_EVERY:
+            alerts.last_saved = now
+            self.store.update_job(job_id, alert_state=json.dumps(alerts.state()))
 
     def snapshot(self, row, alerts: JobAlerts) -> JobSnapshot:
         job_id = row["id"]
         snap = JobSnapshot()
-        for point in self.store.metrics(job_id, alerts.metric_seq):
-            alerts.metric_seq = point["seq"]
-            value = float("nan") if point["value"] is None else point["value"]
-            snap.metrics.setdefault(point["name"], []).append(
-                (point["t"], point["rank"], value, point["device"]))
+        # Only the metrics a rule names: with thousands of ranks logging every step, reading
+        # every point into Python each half second was a sixth of the launcher's CPU.
+        alerts.metric_seq, points = self.store.metric_points(job_id, alerts.metric_seq,
+                                                             alerts.metric_names)
+        for _seq, name, t, rank, value, device in points:
+            snap.metrics.setdefault(name, []).append(
+                (t, rank, float("nan") if value is None else value, device))
         for event in self.store.events(job_id, alerts.event_seq):
             alerts.event_seq = event["seq"]
             data = event["data"] or {}

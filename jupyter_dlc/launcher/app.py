@@ -296,7 +296,7 @@ class ReportHandler(BaseHandler):
         self.check_body_size()
 
     async def post(self, ref: str) -> None:
-        row = self.store.job_row(ref)
+        row = self.store.report_row(ref)
         token = self.presented_token()
         if row is None:
             if not self.allowed(token):

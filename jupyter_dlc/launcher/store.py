@@ -190,6 +190,12 @@ class Store:
     def job_row(self, job_id: str) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
 
+    def report_row(self, job_id: str) -> sqlite3.Row | None:
+        """What the report route needs of a job (id, token hash, attempt): a whole row carries
+        the spec and the alert state, which grow with the world, and the route runs thousands
+        of times a second."""
+        return self.db.execute("SELECT id, token, attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()
+
     def job_rows(self, states: Iterable[str] | None = None) -> list[sqlite3.Row]:
         if states:
             states = tuple(states)
@@ -426,6 +432,21 @@ class Store:
         reason = event.get("message") or f"rank {rank}: {kind}" + (
             f" at step {event['step']}" if event.get("step") is not None else "")
         self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
+
+    def metric_points(self, job_id: str, since: int, names: Iterable[str]) -> tuple[int, list[tuple]]:
+        """(newest seq, [(seq, name, t, rank, value, device)...]) of the points after `since`
+        with one of `names`: what alert rules read, without building a dict per point of the
+        metrics no rule names."""
+        newest = self.db.execute("SELECT MAX(seq) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
+        names = tuple(names)
+        if newest is None or newest <= since or not names:
+            return max(since, newest or 0), []
+        marks = ",".join("?" * len(names))
+        cursor = self.db.execute(
+            f"SELECT seq, name, t, rank, value, device FROM metrics WHERE job_id = ? AND seq > ?"
+            f" AND seq <= ? AND name IN ({marks}) ORDER BY seq", (job_id, since, newest, *names))
+        cursor.row_factory = None
+        return newest, cursor.fetchall()
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
         cursor = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",

@@ -12,9 +12,12 @@ the updater when the job's summary changes state). ONE updater thread per view c
 `refresh_now()` every `push_interval` seconds while the stream is live (every `interval`
 while it is down, when it also polls metrics since the last seq, all pages): job detail,
 logs from the cursor, events since the last seq, checkpoints when a new one committed,
-diagnosis when an attempt failed. Each refresh turns into at most one message per changed widget and one bokeh
-stream per changed line, so the front end gets a few updates a second however fast the job
-logs. When the job has ended the thread waits `ended_interval`, refreshes a last time and
+diagnosis when an attempt failed. Each refresh turns into at most one message per changed
+widget, and each draw (a pushed batch, or a refresh) into one bokeh stream per changed line,
+all in ONE PATCH-DOC (`JobChartsModel.batch()`), so the front end gets one bokeh message
+per batch however many lines it touches. `push_trace` keeps when each pushed batch arrived and
+was sent, for benchmarks/live_view.py's per-stage times.
+When the job has ended the thread waits `ended_interval`, refreshes a last time and
 exits (Resume or Clone start it again). When the launcher cannot be reached the view keeps
 what it shows, says so in a banner and retries with backoff (0.5 s doubling to 10 s),
 picking up a launcher that came back on a new port from the connection file.

@@ -29,11 +29,12 @@ def _check(name: str) -> None:
 
 
 def ignore_page_events(cls: type) -> type:
-    """Class decorator for a BokehModel subclass: page-sent changes are dropped."""
+    """Class decorator for a BokehModel subclass: page-sent changes are dropped (counted in
+    `page_messages`: our labextension keeps the page from sending them at all)."""
     _check(SYNC_MODEL)
 
     def _sync_model(self, model, content, buffers):
-        return None
+        self.page_messages = getattr(self, "page_messages", 0) + 1
 
     setattr(cls, SYNC_MODEL, _sync_model)
     return cls

@@ -47,6 +47,7 @@ class JobChartsModel(BokehModel):
     def __init__(self, *args, **kwargs):
         self._held: list | None = None
         self.patches_sent = 0  # PATCH-DOC messages sent (tests count them)
+        self.page_messages = 0  # messages the page sent back, dropped (the benchmark counts them)
         super().__init__(*args, **kwargs)
 
     @contextmanager

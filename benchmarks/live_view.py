@@ -15,8 +15,11 @@ every step of rank 0:
 Everything runs on one machine, so the clocks agree. Prints the median and p95 of
 drawn - logged per view, and of the two parts (stored - logged: the rank's report batching;
 drawn - stored: the push, the kernel -> browser comm or the server extension's relay, and
-drawing), the 1-minute load average, and last the p95s against the 250 ms goal (issue 14);
-appends the result and the command to benchmarks/RESULTS.md.
+drawing), the notebook's launcher -> drawn split into stages (a third cell reads the view's
+`push_trace` from the kernel after the job; the page records when BokehJS applied each
+patch), how many chart messages the page sent back to the kernel, the 1-minute load
+average, and last the p95s against the 250 ms goal (issue 14); appends the result and the
+command to benchmarks/RESULTS.md.
 
     python benchmarks/live_view.py [--steps 400] [--rate 20] [--no-append]
 
@@ -51,13 +54,29 @@ for step in range(1, {steps} + 1):
     time.sleep({sleep})
 """
 
+# Run after the job: the kernel's own timestamps of every pushed batch (JobView.push_trace).
+TRACE_CELL = """import json
+from jupyter_dlc.widgets import views
+with open({path!r}, "w") as f:
+    json.dump({{"trace": list(views()[-1].push_trace),
+               "page_messages": views()[-1].bokeh.page_messages}}, f)
+"""
+
 GOAL_S = 0.25
 
 # Records, for each step newly present in rank 0's source, the Date.now() of the frame:
-# window.__dlcDrawn for the notebook's BokehJS, window.__dlcPanel for the panel's chart.
+# window.__dlcDrawn for the notebook's BokehJS, window.__dlcPanel for the panel's chart;
+# and window.__dlcApplied: when BokehJS applied the patch that brought it (its document's
+# on_change, called while jupyter_bokeh applies a comm message), before the frame.
 OBSERVE_JS = """() => {
   window.__dlcDrawn = {};
   window.__dlcPanel = {};
+  window.__dlcApplied = {};
+  const watched = new WeakSet();
+  const newSteps = (source, into, now) => {
+    const xs = source.data.get ? source.data.get('x') : source.data.x;
+    for (let i = xs.length - 1; i >= 0 && !(xs[i] in into); i--) into[xs[i]] = now;
+  };
   let panelX = 0;
   const tick = () => {
     const path = document.querySelector(
@@ -72,11 +91,14 @@ OBSERVE_JS = """() => {
         const doc = view.model && view.model.document;
         const source = doc && doc.get_model_by_name('dlc-train-0');
         if (!source) continue;
-        const xs = source.data.get ? source.data.get('x') : source.data.x;
-        const now = Date.now();
-        for (let i = xs.length - 1; i >= 0 && !(xs[i] in window.__dlcDrawn); i--) {
-          window.__dlcDrawn[xs[i]] = now;
+        if (!watched.has(doc)) {
+          watched.add(doc);
+          doc.on_change(() => {
+            const now = doc.get_model_by_name('dlc-train-0');
+            if (now) newSteps(now, window.__dlcApplied, Date.now());
+          }, true);
         }
+        newSteps(source, window.__dlcDrawn, Date.now());
       }
     }
     requestAnimationFrame(tick);
@@ -89,6 +111,31 @@ def percentile(values, q):
     k = (len(values) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def notebook_stages(logged, stored, seqs, trace, applied, drawn) -> list[str]:
+    """Where the notebook's launcher -> drawn goes, per step of rank 0 (median, p95 of each):
+    the stream reaching the kernel's push thread, waiting for the view's lock, the chart
+    update (bokeh events and their comm messages), the comm to the page (iopub, server,
+    websocket, jupyter_bokeh applying the patch), and the page's next animation frame."""
+    batches = sorted(trace, key=lambda b: b[2])  # (first seq, last seq, received, locked, sent)
+    stages: dict[str, list[float]] = {}
+    for step, seq in seqs.items():
+        batch = next((b for b in batches if b[0] <= seq <= b[1]), None)
+        if batch is None or step not in stored or step not in applied or step not in drawn:
+            continue
+        _, _, received, locked, sent = batch
+        for name, value in (("launcher -> kernel push thread", received - stored[step]),
+                            ("waiting for the view lock", locked - received),
+                            ("chart update + comm send", sent - locked),
+                            ("comm -> patch applied in page", applied[step] - sent),
+                            ("applied -> animation frame", drawn[step] - applied[step])):
+            stages.setdefault(name, []).append(value)
+    if not stages:
+        return ["notebook: stages: no step could be matched to a pushed batch"]
+    return [f"notebook stage: {name}: median {statistics.median(values) * 1000:.0f} ms, "
+            f"p95 {percentile(values, 0.95) * 1000:.0f} ms ({len(values)} steps)"
+            for name, values in stages.items()]
 
 
 def main() -> int:
@@ -104,13 +151,17 @@ def main() -> int:
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                      "source": "%load_ext jupyter_dlc"},
                     {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                     "source": CELL.format(steps=args.steps, sleep=1.0 / args.rate)}],
+                     "source": CELL.format(steps=args.steps, sleep=1.0 / args.rate)},
+                    {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": "# the kernel's push trace, after the job (filled in below)"}],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     stored: dict[int, float] = {}
     with running_lab("dlc-bench-view-", "/", TOKEN, timeout=120, quiet_build=True) as lab:
         url, env, tmp = lab["url"], lab["env"], lab["tmp"]
+        trace_file = tmp / "push_trace.json"
+        nb["cells"][2]["source"] = TRACE_CELL.format(path=str(trace_file))
         (lab["root"] / "live.ipynb").write_text(json.dumps(nb))
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -170,12 +221,19 @@ def main() -> int:
             client.wait(job_id, timeout=args.steps / args.rate * 4 + 120)
             time.sleep(3)
             done.set()
+            run_cell(page, 2)
+            wait_until(lambda: trace_file.exists() and trace_file.stat().st_size > 0, 60,
+                       "the kernel's push trace")
+            kernel = json.loads(trace_file.read_text())
+            trace = kernel["trace"]
+            applied = {int(k): v / 1000.0 for k, v in page.evaluate("window.__dlcApplied").items()}
             drawn = {int(k): v / 1000.0 for k, v in page.evaluate("window.__dlcDrawn").items()}
             panel = {int(k): v / 1000.0 for k, v in page.evaluate("window.__dlcPanel").items()}
             page.screenshot(path=str(tmp / "live_view.png"))
             browser.close()
         points = [p for p in client.metrics(job_id)["points"] if p["rank"] == 0 and p["name"] == "loss"]
         logged = {int(p["step"]): p["t"] for p in points}
+        seqs = {int(p["step"]): int(p["seq"]) for p in points}
 
     ms = lambda v: f"{v * 1000:.0f} ms"  # noqa: E731
     lines = []
@@ -193,6 +251,10 @@ def main() -> int:
             f"p95 {ms(percentile(part, 0.95))}",
             f"{view}: logged -> drawn: median {ms(statistics.median(total))}",
         ]
+    lines += notebook_stages(logged, stored, seqs, trace, applied, drawn)
+    lines.append(f"notebook: chart messages the page sent back to the kernel: {kernel['page_messages']} "
+                 f"for {len(trace)} pushed batches (jupyter_bokeh sends each change back; "
+                 "our labextension keeps it from doing so)")
     batching = [stored[s] - logged[s] for s in logged if s in stored]
     lines.append(f"rank -> launcher (report batching): median {ms(statistics.median(batching))}, "
                  f"p95 {ms(percentile(batching, 0.95))}")

@@ -197,3 +197,44 @@ def test_bokeh_sync_model_is_replaced():
 
     assert getattr(Quiet, bokeh_private.SYNC_MODEL) is not original
     assert getattr(BokehModel, bokeh_private.SYNC_MODEL) is original
+
+
+def test_bokeh_patch_framing_is_jupyter_bokehs():
+    """`send_patch` writes the comm messages jupyter_bokeh's own `_document_patched` writes
+    for one change (the page's Receiver reads them), and `route_document_patches` hands the
+    subclass every change the page did not make."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+    from jupyter_bokeh.widgets import BokehModel
+
+    assert callable(getattr(BokehModel, bokeh_private.DOCUMENT_PATCHED, None)), \
+        _moved("bokeh_private", "BokehModel._document_patched")
+    sent: dict[str, list] = {"jupyter_bokeh": [], "shim": []}
+
+    @bokeh_private.route_document_patches
+    class Routed(BokehModel):
+        def document_patched(self, event):
+            bokeh_private.send_patch(self, [event])
+
+    for name, cls in (("jupyter_bokeh", BokehModel), ("shim", Routed)):
+        source = ColumnDataSource({"x": [], "y": []})
+        fig = figure()
+        fig.line("x", "y", source=source)
+        model = cls(row(fig))
+        model.send = lambda content, buffers=None, into=sent[name]: into.append(
+            (content, [bytes(b) for b in buffers or []]))
+        source.stream({"x": [1, 2], "y": [3.0, 4.0]})
+
+    def shape(messages):  # ids differ between documents; the framing and kinds must not
+        out = []
+        for content, buffers in messages:
+            payload = json.loads(content["payload"]) if "payload" in content else None
+            out.append((content["msg"], sorted(payload) if isinstance(payload, dict) else payload,
+                        len(buffers)))
+        return out
+
+    assert sent["jupyter_bokeh"] and shape(sent["shim"]) == shape(sent["jupyter_bokeh"]), \
+        _moved("bokeh_private", "jupyter_bokeh's PATCH-DOC framing")
+    content = json.loads(sent["shim"][2][0]["payload"])
+    assert [e["kind"] for e in content["events"]] == ["ColumnsStreamed"]

@@ -170,6 +170,82 @@ def test_page_echo_of_a_stream_is_not_applied_twice():
         assert (end == 2.0) == (cls is BokehModel), (cls.__name__, end)
 
 
+def _patch_docs(model):
+    """Record the comm messages `model` sends (its comm's publish_msg: what a kernel puts on
+    the wire; outside a kernel the comm is ipywidgets' DummyComm, which sends nothing) and
+    return a function that reassembles them into bokeh messages, as the page's Receiver does."""
+    import asyncio
+
+    from bokeh.protocol import Protocol
+    from bokeh.protocol.receiver import Receiver
+
+    wire: list = []
+
+    def publish_msg(msg_type, data=None, metadata=None, buffers=None, **keys):
+        if msg_type == "comm_msg":
+            wire.append((data["content"], buffers))
+
+    model.comm.publish_msg = publish_msg
+
+    def messages() -> list:
+        async def decode():
+            receiver, out = Receiver(Protocol()), []
+            for content, buffers in wire:
+                assert content["msg"] == "patch"
+                fragment = content["payload"] if "payload" in content else bytes(buffers[0])
+                message = await receiver.consume(fragment)
+                if message is not None:
+                    out.append(message)
+            return out
+        out = asyncio.run(decode())
+        wire.clear()
+        return out
+    return messages
+
+
+def test_one_draw_is_one_patch_doc_with_one_stream_per_line():
+    """A view's draw of several lines (two ranks' loss, two nodes' utilisation) and a title
+    leaves as ONE PATCH-DOC holding one ColumnsStreamed per line with all its new points;
+    jupyter_bokeh alone sends a PATCH-DOC (3 comm messages) per change."""
+    from jupyter_dlc.widgets.charts import Charts, JobChartsModel
+    from jupyter_dlc.widgets.series import SystemData
+
+    def add_points(train, system, steps):
+        for step in steps:
+            for rank in (0, 1):
+                train.add({"t": step, "attempt": 1, "rank": rank, "step": step, "name": "loss",
+                           "value": 1.0 / step})
+            for node in (0, 1):
+                system.add({"t": 1000.0 + step, "node": node, "name": "cpu_util", "value": 0.5})
+
+    train, system = TrainData(world_size=2, capacity=100), SystemData(100)
+    charts = Charts("j", train, system, 100)
+    model = JobChartsModel(charts.layout)
+    messages = _patch_docs(model)
+    add_points(train, system, range(1, 6))
+    with model.batch():
+        charts.push()  # adds two system lines, streams four lines, sets the system title
+    [first] = messages()
+    assert first.msgtype == "PATCH-DOC" and model.patches_sent == 1
+    add_points(train, system, range(6, 11))
+    with model.batch():
+        assert charts.push() == 20
+    [patch] = messages()
+    assert model.patches_sent == 2
+    events = patch.content["events"]
+    assert [e["kind"] for e in events] == ["ColumnsStreamed"] * 4, events
+    streamed = {e["model"]["id"]: e["data"] for e in events}
+    sources = [*charts.train_sources.values(), *charts.sys_sources.values()]
+    assert sorted(streamed) == sorted(s.id for s in sources)
+    xs = streamed[charts.train_sources[0].id]["entries"]
+    assert dict((k, list(v)) for k, v in xs)["x"] == [6, 7, 8, 9, 10]
+
+    # outside a batch every change is a message of its own (jupyter_bokeh's way)
+    add_points(train, system, range(11, 13))
+    charts.push()
+    assert len(messages()) == 4 and model.patches_sent == 6
+
+
 # -- JobView in-process against a real launcher -----------------------------------------------
 
 def refresh_until(view, predicate, timeout=90.0, what="condition"):

@@ -1,12 +1,16 @@
 """The two bokeh charts of a job view: a train metric against step, utilisation against time.
 
-One `Charts` per followed job. The layout goes into a `jupyter_bokeh.BokehModel`; every
-change below (stream, data reset, a new line) becomes a bokeh PATCH-DOC that the widget
-sends over its comm. Data comes from `series.TrainData` / `series.SystemData`, which keep
+One `Charts` per followed job. The layout goes into a `JobChartsModel` (a
+`jupyter_bokeh.BokehModel`); the changes below (stream, data reset, a new line) of one
+`JobChartsModel.batch()` become one bokeh PATCH-DOC that the widget sends over its comm.
+Data comes from `series.TrainData` / `series.SystemData`, which keep
 it bounded; `stream(..., rollover=capacity)` bounds the browser's copy the same way.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, HoverTool, Legend, NumeralTickFormatter, Range1d
@@ -14,22 +18,65 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
-from ..shims.bokeh_private import ignore_page_events
+from ..shims.bokeh_private import ignore_page_events, route_document_patches, send_patch
 from .series import SystemData, TrainData, label_for
 
 WIDTH, HEIGHT = 470, 270
 
 
 @ignore_page_events
+@route_document_patches
 class JobChartsModel(BokehModel):
-    """A `jupyter_bokeh.BokehModel` whose kernel-side document the page never changes.
+    """A `jupyter_bokeh.BokehModel` whose kernel-side document the page never changes, and
+    whose changes go to the page in one bokeh message per `batch()`.
 
     jupyter_bokeh 4.1's page sends back every change it makes or applies: each patch it
     applied (its pending events are flushed after the patch), so every `stream()` came back
     and was applied twice in the kernel; and the ranges BokehJS computes, which then sat
     in the kernel as fixed start/end, so after a full re-send the axes stopped following the
     data. Data, and everything else, only flows kernel -> page here: page events are dropped.
+
+    jupyter_bokeh sends each change as its own PATCH-DOC (3 comm messages or more). One push
+    of the view changes several lines and a title, many times a second: the comm messages,
+    each relayed by the Jupyter server and parsed by the page, were where the notebook's
+    logged -> drawn time went (benchmarks/RESULTS.md). Inside `with model.batch():` changes
+    are collected and leave as ONE PATCH-DOC at its end, in their order. Callers hold the
+    view's lock around a batch, as around every chart change, so batches never interleave.
     """
+
+    def __init__(self, *args, **kwargs):
+        self._held: list | None = None
+        self.patches_sent = 0  # PATCH-DOC messages sent (tests count them)
+        self.page_messages = 0  # messages the page sent back, dropped (the benchmark counts them)
+        super().__init__(*args, **kwargs)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._held is not None:  # nested: the outer batch sends
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            events, self._held = self._held, None
+            self._send_patches(events)
+
+    def document_patched(self, event) -> None:
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self._send_patches([event])
+
+    def _send_patches(self, events: list) -> None:
+        # one message per run of events of one document (a view that switched to a new
+        # layout mid-batch sends the old document's events first, as jupyter_bokeh would)
+        start = 0
+        for i in range(1, len(events) + 1):
+            if i == len(events) or events[i].document is not events[start].document:
+                send_patch(self, events[start:i])
+                self.patches_sent += 1
+                start = i
 
 
 def _colour(i: int) -> str:

@@ -12,9 +12,12 @@ the updater when the job's summary changes state). ONE updater thread per view c
 `refresh_now()` every `push_interval` seconds while the stream is live (every `interval`
 while it is down, when it also polls metrics since the last seq, all pages): job detail,
 logs from the cursor, events since the last seq, checkpoints when a new one committed,
-diagnosis when an attempt failed. Each refresh turns into at most one message per changed widget and one bokeh
-stream per changed line, so the front end gets a few updates a second however fast the job
-logs. When the job has ended the thread waits `ended_interval`, refreshes a last time and
+diagnosis when an attempt failed. Each refresh turns into at most one message per changed
+widget, and each draw (a pushed batch, or a refresh) into one bokeh stream per changed line,
+all in ONE PATCH-DOC (`JobChartsModel.batch()`), so the front end gets one bokeh message
+per batch however many lines it touches. `push_trace` keeps when each pushed batch arrived and
+was sent, for benchmarks/live_view.py's per-stage times.
+When the job has ended the thread waits `ended_interval`, refreshes a last time and
 exits (Resume or Clone start it again). When the launcher cannot be reached the view keeps
 what it shows, says so in a banner and retries with backoff (0.5 s doubling to 10 s),
 picking up a launcher that came back on a new port from the connection file.
@@ -124,6 +127,9 @@ class JobView:
         self._push: MetricsFollower | None = None
         self.points_pushed = 0  # points drawn from the stream / from a poll (tests, benchmark)
         self.points_polled = 0
+        # (first seq, last seq, received, lock taken, sent) of each pushed batch, time.time()
+        # seconds: where the kernel's part of logged -> drawn goes (benchmarks/live_view.py)
+        self.push_trace: deque = deque(maxlen=4000)
         self.rank_page = 0
 
         self.header = w.HTML()
@@ -332,15 +338,19 @@ class JobView:
         return push is not None and push.state != "down"
 
     def _pushed(self, f: _Followed, points: list, last_seq: int, thinned: dict | None = None) -> None:
+        received = time.time()
         with self._lock:
             if f is not self._f:
                 return  # the view follows another job now
+            locked = time.time()
             self._show_downsampled(thinned)
             added = self._add_points(f, points)
             f.metrics_seq = max(f.metrics_seq, last_seq)
             self.points_pushed += added
             if added:
-                self.charts.push()
+                self._draw()
+                self.push_trace.append((int(points[0].get("seq") or 0), last_seq, received, locked,
+                                        time.time()))
 
     def _show_downsampled(self, thinned: dict | None) -> None:
         text = formatting.downsampled_note(thinned)
@@ -531,7 +541,13 @@ class JobView:
             current = self.metric_select.value
             self.metric_select.options = names
             self.metric_select.value = current if current in names else names[0]
-        self.charts.push()
+        self._draw()
+
+    def _draw(self) -> None:
+        """Send the charts' changes since the last draw: one bokeh message, however many lines
+        changed (held under self._lock, like every chart change)."""
+        with self.bokeh.batch():
+            self.charts.push()
 
     def _header_html(self, job: dict | None) -> str:
         f = self._f
@@ -683,7 +699,8 @@ class JobView:
     def _on_metric(self, change) -> None:
         with self._lock:
             if change["new"]:
-                self.charts.select_metric(change["new"])
+                with self.bokeh.batch():
+                    self.charts.select_metric(change["new"])
 
     def _act(self, action) -> None:
         try:

@@ -14,7 +14,11 @@
  * Once loaded, the body gets the class `dlc-bokehjs-loaded`, which hides the job view's
  * "charts need BokehJS" note (`.dlc-needs-bokehjs`). Front ends without this extension keep
  * the note, and the view's text parts, which need no BokehJS.
+ *
+ * Either way, once BokehJS is there the job view's charts stop echoing back to the kernel
+ * (chartechoes.ts says why).
  */
+import { BokehRequire, muteChartEchoes } from './chartechoes';
 
 /** The bundles loaded, in order: core first, then plugins other BokehModels may use.
  * bokeh-mathjax (1.8 MB) is left out: no job-view chart renders LaTeX. */
@@ -38,6 +42,15 @@ function bokehDefined(): boolean {
 }
 
 function markLoaded(): void {
+  const bokeh = (window as Window & { Bokeh?: Partial<BokehRequire> }).Bokeh;
+  if (bokeh && typeof bokeh.require === 'function') {
+    try {
+      muteChartEchoes(bokeh as BokehRequire);
+    } catch (error) {
+      // an unexpected BokehJS: the charts still work, each draw is just echoed back
+      console.warn('jupyter-dlc: could not mute the job charts\' echoes', error);
+    }
+  }
   document.body.classList.add(LOADED_CLASS);
   if (!document.getElementById(STYLE_ID)) {
     const style = document.createElement('style');

@@ -42,7 +42,9 @@ def torchrun_failure(tmp_path_factory):
     script = base / "w.py"
     script.write_text(textwrap.dedent("""
         import os, signal, time
-        print("agent store:", os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), flush=True)
+        # One write(2) per line: print() writes its pieces apart, and the two workers'
+        # pieces then interleave on the shared pipe ("agent store:agent store:  TrueTrue").
+        os.write(1, f"agent store: {os.environ.get('TORCHELASTIC_USE_AGENT_STORE')}\\n".encode())
         if os.environ["RANK"] == "1":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)

@@ -113,13 +113,12 @@ class Alerting:
                 snap.checkpoints.append((event["t"], data.get("rank"), data["seconds"]))
             elif event["type"] == "nan":
                 snap.nan_events.append((event["t"], data.get("rank"), data.get("name", "loss")))
-        ranks = self.store.rank_rows(job_id, row["attempt"])
-        progress = [r["last_progress"] for r in ranks if r["last_progress"]]
-        snap.last_progress = max(progress) if progress else None
+        # Two numbers, not a row per rank: this runs twice a second for every running job.
+        world, snap.last_progress = self.store.progress_of(job_id, row["attempt"])
         attempt = self.store.attempt_row(job_id, row["attempt"])
         snap.started = attempt["started"] if attempt else None
         snap.log_lines = _new_log_lines(layout.attempt_dir(row["job_dir"], row["attempt"]),
-                                        len(ranks), alerts.log_offsets)
+                                        world, alerts.log_offsets)
         return snap
 
     def act(self, row, transition) -> None:

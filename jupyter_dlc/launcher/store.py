@@ -318,6 +318,13 @@ class Store:
         return self.db.execute("SELECT * FROM ranks WHERE job_id = ? AND attempt = ? ORDER BY rank",
                                (job_id, attempt)).fetchall()
 
+    def progress_of(self, job_id: str, attempt: int) -> tuple[int, float | None]:
+        """(ranks, newest last_progress) of an attempt, without a row per rank."""
+        count, newest = self.db.execute(
+            "SELECT COUNT(*), MAX(last_progress) FROM ranks WHERE job_id = ? AND attempt = ?",
+            (job_id, attempt)).fetchone()
+        return count, newest
+
     def update_rank(self, job_id: str, attempt: int, rank: int, **fields: Any) -> None:
         cols = ", ".join(f"{key} = ?" for key in fields)
         with self.tx() as db:

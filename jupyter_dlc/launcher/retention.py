@@ -113,17 +113,22 @@ class Retention:
         """Remove what the analysis chose, for at most about `budget` seconds."""
         end = time.monotonic() + budget
         while self._removals and time.monotonic() < end:
-            job_id, seqs, until, state = self._removals.popleft()
-            with self.store.tx() as db:
-                current = self.store.retention_state(job_id) or {"dropped": 0, "downsampled_until": None}
-                removed = db.execute(f"DELETE FROM metrics WHERE seq IN ({','.join('?' * len(seqs))})",
-                                     seqs).rowcount
-                state = dict(state, dropped=current["dropped"] + removed,
-                             downsampled_until=current["downsampled_until"])
-                if removed:
-                    state["downsampled_until"] = max(until, current["downsampled_until"] or until)
-                # With the deletion, so that an answer never shows one without the other.
-                self.store.set_retention_state(job_id, state, db)
+            job_id, seqs, until, state = self._removals[0]
+            try:
+                with self.store.tx() as db:
+                    current = self.store.retention_state(job_id) or {"dropped": 0, "downsampled_until": None}
+                    removed = db.execute(f"DELETE FROM metrics WHERE seq IN ({','.join('?' * len(seqs))})",
+                                         seqs).rowcount
+                    state = dict(state, dropped=current["dropped"] + removed,
+                                 downsampled_until=current["downsampled_until"])
+                    if removed:
+                        state["downsampled_until"] = max(until, current["downsampled_until"] or until)
+                    # With the deletion, so that an answer never shows one without the other.
+                    self.store.set_retention_state(job_id, state, db)
+            finally:
+                # Off the queue only once its transaction ended: the analysis waits for an
+                # empty queue, and must then read the counts this chunk committed.
+                self._removals.popleft()
 
     def run_pass(self) -> None:
         """Analyze every job and remove what it chose, all at once (tests; a quiet launcher)."""
@@ -186,7 +191,11 @@ class Retention:
             state["keep_last"] = max(1, state["keep_last"] // 2)
             state["recent_steps"] = state["recent_steps"] // 2
         if not removable:
-            self.store.set_retention_state(job_id, state)
+            with self.store.tx() as db:  # the new policy, with the counts as they are now
+                current = self.store.retention_state(job_id) or {}
+                self.store.set_retention_state(job_id, dict(
+                    state, dropped=current.get("dropped", state["dropped"]),
+                    downsampled_until=current.get("downsampled_until", state["downsampled_until"])), db)
         else:
             self._removals[-1] = self._removals[-1][:3] + (dict(state),)
         return True

@@ -411,6 +411,10 @@ class LocalBackend(Backend):
 
     # -- the engine contract over the methods above (see backends/__init__.py) -------------
     snapshot: dict[tuple[str, int], list[int]] | None = None
+    # Jobs with a process that outlived a whole LEFTOVER_WAIT after SIGKILL (stuck in the
+    # kernel, e.g. on a hung NFS mount): killed again each sweep, never waited for again, or
+    # every supervisor tick would stall for them.
+    outlived: set[str] = set()
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=True, shared_filesystem=True, per_rank_signals=True)
@@ -434,10 +438,15 @@ class LocalBackend(Backend):
         # Gone in two scans in a row is gone: a process caught mid-exec shows no environment
         # for an instant.
         deadline, empty = time.monotonic() + LEFTOVER_WAIT, 0
-        while empty < 2 and time.monotonic() < deadline:
+        while empty < 2 and job_id not in self.outlived:
             left = {key: pids for key, pids in job_processes().items() if key[0] == job_id}
             empty = 0 if left else empty + 1
             kill_job(job_id, left)  # and anything forked since the first kill
+            if left and time.monotonic() > deadline:
+                self.outlived = self.outlived | {job_id}
+                print(f"jupyter-dlc: job {job_id}: process(es) {sorted(p for v in left.values() for p in v)} "
+                      f"still there {LEFTOVER_WAIT:g}s after SIGKILL (stuck in the kernel?); "
+                      "killing them again each sweep without waiting", file=sys.stderr, flush=True)
             time.sleep(0.01)
         release_cgroups(job_id)
 

@@ -405,6 +405,7 @@ class Supervisor(threading.Thread):
         """Copy what the engine knows of each rank into the store; returns the rank rows."""
         job_id = ctx.job_id
         ranks = {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
+        changed = False
         for rank, rs in status.ranks.items():
             known = ranks.get(rank)
             if known is None:
@@ -416,11 +417,14 @@ class Supervisor(threading.Thread):
             changes = {k: v for k, v in (("pid", rs.pid), ("exit_code", rs.exit_code),
                                          ("state", state)) if v is not None and known[k] != v}
             if changes:
+                changed = True
                 self.store.update_rank(job_id, ctx.attempt, rank, **changes)
                 if "exit_code" in changes:
                     self.store.add_event(job_id, ctx.attempt, "rank_exit",
                                          f"rank {rank} exited with code {rs.exit_code}",
                                          {"rank": rank, "exit_code": rs.exit_code})
+        if not changed:  # as read: with thousands of ranks, a second read is a tick's cost
+            return ranks
         return {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
 
     def check_liveness(self, row, ctx, handle, ranks, now: float) -> None:

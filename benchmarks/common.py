@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import tempfile
+import time
 
 
 def free_port() -> int:
@@ -27,5 +29,14 @@ def private_launcher(prefix: str, script_name: str, script_text: str):
     return LauncherClient.connect(), root, script
 
 
-def stop_launcher(client) -> None:
-    os.kill(client.request("GET", "/healthz")[1]["pid"], signal.SIGTERM)
+def stop_launcher(client, root: str | None = None) -> None:
+    """SIGTERM the private launcher; with `root`, wait for it and remove its temp dir (an
+    ingest run leaves hundreds of MB of metrics there)."""
+    pid = client.request("GET", "/healthz")[1]["pid"]
+    os.kill(pid, signal.SIGTERM)
+    if root is None:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.1)
+    shutil.rmtree(root, ignore_errors=True)

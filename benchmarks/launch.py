@@ -144,7 +144,7 @@ def measure(args, fields: dict, baseline: str, base_run) -> None:
             results.append((phase, *alternate(args, client, root, script, fields, baseline,
                                               base_run, phase)))
     finally:
-        stop_launcher(client)  # a launcher that exits cleanly releases its pools
+        stop_launcher(client, root)  # a launcher that exits cleanly releases its pools
     for phase, plain, ours in results:
         ratios = [o / p for o, p in zip(ours, plain, strict=True)]
         print(f"{phase}: median {baseline} {statistics.median(plain):.3f}s, "

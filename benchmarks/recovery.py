@@ -222,7 +222,7 @@ def main() -> None:
         timelines.append(timeline)
         print(f"rep {rep} launcher restart:          {ours[-1]:.2f}s to the resumed first step "
               f"({', '.join(f'{k} {v:.2f}' for k, v in timeline.items())})", flush=True)
-    stop_launcher(client)
+    stop_launcher(client, root)
     print_breakdown(timelines)
     ratios = [o / p for o, p in zip(ours, plain, strict=True)]
     print(f"median torchrun {statistics.median(plain):.2f}s, launcher {statistics.median(ours):.2f}s")

@@ -12,8 +12,9 @@ returns every rank, as for a real job of that size, which this machine cannot ru
 
 While loaded, one reader polls as a view does: metrics since its last seq, the job list,
 the job's detail, each latency recorded. Printed per size: ingest p50/p99, accepted
-reports/s (rank reports, against what was offered), read p99s, launcher CPU, database growth
-per minute. The last line is the 4,096-rank ingest p99 against the 50 ms goal.
+logs/s (a log is one rank's step with its values, against what was offered), the batch interval
+the launcher's pace set (`report_interval`, launcher/pacing.py; a node reporter keeps it), read
+p99s, launcher CPU, database growth per minute. The last line is the 4,096-rank ingest p99 against the 50 ms goal.
 
     python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30]
 """
@@ -35,6 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import private_launcher, stop_launcher  # noqa: E402
+
+from jupyter_dlc.node_reporter import MAX_PACE, paced  # noqa: E402
 
 GOAL_MS = 50.0
 BATCH_INTERVAL = 0.25
@@ -60,8 +63,8 @@ def percentile(values: list[float], q: float) -> float:
 # -- the simulated nodes (client processes) ----------------------------------------------
 
 def node_body(node: int, ranks: range, attempt: int, step: int, rate: float, now: float,
-              system: bool) -> bytes:
-    per_rank = rate * BATCH_INTERVAL
+              system: bool, interval: float = BATCH_INTERVAL) -> bytes:
+    per_rank = rate * interval
     # 10 logs/s over 0.25 s: 2 or 3 entries, 2.5 on average.
     count = int(per_rank) + (1 if random.random() < per_rank - int(per_rank) else 0)
     reports = []
@@ -75,13 +78,16 @@ def node_body(node: int, ranks: range, attempt: int, step: int, rate: float, now
             entry["system"] = [{"t": now, "device": "cpu", "values": {"cpu_util": 0.5,
                                                                       "host_mem": 0.25}}]
         reports.append(entry)
-    return json.dumps({"node": node, "attempt": attempt, "t": now, "ranks": reports}).encode()
+    body = json.dumps({"node": node, "attempt": attempt, "t": now, "ranks": reports}).encode()
+    return body, count * len(ranks)
 
 
 async def run_node(host, port, path, token, node, ranks, attempt, rate, until, out):
     reader, writer = await asyncio.open_connection(host, port)
     await asyncio.sleep(random.random() * BATCH_INTERVAL)  # nodes do not report in lockstep
     step, next_send, next_system = 0, time.monotonic(), time.monotonic()
+    # As a node reporter does: a batch per quarter second, or at the launcher's pace.
+    interval = BATCH_INTERVAL
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: token {token}\r\n"
             "Content-Type: application/json\r\nContent-Length: ").encode()
     while time.monotonic() < until:
@@ -89,8 +95,8 @@ async def run_node(host, port, path, token, node, ranks, attempt, rate, until, o
         system = now >= next_system
         if system:
             next_system = now + SYSTEM_EVERY
-        body = node_body(node, ranks, attempt, step, rate, time.time(), system)
-        step += int(rate * BATCH_INTERVAL) + 1
+        body, logs = node_body(node, ranks, attempt, step, rate, time.time(), system, interval)
+        step += int(rate * interval) + 1
         start = time.perf_counter()
         writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
         status_line = await reader.readline()
@@ -101,11 +107,13 @@ async def run_node(host, port, path, token, node, ranks, attempt, rate, until, o
                 break
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
-        await reader.readexactly(length)
+        answer = await reader.readexactly(length)
         elapsed = (time.perf_counter() - start) * 1000
         ok = status_line.split()[1:2] == [b"200"]
-        out.append((elapsed, ok, len(ranks)))
-        next_send += BATCH_INTERVAL
+        out.append((elapsed, ok, logs, interval))
+        if ok:
+            interval = max(BATCH_INTERVAL, paced(json.loads(answer), MAX_PACE))
+        next_send += interval
         await asyncio.sleep(max(0.0, next_send - time.monotonic()))
     writer.close()
 
@@ -195,13 +203,14 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
         worker.join()
     open(os.path.join(job["job_dir"], "bench-done"), "w").close()
     client.wait(job["id"], timeout=60)
-    latencies = [ms for ms, ok, _ in results if ok]
-    accepted = sum(n for _, ok, n in results if ok)
-    failed = sum(1 for _, ok, _ in results if not ok)
+    latencies = [ms for ms, ok, _, _ in results if ok]
+    accepted = sum(n for _, ok, n, _ in results if ok)
+    failed = sum(1 for _, ok, _, _ in results if not ok)
+    pace = percentile([interval for *_, interval in results], 50)
     wall = t1 - t0
     return {"ranks": ranks, "nodes": nodes, "p50": percentile(latencies, 50),
             "p99": percentile(latencies, 99), "accepted": accepted / seconds,
-            "offered": ranks / BATCH_INTERVAL, "batches": len(results), "failed": failed,
+            "offered": ranks * rate, "pace": pace, "batches": len(results), "failed": failed,
             "reads": {k: percentile(v, 99) for k, v in reads.items()},
             "read_counts": {k: len(v) for k, v in reads.items()},
             "cpu": (cpu1 - cpu0) / wall, "db_mb_min": (db1 - db0) / wall * 60 / 1e6,
@@ -232,14 +241,15 @@ def main() -> None:
                          args.seconds, args.procs)
             results.append(r)
             print(f"{r['ranks']:>5} ranks / {r['nodes']:>4} nodes: ingest p50 {r['p50']:.1f} ms "
-                  f"p99 {r['p99']:.1f} ms, {r['accepted']:.0f} rank reports/s accepted "
-                  f"(offered {r['offered']:.0f}), {r['failed']} failed batches; read p99 "
+                  f"p99 {r['p99']:.1f} ms, {r['accepted']:.0f} logs/s accepted "
+                  f"(offered {r['offered']:.0f}), a batch every {r['pace']:.2f} s a node, "
+                  f"{r['failed']} failed batches; read p99 "
                   f"metrics {r['reads']['metrics']:.0f} ms, list {r['reads']['list']:.0f} ms, "
                   f"detail {r['reads']['detail']:.0f} ms ({sum(r['read_counts'].values())} reads);"
                   f" launcher CPU {r['cpu'] * 100:.0f}%; DB +{r['db_mb_min']:.1f} MB/min "
                   f"({r['db_mb']:.0f} MB); load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        stop_launcher(client)
+        stop_launcher(client, root)
     last = results[-1]
     print(f"{last['ranks']}-rank ingest p99 {last['p99']:.1f} ms vs goal {GOAL_MS:g} ms: ratio "
           f"{last['p99'] / GOAL_MS:.2f} ({'met' if last['p99'] < GOAL_MS else 'not met'})")

@@ -38,6 +38,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 COALESCE = 0.05            # seconds a batch waits for more ranks after its first report
 FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIMEOUT)
+# The most a batch is held to keep the launcher's pace (`report_interval` in its answers,
+# launcher/pacing.py); a rank waits this much longer for its answer than when reporting directly.
+MAX_PACE = 1.0
 MAX_BODY = 4 << 20         # a batch body; the launcher takes 8 MB
 MAX_RANK_BODY = 2 << 20    # one rank's report
 PARENT_POLL = 0.5
@@ -96,6 +99,10 @@ class NodeReporter:
         self.node = node
         self.attempt = attempt
         self.batches_sent = 0
+        # Seconds to leave between two batches, as the launcher last asked: one request a
+        # node per quarter second is more than it takes with thousands of ranks.
+        self.pace = 0.0
+        self._last_forward = 0.0
         self._pending: list[_Waiter] = []
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="dlc-node-reporter", daemon=True)
@@ -120,7 +127,9 @@ class NodeReporter:
             with self._cond:
                 while not self._pending:
                     self._cond.wait()
-            time.sleep(COALESCE)  # let the node's other ranks join this batch
+            # Let the node's other ranks join this batch, and keep the launcher's pace.
+            time.sleep(max(COALESCE, self._last_forward + self.pace - time.monotonic()))
+            self._last_forward = time.monotonic()
             with self._cond:
                 waiters, self._pending = self._pending, []
             for part in _split(waiters):
@@ -154,11 +163,20 @@ class NodeReporter:
                 waiter.finish(503, {"error": "node reporter: launcher unreachable; retry"})
             return
         self.batches_sent += 1
+        self.pace = paced(answer, MAX_PACE)
         commands = answer.get("rank_commands") or {}
         for waiter in waiters:
             rank = waiter.report.get("rank", 0)
             waiter.finish(200, {"ok": True, "commands": commands.get(str(rank), []),
                                 **({"stale": True} if answer.get("stale") else {})})
+
+
+def paced(answer: dict, most: float) -> float:
+    """The `report_interval` a launcher answer asks for, within [0, most]; 0 when absent."""
+    try:
+        return min(most, max(0.0, float(answer.get("report_interval") or 0.0)))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _split(waiters: list[_Waiter]) -> list[list[_Waiter]]:

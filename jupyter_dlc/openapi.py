@@ -127,6 +127,9 @@ SCHEMAS: dict[str, dict] = {
     "Script": _obj({"script": _STR, "files": {"type": "array", "items": _STR}}),
     "ReportAnswer": _obj({"ok": {"type": "boolean"}, "commands": {"type": "array"}},
                          {"stale": {"type": "boolean"},
+                          "report_interval": {**_NUM, "description": (
+                              "seconds the sender should leave between its requests (0: its own "
+                              "pace); grows with the number of senders (launcher/pacing.py)")},
                           "rank_commands": {"type": "object", "description":
                                             "a node batch's answer: rank → its commands",
                                             "additionalProperties": {"type": "array"}}}),

@@ -218,6 +218,68 @@ def test_ranks_report_through_their_node_reporter(launcher):
     wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the job left")
 
 
+def test_past_its_request_budget_the_launcher_paces_each_node_reporter(launcher, monkeypatch):
+    """The launcher's request budget set to 4 a second: with 12 nodes reporting, every answer
+    asks for the slowest pace; a real node reporter then forwards at most once per pace, and
+    every rank report it carried is stored; once only one node reports, the pace is 0 again
+    (a small job keeps its own quarter second)."""
+    from jupyter_dlc.node_reporter import MAX_PACE, NodeReporter
+
+    monkeypatch.setenv("DLC_REPORT_BUDGET", "4")
+    launcher.restart()  # the launcher reads its budget at start
+    script = launcher.script("sleeper.py", SLEEPER)
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 1})
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
+
+    def pace_from(nodes) -> float:
+        paces = [post_report(launcher, job["id"], {"node": n, "attempt": 1, "ranks": [{"rank": 0}]})[1]
+                 ["report_interval"] for n in nodes]
+        return paces[-1]
+
+    assert pace_from([0]) == 0
+    wait_for(lambda: pace_from(range(12)) == MAX_PACE, 30, what="12 senders paced")
+    others = threading.Event()
+
+    def keep_others_reporting():
+        while not others.wait(0.5):
+            pace_from(range(1, 12))
+
+    threading.Thread(target=keep_others_reporting, daemon=True).start()
+    forwards: list[float] = []
+
+    class Recording(NodeReporter):
+        def _forward(self, waiters):
+            forwards.append(time.monotonic())
+            super()._forward(waiters)
+
+    node = Recording(launcher.client.url, job["id"], launcher.client.token, node=0, attempt=1)
+    answers = []
+
+    def rank(number: int):
+        for step in range(12):
+            waiter = node.submit({"rank": number, "metrics": [
+                {"t": time.time(), "step": step, "values": {"loss": float(step)}}]})
+            waiter.done.wait(30)
+            answers.append(waiter.status)
+
+    ranks = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    try:
+        for thread in ranks:
+            thread.start()
+        for thread in ranks:
+            thread.join(120)
+    finally:
+        others.set()
+    assert answers == [200] * 24 and node.pace == MAX_PACE
+    # The first forward learnt the pace; every later one kept it.
+    gaps = [b - a for a, b in zip(forwards[1:], forwards[2:])]
+    assert gaps and min(gaps) >= MAX_PACE - 0.01, gaps
+    points = all_points(launcher.client, job["id"])
+    assert sorted(p["step"] for p in points if p["name"] == "loss") == sorted(list(range(12)) * 2)
+    wait_for(lambda: pace_from([0]) == 0, 30, interval=0.5, what="the pace back to 0")
+    launcher.client.stop(job["id"])
+
+
 # A 2x2 job for the engines with nodes of their own (Slurm, SSH; tests/test_slurm.py and
 # test_ssh.py run it through `check_node_reporters`): 20 steps, then a wait for the test's
 # go file (meanwhile it kills node 1's reporter), then 20 more. Each rank prints how many of

@@ -38,6 +38,7 @@ class LauncherStub:
         self.reports = []
         self.commands = []
         self.fail_data = None  # a status to answer every report that carries entries
+        self.extra = {}  # more fields for every answer
         self.lock = threading.Lock()
         stub = self
 
@@ -55,7 +56,7 @@ class LauncherStub:
                 with stub.lock:
                     stub.reports.append(report)
                     commands = list(stub.commands)
-                self._answer(200, {"ok": True, "commands": commands})
+                self._answer(200, {"ok": True, "commands": commands, **stub.extra})
 
             def _answer(self, status, obj):
                 data = json.dumps(obj).encode()
@@ -328,11 +329,12 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_stuck(launcher, tmp_p
     rank's report still reaches the launcher, directly, once the request to it timed out."""
     import socket
 
-    from jupyter_dlc.node_reporter import FORWARD_TIMEOUT, COALESCE
+    from jupyter_dlc.node_reporter import COALESCE, FORWARD_TIMEOUT, MAX_PACE
     from jupyter_dlc.runtime.report import HTTP_TIMEOUT
 
-    # A live reporter always answers before the rank's timeout (503 past its own).
-    assert FORWARD_TIMEOUT + COALESCE < HTTP_TIMEOUT
+    # A live reporter always answers before the rank's timeout (503 past its own), also
+    # when it holds the batch to keep the launcher's pace.
+    assert FORWARD_TIMEOUT + max(COALESCE, MAX_PACE) < HTTP_TIMEOUT + MAX_PACE
     with socket.socket() as stuck:  # the kernel completes connections; nobody reads them
         stuck.bind(("127.0.0.1", 0))
         stuck.listen(8)
@@ -341,7 +343,7 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_stuck(launcher, tmp_p
         reporter = make_reporter(launcher.url)  # node 1
         for step in range(20):
             reporter.metric(step, {"loss": 1.0})
-        assert reporter.flush(3 * HTTP_TIMEOUT)
+        assert reporter.flush(3 * (HTTP_TIMEOUT + MAX_PACE))
     assert [m["step"] for m in launcher.entries("metrics")] == list(range(20))
     assert reporter.reports_via_node == 0 and reporter.dropped == 0
 
@@ -357,3 +359,24 @@ def test_the_report_interval_grows_with_the_world(monkeypatch):
     assert batch_interval(4096) == 0.5
     monkeypatch.setenv("DLC_REPORT_INTERVAL", "soon")  # not a number: the default stands
     assert batch_interval(4) == MIN_BATCH_INTERVAL
+
+
+def test_a_rank_reporting_directly_keeps_the_launchers_pace(launcher):
+    """An answer's `report_interval` (launcher/pacing.py) slows a rank that reports directly,
+    never below its own pace, and never past the most a node reporter holds a batch."""
+    from jupyter_dlc.node_reporter import MAX_PACE
+
+    reporter = make_reporter(launcher.url)
+    own = reporter.batch_interval
+    launcher.extra = {"report_interval": 0.75}
+    reporter.metric(0, {"loss": 1.0})
+    assert reporter.flush(10)
+    assert reporter.batch_interval == max(own, 0.75)
+    launcher.extra = {"report_interval": 60}
+    reporter.metric(1, {"loss": 1.0})
+    assert reporter.flush(10)
+    assert reporter.batch_interval == MAX_PACE
+    launcher.extra = {}
+    reporter.metric(2, {"loss": 1.0})
+    assert reporter.flush(10)
+    assert reporter.batch_interval == own

@@ -21,6 +21,7 @@ import tornado.ioloop
 
 from .. import paths
 from .app import Launcher, make_app
+from .pacing import ReportPacer
 from .retention import RetentionPolicy
 from .storage import DiskGuard
 from .store import Store
@@ -184,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(store, data_dir, url, ca_file=ca_file)
     try:
         retention = RetentionPolicy.from_env(args.metrics_cap)
+        pacer = ReportPacer.from_env()
     except ValueError as error:
         print(f"launcher: {error}", file=sys.stderr)
         return 2
-    launcher = Launcher(store, supervisor, data_dir, token, retention)
+    launcher = Launcher(store, supervisor, data_dir, token, retention, pacer)
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)

@@ -23,6 +23,7 @@ from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies
 from .alerts import rules_for
 from .ingest import ReportIngest
+from .pacing import ReportPacer
 from .retention import Retention, RetentionPolicy
 from .storage import is_disk_full
 from .store import Store
@@ -51,7 +52,7 @@ class Launcher:
     """What the handlers share: the store, the supervisor, the token."""
 
     def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str,
-                 retention: RetentionPolicy | None = None):
+                 retention: RetentionPolicy | None = None, pacer: ReportPacer | None = None):
         self.store = store
         self.supervisor = supervisor
         self.data_dir = data_dir
@@ -64,6 +65,7 @@ class Launcher:
         self.retention = Retention(store, retention)
         self.retention.start()
         self.ingest = ReportIngest(store, self.retention.run_slices)
+        self.pacer = pacer or ReportPacer()
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
@@ -321,7 +323,10 @@ class ReportHandler(BaseHandler):
             dict(r, node=r.get("node", report.get("node"))) for r in batch]
         await asyncio.wrap_future(self.launcher.ingest.store_reports(row["id"], attempt, reports))
         commands_for = self.launcher.supervisor.commands_for
-        answer: dict[str, Any] = {"ok": True, "commands": []}
+        sender = (row["id"], "rank", report.get("rank", 0)) if batch is None else \
+            (row["id"], "node", report.get("node"))
+        answer: dict[str, Any] = {"ok": True, "commands": [],
+                                  "report_interval": self.launcher.pacer.heard(sender)}
         if batch is None:
             answer["commands"] = commands_for(row["id"], report.get("rank", 0))
         else:

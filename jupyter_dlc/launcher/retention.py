@@ -62,6 +62,18 @@ WHERE lo > 1 AND hi > 1 AND last > 1 AND NOT (value IS NULL AND nth = 1)
 DELETE_CHUNK = 2000
 
 
+def positive_env_int(name: str, default: int) -> int:
+    """A launcher setting from the environment; ValueError naming it when it is not >= 1."""
+    raw = os.environ.get(name, "")
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}: expected a whole number, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{name}: must be at least 1, got {value}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class RetentionPolicy:
     keep_last: int = DEFAULT_KEEP_LAST
@@ -72,18 +84,9 @@ class RetentionPolicy:
     def from_env(cls, max_points: int | None = None) -> RetentionPolicy:
         """DLC_METRICS_KEEP_LAST, DLC_METRICS_RECENT_STEPS, DLC_METRICS_CAP (points per job;
         the launcher's --metrics-cap wins)."""
-        def number(name: str, default: int) -> int:
-            raw = os.environ.get(name, "")
-            try:
-                value = int(raw) if raw else default
-            except ValueError:
-                raise ValueError(f"{name}: expected a whole number, got {raw!r}") from None
-            if value < 1:
-                raise ValueError(f"{name}: must be at least 1, got {value}")
-            return value
-
         if max_points is not None and max_points < 1:
             raise ValueError(f"--metrics-cap: must be at least 1, got {max_points}")
+        number = positive_env_int
         return cls(keep_last=number("DLC_METRICS_KEEP_LAST", DEFAULT_KEEP_LAST),
                    recent_steps=number("DLC_METRICS_RECENT_STEPS", DEFAULT_RECENT_STEPS),
                    max_points=max_points or number("DLC_METRICS_CAP", DEFAULT_MAX_POINTS))

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 
 from . import control, system
-from ..node_reporter import ENV as NODE_REPORTER_ENV, launcher_tls
+from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced
 from .env import rank_info
 
 # Metrics reach live views within about this long after a log(); batching keeps a rank to a
@@ -97,7 +97,7 @@ class Reporter:
         self.token = info.token
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
-        self.batch_interval = batch_interval(info.world_size)
+        self.own_interval = self.batch_interval = batch_interval(info.world_size)
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
         self.on_commands = on_commands
@@ -262,7 +262,9 @@ class Reporter:
             headers={"Content-Type": "application/json",
                      "Authorization": f"token {self.token}"})
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=self.tls) as response:
+            # A node reporter may hold the request up to MAX_PACE to keep the launcher's pace.
+            timeout = HTTP_TIMEOUT + (MAX_PACE if node else 0.0)
+            with urllib.request.urlopen(request, timeout=timeout, context=self.tls) as response:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
             if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
@@ -282,6 +284,10 @@ class Reporter:
             # restarting; keep the batch and retry.
             return RETRY
         self.reports_sent += 1
+        if not node and isinstance(answer, dict):
+            # The launcher's pace (launcher/pacing.py) when it asks for a slower one than ours;
+            # through a node reporter, that process keeps it for the node.
+            self.batch_interval = max(self.own_interval, paced(answer, MAX_PACE))
         commands = answer.get("commands") if isinstance(answer, dict) else None
         if commands:
             self.on_commands(commands)

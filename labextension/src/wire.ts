@@ -743,6 +743,8 @@ export interface components {
             rank_commands?: {
                 [key: string]: unknown[];
             };
+            /** @description seconds the sender should leave between its requests (0: its own pace); grows with the number of senders (launcher/pacing.py) */
+            report_interval?: number;
             stale?: boolean;
         };
         ResumeBody: {

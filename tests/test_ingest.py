@@ -429,3 +429,20 @@ def test_alert_rules_read_only_the_metrics_they_name_and_never_fall_behind(tmp_p
     assert [p[4] for p in points[:3]] == [0.0, 1.0, 2.0]  # value
     assert store.metric_points("j", newest, ["loss"]) == (newest, [])
     assert store.metric_points("j", 0, []) == (newest, [])
+
+
+def test_a_metrics_answer_carries_infinity_as_a_string_and_nan_as_null(tmp_path):
+    """Answers with points are encoded by orjson, which would write an infinite value as
+    null: such a page is encoded as every answer is, with the value as a string."""
+    from jupyter_dlc.launcher.app import metrics_answer
+
+    store = Store(str(tmp_path / "launcher.sqlite"))
+    store.insert_job("job-inf", "inf", {"script": "x"}, "token", str(tmp_path))
+    store.record_report("job-inf", 1, {"rank": 0, "metrics": [
+        {"t": 1.0, "step": 0, "values": {"loss": 0.5}}]})
+    finite = json.loads(metrics_answer(store, "job-inf", 0))
+    assert [p["value"] for p in finite["points"]] == [0.5]
+    store.record_report("job-inf", 1, {"rank": 0, "metrics": [
+        {"t": 2.0, "step": 1, "values": {"loss": math.inf, "grad": math.nan}}]})
+    answer = json.loads(metrics_answer(store, "job-inf", finite["last_seq"]))
+    assert {p["name"]: p["value"] for p in answer["points"]} == {"loss": "inf", "grad": None}

@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 import tornado.web
 
 from .. import __version__, layout, openapi
@@ -419,13 +420,21 @@ class MetricsHandler(BaseHandler):
 
 
 def metrics_answer(store: Store, job_id: str, since: int) -> bytes:
-    points = store.metrics(job_id, since)
+    return points_answer(store, job_id, store.metrics(job_id, since), since)
+
+
+def points_answer(store: Store, job_id: str, points: list[dict], since: int) -> bytes:
+    """{points, last_seq, downsampled} as JSON: a view reads thousands of points a second,
+    so encoded by orjson (ten times json's speed on them) unless a value is infinite, which
+    orjson would write as null where every answer writes a string (NaN is stored as null)."""
     answer = {"points": points, "last_seq": points[-1]["seq"] if points else since,
               "downsampled": downsampled(store.retention_state(job_id))}
-    try:
-        return json.dumps(answer, allow_nan=False).encode()
-    except ValueError:  # a non-finite number somewhere: as strings, as every answer does
-        return json.dumps(_clean(answer), default=_json_default).encode()
+    if not any(point["value"] in _INFINITE for point in points):
+        return orjson.dumps(answer)
+    return json.dumps(_clean(answer), default=_json_default).encode()
+
+
+_INFINITE = (math.inf, -math.inf)
 
 
 def downsampled(state: dict | None) -> dict | None:
@@ -579,10 +588,8 @@ class MetricsStreamHandler(BaseHandler):
             if not points:
                 return since
             since = points[-1]["seq"]
-            data = json.dumps(_clean({"points": points, "last_seq": since, "downsampled":
-                                      downsampled(self.store.retention_state(job_id))}),
-                              default=_json_default)
-            self.write(f"event: metrics\ndata: {data}\n\n")
+            data = points_answer(self.store, job_id, points, since)
+            self.write(b"event: metrics\ndata: " + data + b"\n\n")
 
 
 class PrometheusHandler(BaseHandler):

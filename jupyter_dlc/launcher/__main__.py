@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -195,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     attach_alerts(supervisor)
     server = tornado.httpserver.HTTPServer(make_app(launcher), ssl_options=ssl_context)
     server.add_sockets([sock])
+    # Reports allocate millions of short-lived objects a minute: collections of the young
+    # generation are made rarer, and what start-up built is frozen out of the collector, so
+    # that no full pass walks it again (they were about a tenth of ingest's CPU).
+    gc.set_threshold(10_000, 20, 20)
+    gc.freeze()
     supervisor.start()
     write_connection_file(conn_path, {"url": url, "token": token, "pid": os.getpid(),
                                       "data_dir": data_dir, "started": time.time(),

@@ -147,7 +147,10 @@ SCHEMAS: dict[str, dict] = {
     "Pools": _obj({"pools": {"type": "array", "items": _ref("Pool")}}),
     "Released": _obj({"released": {"type": "array", "items": _STR}}),
     "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
-                    "started": _NUM}),
+                    "started": _NUM,
+                    "ingest": _obj({"pid": _null(_INT), "starts": _INT}, description=(
+                        "the process that parses and stores rank reports "
+                        "(launcher/ingest_worker.py); `starts` counts its restarts too"))}),
 }
 
 

@@ -272,7 +272,7 @@ def test_past_its_request_budget_the_launcher_paces_each_node_reporter(launcher,
         others.set()
     assert answers == [200] * 24 and node.pace == MAX_PACE
     # The first forward learnt the pace; every later one kept it.
-    gaps = [b - a for a, b in zip(forwards[1:], forwards[2:])]
+    gaps = [b - a for a, b in zip(forwards[1:-1], forwards[2:], strict=True)]
     assert gaps and min(gaps) >= MAX_PACE - 0.01, gaps
     points = all_points(launcher.client, job["id"])
     assert sorted(p["step"] for p in points if p["name"] == "loss") == sorted(list(range(12)) * 2)
@@ -367,7 +367,10 @@ def assert_every_step(client, job_id: str, world: int, steps: int) -> None:
 
 # -- restart under load ------------------------------------------------------------------
 
-def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
+def load_across(launcher, disrupt, retry_status: int | None = None) -> None:
+    """4 nodes of 8 ranks report steps in a loop; `disrupt()` runs mid-load; every batch the
+    launcher acknowledged (200) must be stored. `retry_status`: an answer that means "not
+    stored, retry" during the disruption (any other non-200 fails the test)."""
     job = ended_job(launcher)
     acknowledged: set[tuple[int, int]] = set()
     lock = threading.Lock()
@@ -388,6 +391,8 @@ def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
                 status = None  # the launcher is down: this batch is not acknowledged
             if status == 401 and (restarting.is_set() or client is not launcher.client):
                 status = None  # the old launcher's token, sent to the new one
+            if status == retry_status:
+                status = None
             if status == 200:
                 with lock:
                     acknowledged.update((r["rank"], step) for r in ranks)
@@ -399,12 +404,12 @@ def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: len(acknowledged) >= 32 * 20, 60, what="load before the kill")
+        wait_for(lambda: len(acknowledged) >= 32 * 20, 60, what="load before the disruption")
         restarting.set()
-        launcher.restart(kill=True)  # kill -9 mid-load, then a new launcher on the same data
+        disrupt()
         restarting.clear()
         count = len(acknowledged)
-        wait_for(lambda: len(acknowledged) >= count + 32 * 20, 60, what="load after the restart")
+        wait_for(lambda: len(acknowledged) >= count + 32 * 20, 60, what="load after it")
     finally:
         stop.set()
         for thread in threads:
@@ -412,6 +417,42 @@ def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
     assert not errors, errors
     stored = {(p["rank"], p["step"]) for p in all_points(launcher.client, job["id"])}
     assert acknowledged <= stored, sorted(acknowledged - stored)[:10]
+
+
+def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
+    load_across(launcher, lambda: launcher.restart(kill=True))  # kill -9, a new one on the data
+
+
+def ingest_worker(launcher) -> dict:
+    return launcher.client.request("GET", "/healthz")[1]["ingest"]
+
+
+def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledged_point(launcher):
+    """Reports are parsed and stored in a process of their own (ingest_worker.py): killed
+    with -9 mid-load, the reports it held are answered 503 (a reporter retries them), a new
+    one takes over, and every acknowledged point is stored."""
+    first = ingest_worker(launcher)
+
+    def kill_worker():
+        os.kill(first["pid"], signal.SIGKILL)
+        wait_for(lambda: ingest_worker(launcher)["starts"] == first["starts"] + 1, 30,
+                 what="a new ingest worker")
+
+    load_across(launcher, kill_worker, retry_status=503)
+    assert ingest_worker(launcher)["pid"] != first["pid"]
+
+
+def test_a_launcher_killed_leaves_no_ingest_worker_behind(launcher):
+    old = ingest_worker(launcher)["pid"]
+    launcher.restart(kill=True)
+    wait_for(lambda: not os.path.exists(f"/proc/{old}") or
+             open(f"/proc/{old}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+             30, what="the old launcher's ingest worker gone")
+    job = ended_job(launcher, nproc=1)  # the new launcher's worker takes reports
+    status, answer = post_report(launcher, job["id"], {"rank": 0, "metrics": [
+        {"t": time.time(), "step": 1, "values": {"loss": 0.5}}]})
+    assert status == 200, answer
+    assert [p["step"] for p in all_points(launcher.client, job["id"])] == [1]
 
 
 def test_alert_rules_read_only_the_metrics_they_name_and_never_fall_behind(tmp_path):

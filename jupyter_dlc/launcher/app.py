@@ -23,9 +23,9 @@ from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies
 from .alerts import rules_for
-from .ingest import ReportIngest
+from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
-from .retention import Retention, RetentionPolicy
+from .retention import RetentionPolicy
 from .storage import is_disk_full
 from .store import Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
@@ -63,9 +63,9 @@ class Launcher:
         # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
         # loop (/healthz, the panel); one thread keeps each job's reports in order.
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlc-reads")
-        self.retention = Retention(store, retention)
-        self.retention.start()
-        self.ingest = ReportIngest(store, self.retention.run_slices)
+        # Reports are parsed, stored and their metrics retained in a process of their own
+        # (ingest_worker.py): the loop here only checks the token and answers.
+        self.ingest = IngestWorker(store.path, data_dir, retention or RetentionPolicy())
         self.pacer = pacer or ReportPacer()
 
 
@@ -183,8 +183,11 @@ def job_detail(store: Store, row) -> dict:
 
 class HealthHandler(BaseHandler):
     def get(self) -> None:
+        ingest = self.launcher.ingest
         self.reply({"ok": True, "pid": os.getpid(), "version": __version__,
-                    "started": self.launcher.started})
+                    "started": self.launcher.started,
+                    "ingest": {"pid": ingest.process.pid if ingest.process else None,
+                               "starts": ingest.starts}})
 
 
 class JobsHandler(BaseHandler):
@@ -307,31 +310,25 @@ class ReportHandler(BaseHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        try:
-            report = await self.launcher.ingest.parse(b"".join(self._chunks))
-        except SpecError as error:
-            self.fail(400, str(error))
-        attempt = report.get("attempt") or row["attempt"]
-        if attempt != row["attempt"]:
+        status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"],
+                                                         b"".join(self._chunks))
+        if status != 200:
+            self.fail(status, sent)
+        if sent["stale"]:
             # A straggler of an attempt that already ended: accepted, not stored, and given no
             # command (a "stop" would make it save into the checkpoints the new attempt writes).
             self.reply({"ok": True, "commands": [], "rank_commands": {}, "stale": True})
             return
-        # A node's batch (runtime/node_reporter.py) holds one report per rank; each is a
-        # heartbeat of its own rank, so the supervisor's verdict stays per rank.
-        batch = report.get("ranks")
-        reports = [report] if batch is None else [
-            dict(r, node=r.get("node", report.get("node"))) for r in batch]
-        await asyncio.wrap_future(self.launcher.ingest.store_reports(row["id"], attempt, reports))
+        self.store.version += 1  # committed by the worker: the views' streams look again
         commands_for = self.launcher.supervisor.commands_for
-        sender = (row["id"], "rank", report.get("rank", 0)) if batch is None else \
-            (row["id"], "node", report.get("node"))
+        batch = "ranks" in sent
+        sender = (row["id"], "node", sent["node"]) if batch else (row["id"], "rank", sent["rank"])
         answer: dict[str, Any] = {"ok": True, "commands": [],
                                   "report_interval": self.launcher.pacer.heard(sender)}
-        if batch is None:
-            answer["commands"] = commands_for(row["id"], report.get("rank", 0))
+        if not batch:
+            answer["commands"] = commands_for(row["id"], sent["rank"])
         else:
-            answer["rank_commands"] = {str(rank): commands for rank in {r.get("rank", 0) for r in batch}
+            answer["rank_commands"] = {str(rank): commands for rank in sent["ranks"]
                                        if (commands := commands_for(row["id"], rank))}
         self.reply(answer)
 

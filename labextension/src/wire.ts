@@ -471,6 +471,11 @@ export interface components {
             events: components["schemas"]["Event"][];
         };
         Health: {
+            /** @description the process that parses and stores rank reports (launcher/ingest_worker.py); `starts` counts its restarts too */
+            ingest: {
+                pid: number | null;
+                starts: number;
+            };
             ok: boolean;
             pid: number;
             started: number;

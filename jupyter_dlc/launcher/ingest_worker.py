@@ -1,0 +1,219 @@
+"""Rank reports parsed, checked and stored in a process of their own.
+
+Python runs one thread at a time per process. With thousands of ranks, parsing megabytes of
+reports a second and storing them, the launcher's event loop, alert rules, views' reads and
+the supervisor all waited on one interpreter: a report's answer waited behind an alert
+evaluation decoding a second of points, and a view's read behind a group commit
+(benchmarks/RESULTS.md, ingest). So the launcher keeps the HTTP side of the report route
+(the token, the job's attempt, the pace, the ranks' commands) and hands each body to this
+process, which parses and checks it (bodies.REPORT), stores it in group commits
+(ingest.ReportIngest) and runs the metrics retention between commits, then answers with the
+status and what the launcher needs for its answer. A report is still acknowledged only once
+committed.
+
+The two talk over a socket pair: `(request, job, attempt, body)` one way, `(request, status,
+payload)` the other. The worker leaves when the launcher is gone (its end of the pair closes),
+so a launcher killed with -9 leaves no ingest behind; a worker that dies is started again and
+the reports it held are answered 503, which every reporter retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..spec import SpecError
+from . import bodies
+
+log = logging.getLogger("jupyter_dlc.launcher")
+
+
+
+def report_summary(report: dict, stale: bool) -> dict:
+    """What the launcher's answer needs of a checked report: who sent it."""
+    batch = report.get("ranks")
+    if batch is None:
+        return {"stale": stale, "rank": report.get("rank", 0)}
+    return {"stale": stale, "node": report.get("node"),
+            "ranks": sorted({r.get("rank", 0) for r in batch})}
+
+
+def rank_reports(report: dict) -> list[dict]:
+    """A node's batch (node_reporter.py) holds one report per rank; each is a heartbeat of its
+    own rank, so the supervisor's verdict stays per rank."""
+    batch = report.get("ranks")
+    if batch is None:
+        return [report]
+    return [dict(r, node=r.get("node", report.get("node"))) for r in batch]
+
+
+# -- the worker process -------------------------------------------------------------------
+
+def serve(conn: Connection, db_path: str, data_dir: str, policy: Any) -> None:
+    from .ingest import ReportIngest
+    from .retention import Retention
+    from .storage import DiskGuard
+    from .store import Store
+
+    guard = DiskGuard(data_dir)
+    store = Store(db_path, guard)
+    retention = Retention(store, policy)
+    retention.start()
+
+    def maintain() -> None:
+        guard.check()
+        retention.run_slices()
+
+    writer = ReportIngest(store, maintain)
+    sending = threading.Lock()
+
+    def answer(request: int, status: int, payload: Any) -> None:
+        try:
+            with sending:
+                conn.send((request, status, payload))
+        except OSError:  # the launcher is gone
+            os._exit(0)
+
+    while True:
+        try:
+            request, job_id, attempt, raw = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # the launcher ended: nothing here is acknowledged any more
+        try:
+            report = bodies.parse_body(raw, bodies.REPORT)
+        except SpecError as error:
+            answer(request, 400, str(error))
+            continue
+        sent_attempt = report.get("attempt") or attempt
+        if sent_attempt != attempt:
+            # A straggler of an attempt that already ended: accepted, not stored.
+            answer(request, 200, report_summary(report, True))
+            continue
+        done = writer.store_reports(job_id, attempt, rank_reports(report))
+        summary = report_summary(report, False)
+
+        def committed(future, request=request, summary=summary) -> None:
+            error = future.exception()
+            if error is None:
+                answer(request, 200, summary)
+            else:
+                answer(request, 500, f"{type(error).__name__}: {error}")
+
+        done.add_done_callback(committed)
+
+
+def main() -> int:
+    import argparse
+    import pickle
+
+    parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher.ingest_worker")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--policy", required=True, help="the retention policy, pickled, hex")
+    args = parser.parse_args()
+    # Ctrl-C in the launcher's terminal reaches the whole group: the launcher decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s ingest: %(message)s")
+    serve(Connection(args.fd), args.db, args.data_dir, pickle.loads(bytes.fromhex(args.policy)))
+    return 0
+
+
+# -- the launcher's side ------------------------------------------------------------------
+
+class IngestWorker:
+    """The launcher's handle on the worker: `submit` a report body, await (status, payload)."""
+
+    def __init__(self, db_path: str, data_dir: str, policy: Any):
+        self.db_path = db_path
+        self.data_dir = data_dir
+        self.policy = policy
+        self.starts = 0
+        self.process: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Sends leave from a thread: a worker busy with a commit must never block the loop.
+        threading.Thread(target=self._send_forever, name="dlc-ingest-send", daemon=True).start()
+        self._start()
+
+    def _start(self) -> None:
+        import pickle
+
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_dlc.launcher.ingest_worker", "--fd", str(theirs.fileno()),
+             "--db", self.db_path, "--data-dir", self.data_dir,
+             "--policy", pickle.dumps(self.policy).hex()],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.starts += 1
+        if self._loop is not None:
+            self._loop.add_reader(self.conn.fileno(), self._on_answers, self.conn)
+
+    async def submit(self, job_id: str, attempt: int, raw: bytes) -> tuple[int, Any]:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            assert self.conn is not None
+            self._loop.add_reader(self.conn.fileno(), self._on_answers, self.conn)
+        self._next += 1
+        request = self._next
+        future = self._loop.create_future()
+        self._pending[request] = future
+        self._outbox.put((self.conn, (request, job_id, attempt, raw)))
+        return await future
+
+    def _send_forever(self) -> None:
+        while True:
+            conn, message = self._outbox.get()
+            try:
+                conn.send(message)
+            except OSError:
+                pass  # the worker died: its reader answers what it held, and restarts it
+
+    def _on_answers(self, conn: Connection) -> None:
+        try:
+            while conn.poll():
+                request, status, payload = conn.recv()
+                future = self._pending.pop(request, None)
+                if future is not None and not future.done():
+                    future.set_result((status, payload))
+        except (EOFError, OSError):
+            self._restart(conn)
+
+    def _restart(self, conn: Connection) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(conn.fileno())
+        conn.close()
+        code = self.process.wait() if self.process else None
+        log.error("the ingest worker ended (exit %s); starting another", code)
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_result((503, "ingest: the report was not stored (ingest restarting); retry"))
+        self._start()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        if self.process is not None:
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

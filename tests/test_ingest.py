@@ -131,6 +131,22 @@ def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monk
 
 # -- node batches ------------------------------------------------------------------------
 
+def test_a_batch_larger_than_the_socket_takes_at_once_reaches_the_ingest_worker_whole(launcher):
+    """A node batch of about 7.5 MB (under the 8 MB cap) is handed to the ingest worker in
+    pieces, while the launcher answers other requests: every point is stored."""
+    job = ended_job(launcher, nproc=1)
+    ranks = [{"rank": r, "metrics": [{"t": 1.0 + step, "step": step, "values": {"loss": step / 7.0}}
+                                     for step in range(1200)]} for r in range(96)]
+    body = {"node": 0, "attempt": job["attempt"], "ranks": ranks}
+    assert 6 << 20 < len(json.dumps(body)) < 8 << 20
+    status, answer = post_report(launcher, job["id"], body)
+    assert status == 200, answer
+    assert launcher.client.request("GET", "/healthz")[1]["ok"]
+    points = all_points(launcher.client, job["id"])
+    assert len(points) == 96 * 1200
+    assert {(p["rank"], p["step"]) for p in points} == {(r, s) for r in range(96) for s in range(1200)}
+
+
 def test_a_bad_batch_entry_is_a_one_line_400_naming_it_and_nothing_is_stored(launcher):
     job = ended_job(launcher)
     events = launcher.client.events(job["id"])

@@ -11,10 +11,14 @@ process, which parses and checks it (bodies.REPORT), stores it in group commits
 status and what the launcher needs for its answer. A report is still acknowledged only once
 committed.
 
-The two talk over a socket pair: `(request, job, attempt, body)` one way, `(request, status,
-payload)` the other. The worker leaves when the launcher is gone (its end of the pair closes),
-so a launcher killed with -9 leaves no ingest behind; a worker that dies is started again and
-the reports it held are answered 503, which every reporter retries.
+The two talk over a socket pair, in length-prefixed pickles: `(request, job, attempt, body)`
+one way, `(request, status, payload)` the other. The launcher sends from its event loop
+without blocking it (what the socket does not take waits in a buffer, so a worker that stops
+reading cannot stall /healthz), and reads the
+answers there as they arrive: no thread hop on the launcher's side. The worker leaves when
+the launcher is gone (its end of the pair closes), so a launcher killed with -9 leaves no
+ingest behind; a worker that dies is started again and the reports it held are answered
+503, which every reporter retries.
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
-from multiprocessing.connection import Connection
 from typing import Any
 
 from ..spec import SpecError
@@ -36,6 +40,33 @@ from . import bodies
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
+
+
+_HEAD = struct.Struct("!I")
+
+
+def frame(message: Any) -> bytes:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEAD.pack(len(payload)) + payload
+
+
+class Frames:
+    """Messages out of a byte stream fed in pieces."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buffer += data
+        out = []
+        while len(self._buffer) >= _HEAD.size:
+            (size,) = _HEAD.unpack_from(self._buffer)
+            end = _HEAD.size + size
+            if len(self._buffer) < end:
+                break
+            out.append(pickle.loads(self._buffer[_HEAD.size:end]))
+            del self._buffer[:end]
+        return out
 
 
 def report_summary(report: dict, stale: bool) -> dict:
@@ -58,7 +89,7 @@ def rank_reports(report: dict) -> list[dict]:
 
 # -- the worker process -------------------------------------------------------------------
 
-def serve(conn: Connection, db_path: str, data_dir: str, policy: Any) -> None:
+def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None:
     from .ingest import ReportIngest
     from .retention import Retention
     from .storage import DiskGuard
@@ -79,41 +110,45 @@ def serve(conn: Connection, db_path: str, data_dir: str, policy: Any) -> None:
     def answer(request: int, status: int, payload: Any) -> None:
         try:
             with sending:
-                conn.send((request, status, payload))
+                sock.sendall(frame((request, status, payload)))
         except OSError:  # the launcher is gone
             os._exit(0)
 
-    while True:
-        try:
-            request, job_id, attempt, raw = conn.recv()
-        except (EOFError, OSError):
-            os._exit(0)  # the launcher ended: nothing here is acknowledged any more
+    def handle(request: int, job_id: str, attempt: int, raw: bytes) -> None:
         try:
             report = bodies.parse_body(raw, bodies.REPORT)
         except SpecError as error:
             answer(request, 400, str(error))
-            continue
-        sent_attempt = report.get("attempt") or attempt
-        if sent_attempt != attempt:
+            return
+        if (report.get("attempt") or attempt) != attempt:
             # A straggler of an attempt that already ended: accepted, not stored.
             answer(request, 200, report_summary(report, True))
-            continue
-        done = writer.store_reports(job_id, attempt, rank_reports(report))
+            return
         summary = report_summary(report, False)
 
-        def committed(future, request=request, summary=summary) -> None:
+        def committed(future) -> None:
             error = future.exception()
             if error is None:
                 answer(request, 200, summary)
             else:
                 answer(request, 500, f"{type(error).__name__}: {error}")
 
-        done.add_done_callback(committed)
+        writer.store_reports(job_id, attempt, rank_reports(report)).add_done_callback(committed)
+
+    frames = Frames()
+    while True:
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(0)  # the launcher ended: nothing here is acknowledged any more
+        for message in frames.feed(data):
+            handle(*message)
 
 
 def main() -> int:
     import argparse
-    import pickle
 
     parser = argparse.ArgumentParser(prog="python -m jupyter_dlc.launcher.ingest_worker")
     parser.add_argument("--fd", type=int, required=True)
@@ -124,7 +159,7 @@ def main() -> int:
     # Ctrl-C in the launcher's terminal reaches the whole group: the launcher decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s ingest: %(message)s")
-    serve(Connection(args.fd), args.db, args.data_dir, pickle.loads(bytes.fromhex(args.policy)))
+    serve(socket.socket(fileno=args.fd), args.db, args.data_dir, pickle.loads(bytes.fromhex(args.policy)))
     return 0
 
 
@@ -139,18 +174,16 @@ class IngestWorker:
         self.policy = policy
         self.starts = 0
         self.process: subprocess.Popen | None = None
-        self.conn: Connection | None = None
+        self.sock: socket.socket | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # Sends leave from a thread: a worker busy with a commit must never block the loop.
-        threading.Thread(target=self._send_forever, name="dlc-ingest-send", daemon=True).start()
+        self._outbox = bytearray()   # frames the socket has not taken yet
+        self._waiting = False        # for the socket to be writable
+        self._frames = Frames()
         self._start()
 
     def _start(self) -> None:
-        import pickle
-
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_dlc.launcher.ingest_worker", "--fd", str(theirs.fileno()),
@@ -158,45 +191,70 @@ class IngestWorker:
              "--policy", pickle.dumps(self.policy).hex()],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
-        self.conn = Connection(ours.detach())
+        ours.setblocking(False)
+        self.sock = ours
+        self._frames = Frames()
         self.starts += 1
         if self._loop is not None:
-            self._loop.add_reader(self.conn.fileno(), self._on_answers, self.conn)
+            self._loop.add_reader(ours.fileno(), self._on_answers, ours)
 
     async def submit(self, job_id: str, attempt: int, raw: bytes) -> tuple[int, Any]:
-        if self._loop is None:
+        if self._loop is None:  # the first report: the loop runs now
             self._loop = asyncio.get_running_loop()
-            assert self.conn is not None
-            self._loop.add_reader(self.conn.fileno(), self._on_answers, self.conn)
+            assert self.sock is not None
+            self._loop.add_reader(self.sock.fileno(), self._on_answers, self.sock)
         self._next += 1
         request = self._next
         future = self._loop.create_future()
         self._pending[request] = future
-        self._outbox.put((self.conn, (request, job_id, attempt, raw)))
+        self._outbox += frame((request, job_id, attempt, raw))
+        self._flush()
         return await future
 
-    def _send_forever(self) -> None:
-        while True:
-            conn, message = self._outbox.get()
-            try:
-                conn.send(message)
-            except OSError:
-                pass  # the worker died: its reader answers what it held, and restarts it
-
-    def _on_answers(self, conn: Connection) -> None:
+    def _flush(self) -> None:
+        """Send what the socket takes now; the rest when it is writable again."""
+        sock = self.sock
+        assert sock is not None and self._loop is not None
         try:
-            while conn.poll():
-                request, status, payload = conn.recv()
-                future = self._pending.pop(request, None)
-                if future is not None and not future.done():
-                    future.set_result((status, payload))
-        except (EOFError, OSError):
-            self._restart(conn)
+            sent = sock.send(self._outbox)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the worker died: its reader answers what it held, and restarts it
+            sent = len(self._outbox)
+        del self._outbox[:sent]
+        if self._outbox and not self._waiting:
+            self._waiting = True
+            self._loop.add_writer(sock.fileno(), self._writable)
+        elif not self._outbox and self._waiting:
+            self._waiting = False
+            self._loop.remove_writer(sock.fileno())
 
-    def _restart(self, conn: Connection) -> None:
+    def _writable(self) -> None:
+        self._flush()
+
+    def _on_answers(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._restart(sock)
+            return
+        for request, status, payload in self._frames.feed(data):
+            future = self._pending.pop(request, None)
+            if future is not None and not future.done():
+                future.set_result((status, payload))
+
+    def _restart(self, sock: socket.socket) -> None:
         assert self._loop is not None
-        self._loop.remove_reader(conn.fileno())
-        conn.close()
+        self._loop.remove_reader(sock.fileno())
+        if self._waiting:
+            self._loop.remove_writer(sock.fileno())
+        self._waiting = False
+        self._outbox = bytearray()
+        sock.close()
         code = self.process.wait() if self.process else None
         log.error("the ingest worker ended (exit %s); starting another", code)
         pending, self._pending = self._pending, {}
@@ -204,15 +262,6 @@ class IngestWorker:
             if not future.done():
                 future.set_result((503, "ingest: the report was not stored (ingest restarting); retry"))
         self._start()
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        if self.process is not None:
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 if __name__ == "__main__":

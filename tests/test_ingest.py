@@ -132,8 +132,8 @@ def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monk
 # -- node batches ------------------------------------------------------------------------
 
 def test_a_batch_larger_than_the_socket_takes_at_once_reaches_the_ingest_worker_whole(launcher):
-    """A node batch of about 7.5 MB (under the 8 MB cap) is handed to the ingest worker in
-    pieces, while the launcher answers other requests: every point is stored."""
+    """A node batch of about 7.5 MB (under the 8 MB cap), far more than a socket buffer,
+    goes to the ingest worker in pieces: every point is stored, and the launcher answers on."""
     job = ended_job(launcher, nproc=1)
     ranks = [{"rank": r, "metrics": [{"t": 1.0 + step, "step": step, "values": {"loss": step / 7.0}}
                                      for step in range(1200)]} for r in range(96)]

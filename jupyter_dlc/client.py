@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from . import paths
+from . import paths, wirejson
 from .spec import JobSpec, resolve_paths
 from .states import TERMINAL_STATES as TERMINAL
 
@@ -102,7 +102,7 @@ class LauncherClient:
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout, context=self._tls) as resp:
                 raw = resp.read()
-                return resp.status, (json.loads(raw) if raw else {})
+                return resp.status, (wirejson.loads(raw) if raw else {})
         except urllib.error.HTTPError as error:
             raw = error.read()
             try:
@@ -223,7 +223,7 @@ class LauncherClient:
                 line = raw.decode().rstrip("\n")
                 if not line:
                     if data:
-                        yield event, json.loads("\n".join(data))
+                        yield event, wirejson.loads("\n".join(data))
                     event, data = "message", []
                 elif line.startswith(":") and comments:
                     yield "comment", {}

@@ -8,12 +8,11 @@ anyOf); `check_schema_keywords` in the tests keeps it that way.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-import orjson
 
+from .. import wirejson
 from ..spec import MAX_PATH, MAX_TEXT, SpecError, show
 
 INT64 = 2**63 - 1
@@ -175,25 +174,16 @@ def parse_body(raw: bytes, schema: dict | None = None) -> dict:
     if not raw.strip():
         raise SpecError("body", "empty; send a JSON object ({} at the least)")
     try:
-        # orjson first: a node's batch is megabytes a second, parsed at a third of json's
-        # cost. It refuses what json takes (NaN and Infinity tokens, integers past 64 bits,
-        # nesting past 1,024): those go through json, so that the checks below name the
-        # field, as for every body.
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        data = _json_loads(raw)
-    if schema is REPORT:
-        return check_report(data)
-    return check_body(data, schema or {"type": "object"})
-
-
-def _json_loads(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
+        # A node's batch is megabytes a second. NaN tokens and the like are parsed (by
+        # json), so that the checks below name the field, as for every body.
+        data = wirejson.loads(raw)
     except RecursionError:
         raise SpecError("body", "JSON nested too deeply") from None
     except ValueError:
         raise SpecError("body", "not valid JSON (UTF-8)") from None
+    if schema is REPORT:
+        return check_report(data)
+    return check_body(data, schema or {"type": "object"})
 
 
 def check_report(value: Any) -> dict:

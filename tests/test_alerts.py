@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -311,3 +312,28 @@ def test_post_webhook_failures_are_reported_not_raised(hook_server):
     assert not ok and "127.0.0.1:9" in detail
     ok, detail = post_webhook("not a url", _payload())
     assert not ok
+
+
+def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_path):
+    """With more ranks than one look reads (LOGS_PER_LOOK), each evaluation reads the next
+    ranks' logs: every rank's new lines arrive within a few looks, exactly once."""
+    from jupyter_dlc import layout
+    from jupyter_dlc.launcher.alerting import LOGS_PER_LOOK, _new_log_lines
+
+    world = 2 * LOGS_PER_LOOK + 100
+    attempt_dir = str(tmp_path)
+    for rank in range(world):
+        path = layout.rank_log(attempt_dir, rank)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(f"rank {rank} line 1\n")
+    offsets: dict[str, int] = {}
+    looks = [_new_log_lines(attempt_dir, world, offsets, turn) for turn in range(1, 4)]
+    assert all(len(lines) <= LOGS_PER_LOOK for lines in looks)
+    seen = [rank for lines in looks for _t, rank, _text in lines]
+    assert sorted(seen) == list(range(world))
+    assert _new_log_lines(attempt_dir, world, offsets, 4) == []  # nothing new: nothing again
+    with open(layout.rank_log(attempt_dir, world - 1), "a") as f:
+        f.write("CUDA out of memory\n")
+    later = [line for turn in range(5, 8) for line in _new_log_lines(attempt_dir, world, offsets, turn)]
+    assert [(rank, text) for _t, rank, text in later] == [(world - 1, "CUDA out of memory")]

@@ -160,6 +160,23 @@ def test_loss_is_nan_from_values_and_from_events():
     assert evaluator.evaluate(6, snap) == []
 
 
+def test_loss_is_nan_judges_each_series_by_its_latest_point_of_a_look():
+    """Within one look, a series' latest point decides (the last logged on equal times),
+    whatever came before it, for thousands of series at once."""
+    evaluator = AlertEvaluator([parse_rule("loss is nan")])
+    ranks = range(2048)
+    # Every rank: a NaN, then a finite value later in the same look; rank 7 the other way
+    # round, and rank 9 logs a finite value then a NaN at the same time.
+    points = [(1.0, r, math.nan) for r in ranks] + [(2.0, r, 0.5) for r in ranks if r != 7]
+    points += [(0.5, 7, 0.5), (1.5, 7, math.nan), (3.0, 9, 0.25), (3.0, 9, math.nan)]
+    fired = evaluator.evaluate(3, JobSnapshot(metrics={"loss": points}))
+    assert [tr.kind for tr in fired] == ["fired"]
+    assert fired[0].detail["ranks"] == ["rank 7", "rank 9"]
+    # Seen points are not judged again; a later finite value on each clears the alert.
+    later = JobSnapshot(metrics={"loss": points + [(4.0, 7, 0.1), (4.0, 9, 0.1)]})
+    assert [tr.kind for tr in evaluator.evaluate(4, later)] == ["resolved"]
+
+
 def test_no_progress_for_15m():
     evaluator = AlertEvaluator([parse_rule("no progress for 15m")])
     snap = JobSnapshot(started=0.0)

@@ -385,11 +385,28 @@ class AlertEvaluator:
         return (f"{key} at {_fmt(run[2])}{held}",
                 {"series": key, "value": run[2], "since": run[0], "series_met": len(met)})
 
+    @staticmethod
+    def _latest_new(st: dict, snapshot: JobSnapshot, name: str) -> list[tuple[str, float, float]]:
+        """Of the points not seen before, each series' latest (the last logged, on equal
+        times), advancing the cursors as `_new` does: what `is nan` judges, without sorting
+        every point of thousands of ranks twice a second."""
+        cursor = st["cursor"]
+        best: dict[str, tuple[float, float]] = {}
+        for key, t, value in _series_points(snapshot, name):
+            if t > cursor.get(key, -math.inf):
+                held = best.get(key)
+                if held is None or t >= held[0]:
+                    best[key] = (t, value)
+        for key, (t, _value) in best.items():
+            cursor[key] = t
+        return [(key, t, value) for key, (t, value) in best.items()]
+
     def _check_nan(self, rule, st, now, snapshot):
         latest = st["series"]  # key -> [t, finite?]
+        # A series' state is its latest sample; a nan event at the same time as a point wins.
         events = [(f"rank {rank}", float(t), math.nan) for t, rank, name in snapshot.nan_events
                   if name == rule.metric]
-        for key, t, value in sorted(self._new(st, snapshot, rule.metric) + events, key=lambda p: p[1]):
+        for key, t, value in self._latest_new(st, snapshot, rule.metric) + events:
             if key not in latest or t >= latest[key][0]:
                 latest[key] = [t, math.isfinite(value)]
         bad = sorted(key for key, (t, finite) in latest.items() if not finite)

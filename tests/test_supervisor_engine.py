@@ -219,3 +219,23 @@ def test_leftovers_of_ended_jobs_are_swept_through_the_engine_and_only_ours(worl
     assert ("kill_leftovers", "another-launchers-job") not in world.engine.calls
     world.supervisor.forget("job-1")  # a delete
     assert world.engine.calls.count(("kill_leftovers", "job-1")) == 3
+
+
+def test_a_large_job_is_judged_less_often_and_a_failure_still_ends_it(world):
+    """A job of 2,048 ranks is read and judged at most every half second (a tick is 0.2 s),
+    and the rank that failed meanwhile still ends the attempt at the next look."""
+    world.submit(nodes=1024, max_restarts=0)
+    world.supervisor.tick()  # preflight, submit
+    world.engine.answer = running(codes=(None,) * 2048)
+    world.supervisor.tick()
+    assert world.job()["state"] == "RUNNING"
+    looked = time.time()
+    world.supervisor.watch(world.job(), looked)  # judged now: all ranks up
+    codes = [None] * 2048
+    codes[5] = 3
+    world.engine.answer = running(codes=tuple(codes))
+    world.supervisor.watch(world.job(), looked + 0.3)  # too soon for 2,048 ranks
+    assert world.job()["state"] == "RUNNING"
+    world.supervisor.watch(world.job(), looked + 0.5)
+    assert world.job()["state"] == "FAILED"
+    assert world.job()["reason"].startswith("rank 5") and "exited with code 3" in world.job()["reason"]

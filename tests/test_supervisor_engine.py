@@ -214,7 +214,9 @@ def test_leftovers_of_ended_jobs_are_swept_through_the_engine_and_only_ours(worl
     # Before it read as ended: nobody who sees SUCCEEDED finds a process of it still running.
     assert world.engine.states_at_kill == ["RUNNING"]
     world.engine.leftovers = {"job-1", "another-launchers-job"}  # a straggler shows up later
-    world.supervisor.tick()
+    world.supervisor.tick()  # within a second of the last sweep: none yet
+    assert world.engine.calls.count(("kill_leftovers", "job-1")) == 1
+    world.supervisor.sweep_ended()  # the next sweep (SWEEP_EVERY)
     assert world.engine.calls.count(("kill_leftovers", "job-1")) == 2
     assert ("kill_leftovers", "another-launchers-job") not in world.engine.calls
     world.supervisor.forget("job-1")  # a delete

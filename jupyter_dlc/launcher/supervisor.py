@@ -66,6 +66,9 @@ def free_port() -> int:
 # times a second was a sixth of the launcher's CPU there, for verdicts (heartbeats,
 # progress) counted in seconds.
 WATCH_EVERY_TICK = 1024
+# Stragglers of ended jobs are looked for this often, not every tick: the look reads every
+# process's environment on the machine (a job's own end already killed what it knew of).
+SWEEP_EVERY = 1.0
 WATCH_RANKS_PER_SECOND = 4096
 
 
@@ -95,6 +98,7 @@ class Supervisor(threading.Thread):
         # Jobs whose leftovers went as they ended, this tick (the tick's own sweep skips them).
         self._swept: set[str] = set()
         self._watched: dict[str, tuple[float, int]] = {}  # job -> (last watched, its ranks)
+        self._last_sweep = 0.0
         # Admission: ranks that may run at once (fixed at start: free memory falls as jobs run).
         self.slots = process_slots()[0]
         # Warm pools (launcher/pools.py): an attempt starts on its shape's pool when one is free.
@@ -136,7 +140,9 @@ class Supervisor(threading.Thread):
                     self.release(row["id"])
             except Exception:  # noqa: BLE001 - nor one job's error the others'
                 log.error("job %s: %s", row["id"], traceback.format_exc())
-        self.sweep_ended()
+        if now - self._last_sweep >= SWEEP_EVERY:
+            self._last_sweep = now
+            self.sweep_ended()
         self.pools.tick(now)
 
     def admit(self, rows) -> set[str]:

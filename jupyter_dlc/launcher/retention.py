@@ -4,32 +4,49 @@ A series is one (attempt, rank, kind, name, device). Its last `keep_last` points
 train points within `recent_steps` of the job's last step, stay as logged. Older points are
 grouped in buckets of `bucket` seconds (by the time they were logged), and of each bucket
 only the points holding its minimum, its maximum, its last value and its first NaN stay:
-a spike or a NaN in an old stretch is still drawn. Downsampling deletes rows and keeps the
-survivors' seq, so a view's `since` cursor stays valid; running it twice changes nothing, as
-the buckets are fixed intervals of time.
+a spike or a NaN in an old stretch is still drawn. Downsampling rewrites a chunk
+(metric_chunks.py) with its survivors and their original indices, so a survivor keeps its
+seq and a view's `since` cursor stays valid; running it twice changes nothing, as the
+buckets are fixed intervals of time.
 
 A job over its cap (`max_points`) gets wider buckets (x4 each pass), and once a bucket spans
 its whole history, less full resolution (keep_last and recent_steps halved): the recent
 points go last. The per-job state (bucket width, how far downsampling reached, how many
 points it removed) is in `metric_retention`, and the metrics answer shows it.
 
-Deciding what to remove reads all of a job's points (a window query over its series): that
-runs on a thread of its own with its own SQLite connection, which in WAL mode never blocks
-the writer, and SQLite releases the GIL while it works. The removal itself, a delete by seq
-in chunks, runs on the ingest writer's thread between its commits (ingest.py), so that it
-never waits on SQLite's one write lock or makes ingest wait long. An index by rank would make
-the analysis cheaper, but every insert would then touch one index page per rank: inserts
-measured 4x slower with one.
+The analysis runs on a thread of its own with its own SQLite connection (WAL: it never
+blocks the writer), and its work is proportional to what is new: it reads each new chunk's
+row once without its points (`names` has the count of each series' points in it), keeps per
+series how many points came after each pending chunk, and decodes a chunk only once all its
+points are old (beyond keep_last of their series and recent_steps); a large chunk (a batch
+upload) or any chunk of a job that went quiet is also decoded while only partly old, and
+only its old points are considered. Old points are bucketed with numpy; with each series'
+survivors of its newest bucket carried to the next pass (min, max, last and first NaN of a
+set are those of its survivors together with what joins it), a bucket split across passes
+ends as if analyzed at once. A point of a rarely logged series still among its last
+keep_last when its chunk was analyzed stays as logged (retention never removes more than the
+rules say). The tracking is in memory: after a restart, or a change of bucket or policy,
+the first pass reads every chunk of the job once. The removal itself, rewriting (or
+deleting) chunks prepared by the analysis, runs on the ingest writer's thread between its
+commits (ingest.py), in slices, so that it never waits on SQLite's one write lock or makes
+ingest wait long.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import logging
 import os
 import threading
 import time
+from array import array
+from bisect import bisect_left
+
+import numpy as np
+
+from . import metric_chunks
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -41,25 +58,10 @@ WIDEST_BUCKET = 7 * 86400.0
 PASS_INTERVAL = 10.0        # seconds between passes over every job
 SLICE_BUDGET = 0.01         # seconds of removals per call between two ingest commits
 
-_SERIES = "attempt, rank, kind, name, device"
-# The points of one job that downsampling removes: old ones (neither among the last :keep of
-# their series nor a train point of a recent step) that hold neither the minimum, the
-# maximum, the last value nor the first NaN of their bucket.
-_REMOVABLE = f"""
-SELECT seq, t FROM (
-  SELECT seq, t, value,
-    ROW_NUMBER() OVER (PARTITION BY {_SERIES}, b ORDER BY value IS NULL, value, seq) AS lo,
-    ROW_NUMBER() OVER (PARTITION BY {_SERIES}, b ORDER BY value IS NULL, value DESC, seq) AS hi,
-    ROW_NUMBER() OVER (PARTITION BY {_SERIES}, b ORDER BY seq DESC) AS last,
-    ROW_NUMBER() OVER (PARTITION BY {_SERIES}, b, value IS NULL ORDER BY seq) AS nth
-  FROM (
-    SELECT seq, t, {_SERIES}, value, step, CAST(t / :bucket AS INTEGER) AS b,
-      ROW_NUMBER() OVER (PARTITION BY {_SERIES} ORDER BY seq DESC) AS from_end
-    FROM metrics WHERE job_id = :job)
-  WHERE from_end > :keep AND (kind != 'train' OR step IS NULL OR step < :recent_from))
-WHERE lo > 1 AND hi > 1 AND last > 1 AND NOT (value IS NULL AND nth = 1)
-"""
-DELETE_CHUNK = 2000
+DELETE_CHUNK = 2000         # points removed per writer transaction, about
+# A pending chunk this large (a batch upload) is decoded while only partly old.
+PARTIAL_MIN = 64
+_FETCH = 500                # chunks per SELECT ... IN (...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,89 @@ class RetentionPolicy:
                    max_points=max_points or number("DLC_METRICS_CAP", DEFAULT_MAX_POINTS))
 
 
+
+
+class _Series:
+    """One series' points, counted from chunk rows; its pending chunks (oldest first): seq,
+    and how many of its points came before and up to that chunk."""
+
+    __slots__ = ("sid", "total", "seqs", "before", "after", "head")
+
+    def __init__(self, sid: int):
+        self.sid = sid
+        self.total = 0
+        self.seqs = array("q")
+        self.before = array("q")
+        self.after = array("q")
+        self.head = 0
+
+    def free_in(self, seq: int, keep: int) -> float:
+        """How many of this series' points in chunk `seq`, from its first, are beyond the last
+        `keep` (all of them once the chunk left the pending ones)."""
+        at = bisect_left(self.seqs, seq, self.head)
+        if at == len(self.seqs) or self.seqs[at] != seq:
+            return float("inf")
+        return self.total - keep - self.before[at]
+
+    def trim(self) -> None:
+        if self.head > 1024 and self.head * 2 > len(self.seqs):
+            for column in (self.seqs, self.before, self.after):
+                del column[:self.head]
+            self.head = 0
+
+
+class _Track:
+    """What the analysis knows of one job's chunks, under one policy (bucket, keep_last,
+    recent_steps): a new policy starts a new track."""
+
+    def __init__(self, policy: tuple):
+        self.policy = policy
+        self.seen = 0              # the newest chunk seq whose row was read
+        self.newest = None         # the job's newest point seq at the last analysis
+        self.recent_from = None
+        self.settled = False       # whether the last analysis found no new chunk
+        self.series: dict[tuple, _Series] = {}
+        # seq -> [its series not yet beyond keep_last, step_max, kind, n, group]
+        self.pending: dict[int, list] = {}
+        self.waiting: list[tuple] = []   # heap of (step_max, seq): old but for recent steps
+        self.big_waiting: set[int] = set()
+        self.ready: list[int] = []
+        # Each series' survivors of its newest analyzed bucket: sid, bucket, value, seq.
+        self.carry = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64))
+
+
+def _survivors(sid, bucket, value, seq) -> np.ndarray:
+    """Which points hold their (series, bucket)'s minimum, maximum, last value or first NaN
+    (ties to the earliest), as in the SQL this replaced: NaN sorts after every number."""
+    keep = np.zeros(len(seq), bool)
+    if not len(seq):
+        return keep
+    nan = np.isnan(value)
+
+    def firsts(order: np.ndarray, sids: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+        s, b = sids[order], buckets[order]
+        first = np.ones(len(order), bool)
+        first[1:] = (s[1:] != s[:-1]) | (b[1:] != b[:-1])
+        return order[first]
+
+    low = np.where(nan, np.inf, value)
+    high = np.where(nan, np.inf, -value)
+    keep[firsts(np.lexsort((seq, low, nan, bucket, sid)), sid, bucket)] = True
+    keep[firsts(np.lexsort((seq, high, nan, bucket, sid)), sid, bucket)] = True
+    keep[firsts(np.lexsort((-seq, bucket, sid)), sid, bucket)] = True
+    nans = np.flatnonzero(nan)
+    if len(nans):
+        order = np.lexsort((seq[nans], bucket[nans], sid[nans]))
+        keep[nans[firsts(order, sid[nans], bucket[nans])]] = True
+    return keep
+
+
+_REWRITE = ("UPDATE metric_chunks SET names = ?, n = ?, top = ?, t_first = ?, t_last = ?, step_max = ?,"
+            " data = ? WHERE seq = ?")
+_BATCH = 20_000             # chunks bucketed at once (the carry joins batches as it joins passes)
+_SLICE_CHUNKS = 256         # chunk rewrites per writer transaction, at most
+
+
 class Retention:
     """`start()` the analysis thread; call `run_slices()` from the thread that writes metrics."""
 
@@ -97,11 +182,12 @@ class Retention:
         self.policy = policy or RetentionPolicy.from_env()
         self.interval = interval
         self.passes = 0
-        # Chunks of (job id, seqs, newest t among them, the job's state), oldest first.
+        self.decoded = 0  # chunks the analysis decoded, all passes together
+        # Slices of (job id, [(chunk seq, its new columns or None to delete it, points
+        # removed)...], newest t among those points, the job's state), oldest first.
         self._removals: collections.deque = collections.deque()
         self._wake = threading.Event()
-        # job id -> its newest seq when an analysis last left it under its cap.
-        self._analyzed: dict[str, int] = {}
+        self._tracks: dict[str, _Track] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -110,24 +196,30 @@ class Retention:
         self._thread.start()
 
     def run_slices(self, budget: float = SLICE_BUDGET) -> None:
-        """Remove what the analysis chose, for at most about `budget` seconds."""
+        """Apply what the analysis chose, for at most about `budget` seconds."""
         end = time.monotonic() + budget
         while self._removals and time.monotonic() < end:
-            job_id, seqs, until, state = self._removals[0]
+            job_id, rewrites, until, state = self._removals[0]
             try:
                 with self.store.tx() as db:
                     current = self.store.retention_state(job_id) or {"dropped": 0, "downsampled_until": None}
-                    removed = db.execute(f"DELETE FROM metrics WHERE seq IN ({','.join('?' * len(seqs))})",
-                                         seqs).rowcount
+                    removed = 0
+                    for seq, columns, count in rewrites:
+                        if columns is None:
+                            changed = db.execute("DELETE FROM metric_chunks WHERE seq = ?", (seq,)).rowcount
+                        else:
+                            changed = db.execute(_REWRITE, (*columns, seq)).rowcount
+                        if changed:  # not when the job was deleted meanwhile
+                            removed += count
                     state = dict(state, dropped=current["dropped"] + removed,
                                  downsampled_until=current["downsampled_until"])
                     if removed:
                         state["downsampled_until"] = max(until, current["downsampled_until"] or until)
-                    # With the deletion, so that an answer never shows one without the other.
+                    # With the removal, so that an answer never shows one without the other.
                     self.store.set_retention_state(job_id, state, db)
             finally:
                 # Off the queue only once its transaction ended: the analysis waits for an
-                # empty queue, and must then read the counts this chunk committed.
+                # empty queue, and must then read the chunks and counts it committed.
                 self._removals.popleft()
 
     def run_pass(self) -> None:
@@ -149,6 +241,7 @@ class Retention:
                 again = self._analyze_all()
             except Exception:  # noqa: BLE001 - retention must never end the launcher
                 log.exception("metrics retention analysis failed; trying again later")
+                self._tracks.clear()  # start over from the chunks
                 again = False
             if again:
                 # A job is still over its cap: analyze again at once, after a pause as long
@@ -158,7 +251,10 @@ class Retention:
     def _analyze_all(self) -> bool:
         """Queue the removals for every job; True if some job is still over its cap."""
         again = False
-        for (job_id,) in self.store.db.execute("SELECT id FROM jobs ORDER BY created").fetchall():
+        jobs = [job_id for (job_id,) in self.store.db.execute("SELECT id FROM jobs ORDER BY created")]
+        for job_id in set(self._tracks) - set(jobs):
+            del self._tracks[job_id]
+        for job_id in jobs:
             again |= self._analyze(job_id)
         self.passes += 1
         return again
@@ -168,21 +264,26 @@ class Retention:
         state = self.store.retention_state(job_id) or {
             "bucket": FIRST_BUCKET, "keep_last": self.policy.keep_last,
             "recent_steps": self.policy.recent_steps, "downsampled_until": None, "dropped": 0}
-        newest = db.execute("SELECT MAX(seq) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
-        if newest is None or self._analyzed.get(job_id) == newest:
-            return False  # nothing new since the last analysis left it under its cap
-        total = db.execute("SELECT COUNT(*) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
+        newest = self.store.newest_metric_seq(job_id)
+        if newest is None:
+            self._tracks.pop(job_id, None)
+            return False
         row = db.execute("SELECT last_step FROM jobs WHERE id = ?", (job_id,)).fetchone()
         recent_from = ((row[0] or 0) if row else 0) - state["recent_steps"]
-        removable = db.execute(_REMOVABLE, {"job": job_id, "bucket": state["bucket"],
-                                            "keep": state["keep_last"],
-                                            "recent_from": recent_from}).fetchall()
-        for start in range(0, len(removable), DELETE_CHUNK):
-            chunk = removable[start:start + DELETE_CHUNK]
-            self._removals.append((job_id, [r[0] for r in chunk], max(r[1] for r in chunk),
-                                   dict(state)))
-        if total - len(removable) <= self.policy.max_points:
-            self._analyzed[job_id] = newest
+        policy = (state["bucket"], state["keep_last"], state["recent_steps"])
+        track = self._tracks.get(job_id)
+        if track is None or track.policy != policy:
+            track = self._tracks[job_id] = _Track(policy)
+        if track.settled and track.newest == newest and track.recent_from == recent_from:
+            return False  # nothing new since an analysis left it under its cap
+        rewrites = self._downsample(job_id, track, recent_from)
+        track.newest = newest
+        removed = sum(count for _, _, count, _ in rewrites)
+        for start in range(0, len(rewrites), _SLICE_CHUNKS):
+            part = rewrites[start:start + _SLICE_CHUNKS]
+            self._removals.append((job_id, [r[:3] for r in part], max(r[3] for r in part), dict(state)))
+        total = db.execute("SELECT SUM(n) FROM metric_chunks WHERE job_id = ?", (job_id,)).fetchone()[0] or 0
+        if total - removed <= self.policy.max_points:
             return False
         # Over the cap: coarser buckets first; the recent points' resolution goes last.
         if state["bucket"] < WIDEST_BUCKET:
@@ -190,7 +291,7 @@ class Retention:
         else:
             state["keep_last"] = max(1, state["keep_last"] // 2)
             state["recent_steps"] = state["recent_steps"] // 2
-        if not removable:
+        if not rewrites:
             with self.store.tx() as db:  # the new policy, with the counts as they are now
                 current = self.store.retention_state(job_id) or {}
                 self.store.set_retention_state(job_id, dict(
@@ -199,3 +300,181 @@ class Retention:
         else:
             self._removals[-1] = self._removals[-1][:3] + (dict(state),)
         return True
+
+    # -- the analysis -------------------------------------------------------------------
+    def _downsample(self, job_id: str, track: _Track, recent_from: int) -> list[tuple]:
+        """Read what is new of a job, bucket what became old; returns the chunk rewrites:
+        (seq, new columns or None, points removed, newest t among them)."""
+        _bucket, keep, _recent = track.policy
+        touched = self._read_new(job_id, track)
+        quiet = not touched
+        moved = recent_from != track.recent_from
+        for series in touched:
+            limit = series.total - keep
+            while series.head < len(series.seqs) and series.after[series.head] <= limit:
+                self._release(track, series.seqs[series.head], recent_from)
+                series.head += 1
+            series.trim()
+        while track.waiting and track.waiting[0][0] < recent_from:
+            seq = heapq.heappop(track.waiting)[1]
+            track.big_waiting.discard(seq)
+            track.ready.append(seq)
+        # Chunks only partly old: the head of a series past keep_last, and chunks waiting for
+        # recent steps to move on; large ones at once, all once the job went quiet.
+        partial: set[int] = set()
+        for series in (track.series.values() if quiet or moved else touched):
+            if series.head < len(series.seqs) and series.before[series.head] < series.total - keep:
+                seq = series.seqs[series.head]
+                if quiet or track.pending[seq][3] >= PARTIAL_MIN:
+                    partial.add(seq)
+        if quiet:
+            partial.update(seq for _, seq in track.waiting)
+        elif moved:
+            partial.update(track.big_waiting)
+        ready, track.ready = track.ready, []
+        track.recent_from = recent_from
+        track.settled = quiet
+        order = sorted(set(ready) | partial)
+        edited: dict[int, list] = {}  # chunk seq -> [head, t, s, names, v, index, removed]
+        for start in range(0, len(order), _BATCH):
+            self._bucket_batch(job_id, track, order[start:start + _BATCH], partial, recent_from, edited)
+        return [self._rewrite(seq, *chunk) for seq, chunk in edited.items() if chunk[6]]
+
+    def _read_new(self, job_id: str, track: _Track) -> set[_Series]:
+        """Count the points of each series in the chunks written since the last pass."""
+        cursor = self.store.db.execute(
+            "SELECT seq, attempt, rank, kind, device, names, n, step_max FROM metric_chunks"
+            " WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, track.seen))
+        cursor.row_factory = None
+        touched: set[_Series] = set()
+        for seq, attempt, rank, kind, device, names, n, step_max in cursor:
+            group = (attempt, rank, kind, device)
+            live = 0
+            for name, count in metric_chunks.counts_of(names).items():
+                if not count:
+                    continue
+                series = track.series.get((group, name))
+                if series is None:
+                    series = track.series[(group, name)] = _Series(len(track.series))
+                series.seqs.append(seq)
+                series.before.append(series.total)
+                series.total += count
+                series.after.append(series.total)
+                touched.add(series)
+                live += 1
+            track.pending[seq] = [live, step_max, kind, n]
+            track.seen = seq
+        return touched
+
+    @staticmethod
+    def _release(track: _Track, seq: int, recent_from: int) -> None:
+        """One series of chunk `seq` is beyond keep_last: once all are, the chunk is old
+        (or waits for the recent steps to move past it)."""
+        pending = track.pending[seq]
+        pending[0] -= 1
+        if pending[0]:
+            return
+        del track.pending[seq]
+        _live, step_max, kind, n = pending
+        if kind != "train" or step_max is None or step_max < recent_from:
+            track.ready.append(seq)
+        else:
+            heapq.heappush(track.waiting, (step_max, seq))
+            if n >= PARTIAL_MIN:
+                track.big_waiting.add(seq)
+
+    def _fetch(self, seqs: list[int]):
+        for start in range(0, len(seqs), _FETCH):
+            part = seqs[start:start + _FETCH]
+            cursor = self.store.db.execute(
+                "SELECT seq, job_id, attempt, rank, node, kind, device, names, data FROM metric_chunks"
+                f" WHERE seq IN ({','.join('?' * len(part))})", part)
+            cursor.row_factory = None
+            yield from cursor
+
+    def _bucket_batch(self, job_id: str, track: _Track, seqs: list[int], partial: set[int],
+                      recent_from: int, edited: dict[int, list]) -> None:
+        """Bucket the old points of chunks `seqs` with the carried survivors; note what goes."""
+        width, keep, _recent = track.policy
+        sids: list[int] = []
+        times: list = []
+        values: list = []
+        points: list[int] = []
+        for seq, _job, attempt, rank, node, kind, device, names, data in self._fetch(seqs):
+            self.decoded += 1
+            t, s, n, v, idx = metric_chunks.decode(names, data)
+            group = (attempt, rank, kind, device)
+            edited[seq] = [(job_id, attempt, rank, node, kind, device), t, s, n, v, idx, set()]
+            own = {name: track.series[(group, name)] for name in metric_chunks.counts_of(names)}
+            base = seq * metric_chunks.CHUNK
+            if seq not in partial:  # all old
+                sids += [own[name].sid for name in n]
+                times += t
+                values += v
+                points += [base + i for i in idx]
+                continue
+            room = {name: series.free_in(seq, keep) for name, series in own.items()}
+            seen = dict.fromkeys(room, 0)
+            for j, name in enumerate(n):
+                nth = seen[name]
+                seen[name] = nth + 1
+                if nth < room[name] and (kind != "train" or s[j] is None or s[j] < recent_from):
+                    sids.append(own[name].sid)
+                    times.append(t[j])
+                    values.append(v[j])
+                    points.append(base + idx[j])
+        if not points and not len(track.carry[0]):
+            return
+        sid = np.array(sids, np.int64)
+        t_arr = np.array(times, float)
+        bucket = np.nan_to_num(np.floor(t_arr / width), nan=-1.0).astype(np.int64)
+        value = np.array(values, float)
+        seq_arr = np.array(points, np.int64)
+        # The carried survivors of these series join them (but not twice).
+        c_sid, c_bucket, c_value, c_seq = track.carry
+        joins = np.isin(c_sid, sid) & ~np.isin(c_seq, seq_arr)
+        stays = ~np.isin(c_sid, sid)
+        sid = np.concatenate([sid, c_sid[joins]])
+        bucket = np.concatenate([bucket, c_bucket[joins]])
+        value = np.concatenate([value, c_value[joins]])
+        seq_arr = np.concatenate([seq_arr, c_seq[joins]])
+        t_arr = np.concatenate([t_arr, np.full(int(joins.sum()), np.nan)])
+        keep_mask = _survivors(sid, bucket, value, seq_arr)
+        # What stays of each series' newest bucket is carried on.
+        k_sid, k_bucket = sid[keep_mask], bucket[keep_mask]
+        newest = np.full(int(k_sid.max(initial=-1)) + 1, np.iinfo(np.int64).min)
+        np.maximum.at(newest, k_sid, k_bucket)
+        carried = keep_mask.copy()
+        carried[keep_mask] = k_bucket == newest[k_sid]
+        track.carry = tuple(np.concatenate([old[stays], new[carried]]) for old, new in
+                            zip(track.carry, (sid, bucket, value, seq_arr), strict=True))
+        gone = seq_arr[~keep_mask]
+        missing = sorted({int(p) // metric_chunks.CHUNK for p in gone} - set(edited))
+        for seq, _job, attempt, rank, node, kind, device, names, data in self._fetch(missing):
+            self.decoded += 1
+            t, s, n, v, idx = metric_chunks.decode(names, data)
+            edited[seq] = [(job_id, attempt, rank, node, kind, device), t, s, n, v, idx, set()]
+        for p in gone.tolist():
+            chunk = edited.get(p // metric_chunks.CHUNK)
+            if chunk is not None:
+                chunk[6].add(p % metric_chunks.CHUNK)
+        # Chunks with nothing to remove need not stay in memory.
+        for seq in seqs:
+            if seq in edited and not edited[seq][6]:
+                del edited[seq]
+
+    @staticmethod
+    def _rewrite(seq: int, head: tuple, t: list, s: list, n: list, v: list, idx, removed: set) -> tuple:
+        """(seq, the chunk's new columns or None, points removed, newest t among them)."""
+        keep = [j for j, i in enumerate(idx) if i not in removed]
+        gone_t = [t[j] for j, i in enumerate(idx) if i in removed and t[j] is not None]
+        count = len(idx) - len(keep)
+        until = max(gone_t, default=0.0)
+        if not keep:
+            return seq, None, count, until
+        names: dict[str, int] = {}
+        k_col = [names.setdefault(n[j], len(names)) for j in keep]
+        row = metric_chunks.chunk_row(head, list(names), [t[j] for j in keep],
+                                      [s[j] for j in keep] if head[4] == "train" else None, k_col,
+                                      [v[j] for j in keep], [idx[j] for j in keep])
+        return seq, row[6:], count, until

@@ -51,7 +51,7 @@ def test_points_page_across_chunks_and_inside_them(tmp_path):
     assert seqs == sorted(set(seqs))
     # A point's seq is its chunk's seq * CHUNK + its index there.
     chunks = {seq // CHUNK for seq in seqs}
-    assert len(chunks) == 20 + 2
+    assert len(chunks) == 10 + 2  # a request's reports (here of two ranks) share a chunk
     assert max(seq % CHUNK for seq in seqs) == CHUNK - 1  # the split report filled a chunk
 
     paged = pages(store, limit=7)
@@ -101,12 +101,12 @@ def test_alerting_reads_only_the_names_it_wants_however_names_overlap(tmp_path):
 
 def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     store = new_store(tmp_path)
-    for step in range(0, 600, 5):  # 5 entries a report: chunks of 10 points
+    for step in range(0, 600, 5):  # 5 entries a report, 2 ranks: chunks of 20 points
         store.record_reports([("j", 1, rank_reports(step, 5))])
     before = {p["seq"]: p for p in store.metrics("j", 0, 10**6)}
     # A view's cursor in the middle of an old chunk, taken before retention runs.
     cursor = store.metrics("j", 0, 1234)[-1]["seq"]
-    assert cursor % CHUNK not in (0, 9)
+    assert cursor % CHUNK not in (0, 19)
     retention = Retention(store, RetentionPolicy(keep_last=50, recent_steps=60, max_points=10**6))
     retention.run_pass()
     after = store.metrics("j", 0, 10**6)
@@ -117,7 +117,7 @@ def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     assert [p["seq"] for page in pages(store, cursor, limit=3) for p in page] == \
         [p["seq"] for p in after if p["seq"] > cursor]
     # Chunks hold their survivors' original indices; whole ones none.
-    rewritten = store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE n < 10").fetchone()[0]
+    rewritten = store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE n < 20").fetchone()[0]
     assert rewritten > 0
     state = store.retention_state("j")
     assert state["dropped"] == len(before) - len(after)
@@ -140,8 +140,8 @@ def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_pat
             piecewise.record_reports([("j", 1, rank_pair)])
         decoded = retention.decoded
         retention.run_pass()
-        if piece:  # 60 new chunks a piece, as many become old, and a few carried chunks
-            assert retention.decoded - decoded <= 60 + 10, retention.decoded - decoded
+        if piece:  # 30 new chunks a piece, as many become old, and a few carried chunks
+            assert retention.decoded - decoded <= 30 + 10, retention.decoded - decoded
     for rank_pair in reports:
         at_once.record_reports([("j", 1, rank_pair)])
     once = Retention(at_once, policy)
@@ -190,8 +190,9 @@ def test_a_data_dir_with_one_row_per_point_is_migrated_to_chunks(tmp_path):
         # A point's new seq is at least its old one: an old cursor never skips a point.
         assert all(p["seq"] >= e["seq"] for p, e in zip(points, expected, strict=True))
         assert [p["seq"] for p in points] == sorted({p["seq"] for p in points})
-    # Consecutive rows of one rank and kind became one chunk: 6 train, 2 system (devices), 1.
-    assert store.db.execute("SELECT COUNT(*) FROM metric_chunks").fetchone()[0] == 3 * 2 + 2 + 1
+    # Consecutive rows of one job, attempt, kind and device became one chunk: the train
+    # rows of j, its system rows of each device, and k's.
+    assert store.db.execute("SELECT COUNT(*) FROM metric_chunks").fetchone()[0] == 1 + 2 + 1
     # New points come after the migrated ones; opening again changes nothing.
     store.insert_job("j", "j", {}, "token", str(tmp_path))
     store.record_reports([("j", 1, [{"rank": 0, "metrics": [{"t": T0 + 9, "step": 9, "values": {"loss": 0.1}}]}])])
@@ -202,12 +203,17 @@ def test_a_data_dir_with_one_row_per_point_is_migrated_to_chunks(tmp_path):
     assert again.metrics("j", 0, 10**6)[-1]["value"] == 0.1
 
 
-def test_chunk_names_count_each_series(tmp_path):
-    rows: list = []
-    metric_chunks.report_chunks(rows, "j", 1, 0, {"metrics": [
+def test_a_chunk_counts_each_series(tmp_path):
+    """A chunk row says how many points each rank has of each name: retention counts a
+    series without decoding the chunk."""
+    builder = metric_chunks.ChunkBuilder("j", 1, T0)
+    builder.add(0, {"node": 0, "metrics": [
         {"t": T0, "step": 1, "values": {"loss": 1.0, "lr": 0.1}},
         {"t": T0, "step": 2, "values": {"loss": 1.0}},
-        {"t": T0, "step": 3}]}, T0)
-    (row,) = rows
-    assert metric_chunks.counts_of(row[6]) == {"loss": 2, "lr": 1}
-    assert row[7:12] == (3, 2, T0, T0, 3)  # n, top, t_first, t_last, step_max
+        {"t": T0, "step": 3}]})
+    builder.add(3, {"node": 0, "metrics": [{"t": T0 + 1, "step": 7, "values": {"loss": 2.0}}]})
+    (row,) = builder.rows()
+    assert row[2:4] == (None, None)  # rank, node: several ranks
+    assert metric_chunks.ranks_of(row[6]) == (0, 3)
+    assert metric_chunks.counts_of(row[7]) == {"loss": [2, 1], "lr": [1, 0]}
+    assert row[8:13] == (4, 3, T0, T0 + 1, 7)  # n, top, t_first, t_last, step_max

@@ -58,10 +58,11 @@ WIDEST_BUCKET = 7 * 86400.0
 PASS_INTERVAL = 10.0        # seconds between passes over every job
 SLICE_BUDGET = 0.01         # seconds of removals per call between two ingest commits
 
-DELETE_CHUNK = 2000         # points removed per writer transaction, about
 # A pending chunk this large (a batch upload) is decoded while only partly old.
 PARTIAL_MIN = 64
 _FETCH = 500                # chunks per SELECT ... IN (...)
+_BATCH = 20_000             # chunks bucketed at once (the carry joins batches as it joins passes)
+_SLICE_CHUNKS = 256         # chunk rewrites per writer transaction, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +134,8 @@ class _Track:
         self.recent_from = None
         self.settled = False       # whether the last analysis found no new chunk
         self.series: dict[tuple, _Series] = {}
+        # (attempt, kind, device) -> {(rank, name): series id}: a point's series in one lookup
+        self.sids: dict[tuple, dict[tuple, int]] = {}
         # seq -> [its series not yet beyond keep_last, step_max, kind, n, group]
         self.pending: dict[int, list] = {}
         self.waiting: list[tuple] = []   # heap of (step_max, seq): old but for recent steps
@@ -145,33 +148,31 @@ class _Track:
 def _survivors(sid, bucket, value, seq) -> np.ndarray:
     """Which points hold their (series, bucket)'s minimum, maximum, last value or first NaN
     (ties to the earliest), as in the SQL this replaced: NaN sorts after every number."""
-    keep = np.zeros(len(seq), bool)
-    if not len(seq):
+    count = len(seq)
+    keep = np.zeros(count, bool)
+    if not count:
         return keep
-    nan = np.isnan(value)
+    order = np.lexsort((seq, bucket, sid))  # by series, bucket, then seq
+    s, b, v = sid[order], bucket[order], value[order]
+    start = np.ones(count, bool)
+    start[1:] = (s[1:] != s[:-1]) | (b[1:] != b[:-1])
+    starts = np.flatnonzero(start)
+    group = np.cumsum(start) - 1
+    position = np.arange(count)
+    nan = np.isnan(v)
 
-    def firsts(order: np.ndarray, sids: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-        s, b = sids[order], buckets[order]
-        first = np.ones(len(order), bool)
-        first[1:] = (s[1:] != s[:-1]) | (b[1:] != b[:-1])
-        return order[first]
+    def first(where: np.ndarray) -> np.ndarray:
+        """Each group's first sorted position where `where` holds (none: count)."""
+        firsts = np.minimum.reduceat(np.where(where, position, count), starts)
+        return order[firsts[firsts < count]]
 
-    low = np.where(nan, np.inf, value)
-    high = np.where(nan, np.inf, -value)
-    keep[firsts(np.lexsort((seq, low, nan, bucket, sid)), sid, bucket)] = True
-    keep[firsts(np.lexsort((seq, high, nan, bucket, sid)), sid, bucket)] = True
-    keep[firsts(np.lexsort((-seq, bucket, sid)), sid, bucket)] = True
-    nans = np.flatnonzero(nan)
-    if len(nans):
-        order = np.lexsort((seq[nans], bucket[nans], sid[nans]))
-        keep[nans[firsts(order, sid[nans], bucket[nans])]] = True
+    keep[order[np.append(starts[1:], count) - 1]] = True  # the last value
+    keep[first(nan)] = True
+    low = np.where(nan, np.inf, v)
+    keep[first(~nan & (low == np.minimum.reduceat(low, starts)[group]))] = True
+    high = np.where(nan, -np.inf, v)
+    keep[first(~nan & (high == np.maximum.reduceat(high, starts)[group]))] = True
     return keep
-
-
-_REWRITE = ("UPDATE metric_chunks SET names = ?, n = ?, top = ?, t_first = ?, t_last = ?, step_max = ?,"
-            " data = ? WHERE seq = ?")
-_BATCH = 20_000             # chunks bucketed at once (the carry joins batches as it joins passes)
-_SLICE_CHUNKS = 256         # chunk rewrites per writer transaction, at most
 
 
 class Retention:
@@ -208,7 +209,7 @@ class Retention:
                         if columns is None:
                             changed = db.execute("DELETE FROM metric_chunks WHERE seq = ?", (seq,)).rowcount
                         else:
-                            changed = db.execute(_REWRITE, (*columns, seq)).rowcount
+                            changed = db.execute(metric_chunks.REWRITE, (*columns, seq)).rowcount
                         if changed:  # not when the job was deleted meanwhile
                             removed += count
                     state = dict(state, dropped=current["dropped"] + removed,
@@ -335,33 +336,37 @@ class Retention:
         track.recent_from = recent_from
         track.settled = quiet
         order = sorted(set(ready) | partial)
-        edited: dict[int, list] = {}  # chunk seq -> [head, t, s, names, v, index, removed]
+        edited: dict[int, list] = {}  # chunk seq -> [head, t, s, name, v, index, rank, node, removed]
         for start in range(0, len(order), _BATCH):
             self._bucket_batch(job_id, track, order[start:start + _BATCH], partial, recent_from, edited)
-        return [self._rewrite(seq, *chunk) for seq, chunk in edited.items() if chunk[6]]
+        return [self._rewrite(seq, *chunk) for seq, chunk in edited.items() if chunk[-1]]
 
     def _read_new(self, job_id: str, track: _Track) -> set[_Series]:
         """Count the points of each series in the chunks written since the last pass."""
         cursor = self.store.db.execute(
-            "SELECT seq, attempt, rank, kind, device, names, n, step_max FROM metric_chunks"
+            "SELECT seq, attempt, kind, device, ranks, names, n, step_max FROM metric_chunks"
             " WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, track.seen))
         cursor.row_factory = None
         touched: set[_Series] = set()
-        for seq, attempt, rank, kind, device, names, n, step_max in cursor:
-            group = (attempt, rank, kind, device)
+        every = track.series
+        for seq, attempt, kind, device, ranks, names, n, step_max in cursor:
+            ranks = metric_chunks.ranks_of(ranks)
             live = 0
-            for name, count in metric_chunks.counts_of(names).items():
-                if not count:
-                    continue
-                series = track.series.get((group, name))
-                if series is None:
-                    series = track.series[(group, name)] = _Series(len(track.series))
-                series.seqs.append(seq)
-                series.before.append(series.total)
-                series.total += count
-                series.after.append(series.total)
-                touched.add(series)
-                live += 1
+            for name, counts in metric_chunks.counts_of(names).items():
+                for rank, count in zip(ranks, counts, strict=True):
+                    if not count:
+                        continue
+                    key = (attempt, rank, kind, device, name)
+                    series = every.get(key)
+                    if series is None:
+                        series = every[key] = _Series(len(every))
+                        track.sids.setdefault((attempt, kind, device), {})[(rank, name)] = series.sid
+                    series.seqs.append(seq)
+                    series.before.append(series.total)
+                    series.total += count
+                    series.after.append(series.total)
+                    touched.add(series)
+                    live += 1
             track.pending[seq] = [live, step_max, kind, n]
             track.seen = seq
         return touched
@@ -383,43 +388,48 @@ class Retention:
             if n >= PARTIAL_MIN:
                 track.big_waiting.add(seq)
 
-    def _fetch(self, seqs: list[int]):
+    def _fetch(self, job_id: str, seqs: list[int]):
+        """(seq, [head, t, s, name, v, index, rank, node, removed indices]) of chunks."""
         for start in range(0, len(seqs), _FETCH):
             part = seqs[start:start + _FETCH]
             cursor = self.store.db.execute(
-                "SELECT seq, job_id, attempt, rank, node, kind, device, names, data FROM metric_chunks"
+                "SELECT seq, attempt, kind, device, names, data FROM metric_chunks"
                 f" WHERE seq IN ({','.join('?' * len(part))})", part)
             cursor.row_factory = None
-            yield from cursor
+            for seq, attempt, kind, device, names, data in cursor:
+                self.decoded += 1
+                yield seq, [(job_id, attempt, kind, device), *metric_chunks.decode(names, data), set()]
 
     def _bucket_batch(self, job_id: str, track: _Track, seqs: list[int], partial: set[int],
                       recent_from: int, edited: dict[int, list]) -> None:
         """Bucket the old points of chunks `seqs` with the carried survivors; note what goes."""
         width, keep, _recent = track.policy
+        every = track.series
         sids: list[int] = []
         times: list = []
         values: list = []
         points: list[int] = []
-        for seq, _job, attempt, rank, node, kind, device, names, data in self._fetch(seqs):
-            self.decoded += 1
-            t, s, n, v, idx = metric_chunks.decode(names, data)
-            group = (attempt, rank, kind, device)
-            edited[seq] = [(job_id, attempt, rank, node, kind, device), t, s, n, v, idx, set()]
-            own = {name: track.series[(group, name)] for name in metric_chunks.counts_of(names)}
+        for seq, chunk in self._fetch(job_id, seqs):
+            edited[seq] = chunk
+            (_job, attempt, kind, device), t, s, n, v, idx, r, _o, _removed = chunk
             base = seq * metric_chunks.CHUNK
             if seq not in partial:  # all old
-                sids += [own[name].sid for name in n]
+                of = track.sids[(attempt, kind, device)]
+                sids += [of[key] for key in zip(r, n, strict=True)]
                 times += t
                 values += v
-                points += [base + i for i in idx]
+                points += range(base, base + len(idx)) if type(idx) is range else [base + i for i in idx]
                 continue
-            room = {name: series.free_in(seq, keep) for name, series in own.items()}
-            seen = dict.fromkeys(room, 0)
-            for j, name in enumerate(n):
-                nth = seen[name]
-                seen[name] = nth + 1
-                if nth < room[name] and (kind != "train" or s[j] is None or s[j] < recent_from):
-                    sids.append(own[name].sid)
+            room: dict[tuple, float] = {}
+            seen: dict[tuple, int] = {}
+            for j, (rank, name) in enumerate(zip(r, n, strict=True)):
+                key = (attempt, rank, kind, device, name)
+                if key not in room:
+                    room[key] = every[key].free_in(seq, keep)
+                nth = seen.get(key, 0)
+                seen[key] = nth + 1
+                if nth < room[key] and (kind != "train" or s[j] is None or s[j] < recent_from):
+                    sids.append(every[key].sid)
                     times.append(t[j])
                     values.append(v[j])
                     points.append(base + idx[j])
@@ -430,15 +440,22 @@ class Retention:
         bucket = np.nan_to_num(np.floor(t_arr / width), nan=-1.0).astype(np.int64)
         value = np.array(values, float)
         seq_arr = np.array(points, np.int64)
-        # The carried survivors of these series join them (but not twice).
+        # The carried survivors of these series join them, but not twice: a carried point of
+        # a chunk analyzed again is among this batch's points.
         c_sid, c_bucket, c_value, c_seq = track.carry
-        joins = np.isin(c_sid, sid) & ~np.isin(c_seq, seq_arr)
-        stays = ~np.isin(c_sid, sid)
+        here = np.zeros(len(track.series), bool)
+        here[sid] = True
+        stays = ~here[c_sid]
+        again = np.zeros(len(c_seq), bool)
+        if len(c_seq) and seqs:
+            batch = np.array(seqs, np.int64)
+            chunk = c_seq // metric_chunks.CHUNK
+            again = batch[np.minimum(np.searchsorted(batch, chunk), len(batch) - 1)] == chunk
+        joins = ~stays & ~again
         sid = np.concatenate([sid, c_sid[joins]])
         bucket = np.concatenate([bucket, c_bucket[joins]])
         value = np.concatenate([value, c_value[joins]])
         seq_arr = np.concatenate([seq_arr, c_seq[joins]])
-        t_arr = np.concatenate([t_arr, np.full(int(joins.sum()), np.nan)])
         keep_mask = _survivors(sid, bucket, value, seq_arr)
         # What stays of each series' newest bucket is carried on.
         k_sid, k_bucket = sid[keep_mask], bucket[keep_mask]
@@ -448,24 +465,26 @@ class Retention:
         carried[keep_mask] = k_bucket == newest[k_sid]
         track.carry = tuple(np.concatenate([old[stays], new[carried]]) for old, new in
                             zip(track.carry, (sid, bucket, value, seq_arr), strict=True))
-        gone = seq_arr[~keep_mask]
-        missing = sorted({int(p) // metric_chunks.CHUNK for p in gone} - set(edited))
-        for seq, _job, attempt, rank, node, kind, device, names, data in self._fetch(missing):
-            self.decoded += 1
-            t, s, n, v, idx = metric_chunks.decode(names, data)
-            edited[seq] = [(job_id, attempt, rank, node, kind, device), t, s, n, v, idx, set()]
-        for p in gone.tolist():
-            chunk = edited.get(p // metric_chunks.CHUNK)
+        gone = np.sort(seq_arr[~keep_mask])
+        chunks, firsts = np.unique(gone // metric_chunks.CHUNK, return_index=True)
+        chunks = chunks.tolist()
+        for seq, chunk in self._fetch(job_id, [seq for seq in chunks if seq not in edited]):
+            edited[seq] = chunk
+        for seq, indices in zip(chunks, np.split(gone % metric_chunks.CHUNK, firsts[1:]) if chunks else [],
+                                strict=True):
+            chunk = edited.get(seq)
             if chunk is not None:
-                chunk[6].add(p % metric_chunks.CHUNK)
+                chunk[-1].update(indices.tolist())
         # Chunks with nothing to remove need not stay in memory.
         for seq in seqs:
-            if seq in edited and not edited[seq][6]:
+            if seq in edited and not edited[seq][-1]:
                 del edited[seq]
 
     @staticmethod
-    def _rewrite(seq: int, head: tuple, t: list, s: list, n: list, v: list, idx, removed: set) -> tuple:
-        """(seq, the chunk's new columns or None, points removed, newest t among them)."""
+    def _rewrite(seq: int, head: tuple, t: list, s: list, n: list, v: list, idx, r: list, o: list,
+                 removed: set) -> tuple:
+        """(seq, the chunk's new columns after `device`, or None, points removed, newest t
+        among them)."""
         keep = [j for j, i in enumerate(idx) if i not in removed]
         gone_t = [t[j] for j, i in enumerate(idx) if i in removed and t[j] is not None]
         count = len(idx) - len(keep)
@@ -473,8 +492,7 @@ class Retention:
         if not keep:
             return seq, None, count, until
         names: dict[str, int] = {}
-        k_col = [names.setdefault(n[j], len(names)) for j in keep]
-        row = metric_chunks.chunk_row(head, list(names), [t[j] for j in keep],
-                                      [s[j] for j in keep] if head[4] == "train" else None, k_col,
-                                      [v[j] for j in keep], [idx[j] for j in keep])
-        return seq, row[6:], count, until
+        cols = {"t": [t[j] for j in keep], "s": [s[j] for j in keep],
+                "k": [names.setdefault(n[j], len(names)) for j in keep], "v": [v[j] for j in keep],
+                "r": [r[j] for j in keep], "o": [o[j] for j in keep], "i": [idx[j] for j in keep]}
+        return seq, metric_chunks.columns_fields(head[2], list(names), cols), count, until

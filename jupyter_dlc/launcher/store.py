@@ -339,7 +339,7 @@ class Store:
 
         Thousands of ranks report several times a second: the rows of every report are
         gathered first and written with one statement per kind of change, and the metric
-        points of a report as one chunk (metric_chunks.py), not a row each."""
+        points of a request as one chunk (metric_chunks.py), not a row each."""
         now = time.time()
         full = bool(self.storage_problem)
         rows: list[tuple] = []
@@ -351,12 +351,12 @@ class Store:
         out = []
         for job_id, attempt, reports in items:
             changed = {"steps": False, "events": False}
+            chunks = metric_chunks.ChunkBuilder(job_id, attempt, now)
             for report in reports:
                 rank = int(report.get("rank", 0))
                 # The disk is full: keep the heartbeat and events (small, and what keeps a
                 # healthy job from being judged dead), not the metrics.
-                last_step, loss = (None, None) if full else metric_chunks.report_chunks(
-                    rows, job_id, attempt, rank, report, now)
+                last_step, loss = (None, None) if full else chunks.add(rank, report)
                 pid = report.get("pid")
                 # A report of only a rank's own records (sent by its bootstrap, or a node's
                 # preflight) is not a heartbeat: a script without the runtime would then be
@@ -375,6 +375,7 @@ class Store:
                 for event in report.get("events") or []:
                     changed["events"] = True
                     events.append((job_id, attempt, rank, event))
+            rows += chunks.rows()
             out.append(changed)
         with self.tx() as db:
             if rows:
@@ -421,7 +422,7 @@ class Store:
             return max(since, newest or 0), []
         where, params = metric_chunks.names_filter(names)
         cursor = self.db.execute(
-            f"SELECT seq, rank, device, names, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
+            f"SELECT seq, device, names, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
             f" AND seq <= ? AND {where} ORDER BY seq",
             (job_id, since // metric_chunks.CHUNK, newest // metric_chunks.CHUNK, *params))
         cursor.row_factory = None

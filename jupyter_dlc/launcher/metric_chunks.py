@@ -276,12 +276,14 @@ def decode(names: str, data: bytes | str) -> tuple[list, list, list, list, Any, 
         o_col: list = []
         for rank, node, entries in d:
             start = len(v_col)
-            full = [(entry.get("t"), entry.get("step"), entry["values"]) for entry in entries
-                    if entry.get("values")]
-            t_col += [t for t, _step, values in full for _ in values]
-            s_col += [step for _t, step, values in full for _ in values]
-            n_col += [name for _t, _step, values in full for name in values]
-            v_col += [value for _t, _step, values in full for value in values.values()]
+            for entry in entries:
+                values = entry.get("values")
+                if values:
+                    count = len(values)
+                    t_col += [entry.get("t")] * count
+                    s_col += [entry.get("step")] * count
+                    n_col += values
+                    v_col += values.values()
             r_col += [rank] * (len(v_col) - start)
             o_col += [node] * (len(v_col) - start)
         # JSON keeps a whole number as one; the column read back floats

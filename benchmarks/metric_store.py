@@ -7,7 +7,7 @@ reports a second of 2-3 entries x 2 values (10 logs a second: 81,920 points a se
 - baseline: the same points as one SQLite row each, in the one-row-per-point `metrics` table
   the store used before chunks (a 10-tuple per point, one executemany per commit);
 - chunks: `Store.record_reports` (one chunk per request, kind and device), minus what the same
-  reports cost it without their points (heartbeats, steps);
+  reports (their steps, no values) cost it without points: heartbeats, steps;
 - retention: after `--warm` seconds of load, the analysis (its own thread in the launcher)
   and the chunk rewrites (on the writer) per second of the next `--seconds` of load, a pass
   every 10 s of load, keep_last and recent_steps `--keep`.
@@ -112,8 +112,9 @@ def main() -> None:
     bare_store = new_store(os.path.join(work, "bare.sqlite"), args.ranks)
     for rep in range(args.reps):  # alternate, on the same reports
         commits = one_second(args.ranks, rep, steps)
-        bare = [[(job, attempt, [dict(r, metrics=[]) for r in reports]) for job, attempt, reports in c]
-                for c in commits]
+        # The same reports with their steps but no values: what the store does besides points.
+        bare = [[(job, attempt, [dict(r, metrics=[{"t": e["t"], "step": e["step"]} for e in r["metrics"]])
+                                 for r in reports]) for job, attempt, reports in c] for c in commits]
         rows_s.append(rows_baseline(os.path.join(work, f"rows{rep}.sqlite"), commits))
         chunk_s.append(store_cpu(store, commits) - store_cpu(bare_store, bare))
     rows_cpu, chunk_cpu = min(rows_s), min(chunk_s)

@@ -8,6 +8,7 @@ import math
 import sqlite3
 
 from jupyter_dlc.launcher import metric_chunks
+from jupyter_dlc.launcher import retention as retention_module
 from jupyter_dlc.launcher.metric_chunks import CHUNK, POINT_KEYS
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
 from jupyter_dlc.launcher.store import Store
@@ -127,10 +128,11 @@ def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     assert len(newest) == 20 and newest[0]["seq"] > after[-1]["seq"]
 
 
-def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_path):
-    """Each pass reads only what is new, and carries each series' newest bucket to the next:
-    points arriving in pieces end as if analyzed at once, and a pass decodes about as many
-    chunks as became old since the last one."""
+def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_path, monkeypatch):
+    """Each pass reads only what is new, and carries each series' newest bucket to the next
+    (and from one batch of chunks to the next within a pass): points arriving in pieces end
+    as if analyzed at once, and a pass decodes about as many chunks as became old since the
+    last one."""
     policy = RetentionPolicy(keep_last=30, recent_steps=40, max_points=10**6)
     piecewise, at_once = new_store(tmp_path, "a.sqlite"), new_store(tmp_path, "b.sqlite")
     retention = Retention(piecewise, policy)
@@ -145,7 +147,9 @@ def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_pat
     for rank_pair in reports:
         at_once.record_reports([("j", 1, rank_pair)])
     once = Retention(at_once, policy)
-    once.run_pass()
+    with monkeypatch.context() as patch:
+        patch.setattr(retention_module, "_BATCH", 5)  # the one pass in batches of 5 chunks (15/7 s)
+        once.run_pass()
     retention.run_pass()  # a quiet pass: the chunks only partly old too
     once.run_pass()
 

@@ -96,7 +96,7 @@ def ranks_of(text: str) -> tuple[int, ...]:
 
 
 def _all_finite(values: list) -> bool:
-    return math.isfinite(sum(v for v in values if v is not None))
+    return math.isfinite(sum(v for v in values if v is not None) if None in values else sum(values))
 
 
 def _finite(value: Any) -> float | None:
@@ -160,7 +160,7 @@ class ChunkBuilder:
                 self._parts.append([rank, node, entries])
                 self._n += n
                 counts = self._counts
-                if uniform:
+                if uniform and first is not None:
                     for key in first:
                         per_rank = counts.setdefault(key, {})
                         per_rank[rank] = per_rank.get(rank, 0) + with_values
@@ -242,7 +242,10 @@ def chunk_row(head: tuple, names: list, cols: dict[str, list]) -> tuple:
 
 def columns_fields(kind: str, names: list, cols: dict[str, list]) -> tuple:
     """(rank, node, ranks, names, n, top, t_first, t_last, step_max, data) of a columns chunk."""
-    v_col = [None if v != v else v for v in cols["v"]]
+    v_col = cols["v"]
+    finite = _all_finite(v_col)
+    if not finite:  # NaN is stored as null
+        v_col = [None if v != v else v for v in v_col]
     r_col, o_col, k_col = cols["r"], cols["o"], cols["k"]
     ranks = list(dict.fromkeys(r_col))
     pairs = collections.Counter(zip(k_col, r_col, strict=True))
@@ -251,16 +254,17 @@ def columns_fields(kind: str, names: list, cols: dict[str, list]) -> tuple:
     step_max = None
     if kind == "train":
         data["s"] = cols["s"]
-        step_max = max((s for s in cols["s"] if s is not None), default=None)
+        steps = cols["s"]
+        step_max = max((s for s in steps if s is not None), default=None) if None in steps else max(steps, default=None)
     if cols.get("i") is not None:
         data["i"] = cols["i"]
     one = len(ranks) == 1 and len(set(o_col)) == 1
-    times = [t for t in cols["t"] if t is not None]
+    times = [t for t in cols["t"] if t is not None] if None in cols["t"] else cols["t"]
     return (ranks[0] if one else None, o_col[0] if one else None, orjson.dumps(ranks).decode(),
             orjson.dumps(dict(zip(names, counts, strict=True))).decode(), len(v_col),
             cols["i"][-1] if cols.get("i") is not None else len(v_col) - 1,
             min(times, default=None), max(times, default=None), step_max,
-            orjson.dumps(data) if _all_finite(v_col) else _dumps_any(data))
+            orjson.dumps(data) if finite else _dumps_any(data))
 
 
 def decode(names: str, data: bytes | str) -> tuple[list, list, list, list, Any, list, list]:

@@ -61,7 +61,7 @@ SLICE_BUDGET = 0.01         # seconds of removals per call between two ingest co
 # A pending chunk this large (a batch upload) is decoded while only partly old.
 PARTIAL_MIN = 64
 _FETCH = 500                # chunks per SELECT ... IN (...)
-_BATCH = 20_000             # chunks bucketed at once (the carry joins batches as it joins passes)
+_BATCH = 2000               # chunks bucketed at once (the carry joins batches as it joins passes)
 _SLICE_CHUNKS = 256         # chunk rewrites per writer transaction, at most
 
 
@@ -130,8 +130,8 @@ class _Track:
     def __init__(self, policy: tuple):
         self.policy = policy
         self.seen = 0              # the newest chunk seq whose row was read
-        self.newest = None         # the job's newest point seq at the last analysis
-        self.recent_from = None
+        self.newest: int | None = None        # the job's newest point seq at the last analysis
+        self.recent_from: int | None = None
         self.settled = False       # whether the last analysis found no new chunk
         self.series: dict[tuple, _Series] = {}
         # (attempt, kind, device) -> {(rank, name): series id}: a point's series in one lookup
@@ -142,7 +142,8 @@ class _Track:
         self.big_waiting: set[int] = set()
         self.ready: list[int] = []
         # Each series' survivors of its newest analyzed bucket: sid, bucket, value, seq.
-        self.carry = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64))
+        self.carry: tuple[np.ndarray, ...] = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0),
+                                              np.empty(0, np.int64))
 
 
 def _survivors(sid, bucket, value, seq) -> np.ndarray:
@@ -337,9 +338,17 @@ class Retention:
         track.settled = quiet
         order = sorted(set(ready) | partial)
         edited: dict[int, list] = {}  # chunk seq -> [head, t, s, name, v, index, rank, node, removed]
+        rewrites = []
         for start in range(0, len(order), _BATCH):
             self._bucket_batch(job_id, track, order[start:start + _BATCH], partial, recent_from, edited)
-        return [self._rewrite(seq, *chunk) for seq, chunk in edited.items() if chunk[-1]]
+            # A chunk none of whose points is carried is done with for this pass: its rewrite
+            # is prepared now, so that few decoded chunks are alive at once.
+            held = set((track.carry[3] // metric_chunks.CHUNK).tolist())
+            for seq in [seq for seq in edited if seq not in held]:
+                chunk = edited.pop(seq)
+                if chunk[-1]:
+                    rewrites.append(self._rewrite(seq, *chunk))
+        return rewrites + [self._rewrite(seq, *chunk) for seq, chunk in edited.items() if chunk[-1]]
 
     def _read_new(self, job_id: str, track: _Track) -> set[_Series]:
         """Count the points of each series in the chunks written since the last pass."""

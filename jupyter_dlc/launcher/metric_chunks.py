@@ -326,6 +326,7 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
     chunk is read entry by entry, touching only the wanted values."""
     out: list[tuple] = []
     wanted = frozenset(wanted)
+    hits_of: dict[tuple, list[tuple[int, str]]] = {}  # an entry's names -> the wanted ones, where
     for seq, device, names, data in rows:
         base = seq * CHUNK
         d = _loads(data)
@@ -336,16 +337,17 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
                     values = entry.get("values")
                     if not values:
                         continue
-                    hit = wanted.intersection(values)
-                    if hit:
-                        keys = list(values)
-                        for at, name in sorted((keys.index(name), name) for name in hit):
-                            value = values[name]
-                            if since < pos + at <= newest:
-                                out.append((pos + at, name, entry.get("t"), rank,
-                                            value if value is None or type(value) is float else float(value),
-                                            device))
-                    pos += len(values)
+                    keys = tuple(values)
+                    hits = hits_of.get(keys)
+                    if hits is None:
+                        hits = hits_of[keys] = [(at, name) for at, name in enumerate(keys) if name in wanted]
+                    for at, name in hits:
+                        value = values[name]
+                        if since < pos + at <= newest:
+                            out.append((pos + at, name, entry.get("t"), rank,
+                                        value if value is None or type(value) is float else float(value),
+                                        device))
+                    pos += len(keys)
             continue
         t, _s, n, v, idx, r, _o = decode(names, data)
         out += [(base + p, ni, ti, ri, vi, device) for p, ti, ni, vi, ri in zip(idx, t, n, v, r, strict=True)

@@ -221,3 +221,22 @@ def test_a_chunk_counts_each_series(tmp_path):
     assert metric_chunks.ranks_of(row[6]) == (0, 3)
     assert metric_chunks.counts_of(row[7]) == {"loss": [2, 1], "lr": [1, 0]}
     assert row[8:13] == (4, 3, T0, T0 + 1, 7)  # n, top, t_first, t_last, step_max
+
+
+def test_a_chunk_rewritten_while_partly_old_keeps_its_recent_points_later(tmp_path):
+    """A batch upload's chunk is analyzed while only partly old (its last points among the
+    last keep_last); rewritten, it has fewer points than the series counts say: later passes
+    must still keep every point among the last keep_last."""
+    store = new_store(tmp_path)
+    policy = RetentionPolicy(keep_last=40, recent_steps=1, max_points=10**6)
+    retention = Retention(store, policy)
+    store.record_reports([("j", 1, rank_reports(0, 300, per_second=10))])  # one chunk: 1,200 points
+    retention.run_pass()
+    for step in range(300, 330, 3):
+        store.record_reports([("j", 1, rank_reports(step, 3, per_second=10))])
+        retention.run_pass()
+        points = store.metrics("j", 0, 10**6)
+        for rank in (0, 1):
+            for name in ("loss", "samples_per_s"):
+                steps = [p["step"] for p in points if p["rank"] == rank and p["name"] == name]
+                assert steps[-40:] == list(range(step + 3 - 40, step + 3)), (rank, name, steps[-45:])

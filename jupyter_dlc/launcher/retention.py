@@ -108,13 +108,13 @@ class _Series:
         self.after = array("q")
         self.head = 0
 
-    def free_in(self, seq: int, keep: int) -> float:
-        """How many of this series' points in chunk `seq`, from its first, are beyond the last
-        `keep` (all of them once the chunk left the pending ones)."""
+    def later(self, seq: int) -> int | None:
+        """How many of this series' points came after chunk `seq`; None once that chunk left
+        the pending ones (all its points of this series are old)."""
         at = bisect_left(self.seqs, seq, self.head)
         if at == len(self.seqs) or self.seqs[at] != seq:
-            return float("inf")
-        return self.total - keep - self.before[at]
+            return None
+        return self.total - self.after[at]
 
     def trim(self) -> None:
         if self.head > 1024 and self.head * 2 > len(self.seqs):
@@ -429,15 +429,19 @@ class Retention:
                 values += v
                 points += range(base, base + len(idx)) if type(idx) is range else [base + i for i in idx]
                 continue
-            room: dict[tuple, float] = {}
-            seen: dict[tuple, int] = {}
-            for j, (rank, name) in enumerate(zip(r, n, strict=True)):
-                key = (attempt, rank, kind, device, name)
-                if key not in room:
-                    room[key] = every[key].free_in(seq, keep)
-                nth = seen.get(key, 0)
-                seen[key] = nth + 1
-                if nth < room[key] and (kind != "train" or s[j] is None or s[j] < recent_from):
+            # A point is old when more than keep_last of its series follow it, counted from
+            # the chunk's end: a chunk retention rewrote holds fewer points than the counts,
+            # but the ones it lost were older than any it still protects.
+            later: dict[tuple, int | None] = {}
+            tail: dict[tuple, int] = {}
+            for j in range(len(n) - 1, -1, -1):
+                key = (attempt, r[j], kind, device, n[j])
+                if key not in later:
+                    later[key] = every[key].later(seq)
+                tail[key] = nth = tail.get(key, 0) + 1
+                after = later[key]
+                if (after is None or after + nth > keep) and \
+                        (kind != "train" or s[j] is None or s[j] < recent_from):
                     sids.append(every[key].sid)
                     times.append(t[j])
                     values.append(v[j])

@@ -159,6 +159,17 @@ def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_pat
     assert kept(piecewise) == kept(at_once)
     assert len(kept(at_once)) < 6 * 900 / 2
     assert piecewise.retention_state("j")["dropped"] == at_once.retention_state("j")["dropped"]
+    # Nothing new: a pass reads no chunk; once points come again, the job is tracked anew.
+    decoded = retention.decoded
+    retention.run_pass()
+    assert retention.decoded == decoded
+    for store, analysis in ((piecewise, retention), (at_once, once)):
+        for step in range(900, 990, 3):
+            store.record_reports([("j", 1, rank_reports(step, 3, per_second=7))])
+        analysis.run_pass()
+        analysis.run_pass()
+    assert kept(piecewise) == kept(at_once)
+    assert [p[1] for p in kept(piecewise) if p[0] == 0 and p[2] == "loss"][-30:] == list(range(960, 990))
 
 
 def test_a_data_dir_with_one_row_per_point_is_migrated_to_chunks(tmp_path):

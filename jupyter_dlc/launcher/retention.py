@@ -130,7 +130,6 @@ class _Track:
     def __init__(self, policy: tuple):
         self.policy = policy
         self.seen = 0              # the newest chunk seq whose row was read
-        self.newest: int | None = None        # the job's newest point seq at the last analysis
         self.recent_from: int | None = None
         self.settled = False       # whether the last analysis found no new chunk
         self.series: dict[tuple, _Series] = {}
@@ -190,6 +189,8 @@ class Retention:
         self._removals: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._tracks: dict[str, _Track] = {}
+        # job id -> (newest seq, recent_from, policy) when a quiet analysis left it under its cap
+        self._idle: dict[str, tuple] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -256,6 +257,8 @@ class Retention:
         jobs = [job_id for (job_id,) in self.store.db.execute("SELECT id FROM jobs ORDER BY created")]
         for job_id in set(self._tracks) - set(jobs):
             del self._tracks[job_id]
+        for job_id in set(self._idle) - set(jobs):
+            del self._idle[job_id]
         for job_id in jobs:
             again |= self._analyze(job_id)
         self.passes += 1
@@ -273,19 +276,26 @@ class Retention:
         row = db.execute("SELECT last_step FROM jobs WHERE id = ?", (job_id,)).fetchone()
         recent_from = ((row[0] or 0) if row else 0) - state["recent_steps"]
         policy = (state["bucket"], state["keep_last"], state["recent_steps"])
+        signature = (newest, recent_from, policy)
+        if self._idle.get(job_id) == signature:
+            return False  # nothing new since a quiet analysis left it under its cap
+        self._idle.pop(job_id, None)
         track = self._tracks.get(job_id)
         if track is None or track.policy != policy:
             track = self._tracks[job_id] = _Track(policy)
-        if track.settled and track.newest == newest and track.recent_from == recent_from:
-            return False  # nothing new since an analysis left it under its cap
         rewrites = self._downsample(job_id, track, recent_from)
-        track.newest = newest
+        if track.settled:
+            # A quiet pass looked at all there is: the tracking (memory in proportion to the
+            # job's recent points) goes until the job changes, then is rebuilt by one read.
+            del self._tracks[job_id]
         removed = sum(count for _, _, count, _ in rewrites)
         for start in range(0, len(rewrites), _SLICE_CHUNKS):
             part = rewrites[start:start + _SLICE_CHUNKS]
             self._removals.append((job_id, [r[:3] for r in part], max(r[3] for r in part), dict(state)))
         total = db.execute("SELECT SUM(n) FROM metric_chunks WHERE job_id = ?", (job_id,)).fetchone()[0] or 0
         if total - removed <= self.policy.max_points:
+            if track.settled:
+                self._idle[job_id] = signature
             return False
         # Over the cap: coarser buckets first; the recent points' resolution goes last.
         if state["bucket"] < WIDEST_BUCKET:

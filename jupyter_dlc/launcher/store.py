@@ -1,5 +1,9 @@
 """The launcher's SQLite store (WAL): jobs, attempts, ranks, events, metrics, checkpoints.
 
+Metric points are stored in chunks, a row per request (a rank's report or a node's batch),
+kind and device, not a row per point (metric_chunks.py says what a chunk holds and why);
+readers still get one dict per point, each with a seq that `since` cursors page by.
+
 One connection per thread (the HTTP loop and the supervisor each have their own); WAL lets
 readers go on while a writer commits. Every state change goes through `transition`, which
 writes the event with its reason in the same transaction.

@@ -225,7 +225,7 @@ def test_a_chunk_counts_each_series(tmp_path):
     builder.add(0, {"node": 0, "metrics": [
         {"t": T0, "step": 1, "values": {"loss": 1.0, "lr": 0.1}},
         {"t": T0, "step": 2, "values": {"loss": 1.0}},
-        {"t": T0, "step": 3}]})
+        {"step": 3}]})  # no values, no time: only its step counts
     builder.add(3, {"node": 0, "metrics": [{"t": T0 + 1, "step": 7, "values": {"loss": 2.0}}]})
     (row,) = builder.rows()
     assert row[2:4] == (None, None)  # rank, node: several ranks

@@ -190,7 +190,7 @@ class ChunkBuilder:
         steps = [step for step in steps if step is not None]
         one = len(ranks) == 1 and len({node for _rank, node, _entries in parts}) == 1
         try:
-            times = [entry["t"] for _rank, _node, entries in parts for entry in entries]
+            times = [entry["t"] for _rank, _node, entries in parts for entry in entries if entry.get("values")]
             self._rows.append((self.job_id, self.attempt, ranks[0] if one else None,
                                parts[0][1] if one else None, "train", None,
                                orjson.dumps(ranks).decode(), orjson.dumps(names).decode(), self._n,

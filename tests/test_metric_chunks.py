@@ -170,6 +170,13 @@ def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_pat
         analysis.run_pass()
     assert kept(piecewise) == kept(at_once)
     assert [p[1] for p in kept(piecewise) if p[0] == 0 and p[2] == "loss"][-30:] == list(range(960, 990))
+    # An ended job's tracking is let go after a quiet pass, and nothing is read again.
+    assert piecewise.transition("j", "SUCCEEDED", "done")
+    retention.run_pass()
+    assert "j" not in retention._tracks  # the memory it held
+    decoded = retention.decoded
+    retention.run_pass()
+    assert retention.decoded == decoded and kept(piecewise) == kept(at_once)
 
 
 def test_a_data_dir_with_one_row_per_point_is_migrated_to_chunks(tmp_path):

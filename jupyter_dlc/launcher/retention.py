@@ -25,8 +25,10 @@ survivors of its newest bucket carried to the next pass (min, max, last and firs
 set are those of its survivors together with what joins it), a bucket split across passes
 ends as if analyzed at once. A point of a rarely logged series still among its last
 keep_last when its chunk was analyzed stays as logged (retention never removes more than the
-rules say). The tracking is in memory: after a restart, or a change of bucket or policy,
-the first pass reads every chunk of the job once. The removal itself, rewriting (or
+rules say). The tracking is in memory (in proportion to each job's recent points): after a
+restart, or a change of bucket or policy, the first pass reads every chunk of the job once;
+an ended job's tracking is let go once a pass found nothing new (a resume rebuilds it the
+same way). The removal itself, rewriting (or
 deleting) chunks prepared by the analysis, runs on the ingest writer's thread between its
 commits (ingest.py), in slices, so that it never waits on SQLite's one write lock or makes
 ingest wait long.
@@ -46,6 +48,7 @@ from bisect import bisect_left
 
 import numpy as np
 
+from ..states import TERMINAL_STATES
 from . import metric_chunks
 
 log = logging.getLogger("jupyter_dlc.launcher")
@@ -131,6 +134,7 @@ class _Track:
         self.policy = policy
         self.seen = 0              # the newest chunk seq whose row was read
         self.recent_from: int | None = None
+        self.newest: int | None = None  # the job's newest point seq at the last analysis
         self.settled = False       # whether the last analysis found no new chunk
         self.series: dict[tuple, _Series] = {}
         # (attempt, kind, device) -> {(rank, name): series id}: a point's series in one lookup
@@ -189,7 +193,8 @@ class Retention:
         self._removals: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._tracks: dict[str, _Track] = {}
-        # job id -> (newest seq, recent_from, policy) when a quiet analysis left it under its cap
+        # job id -> (newest seq, recent_from, policy) when a quiet analysis of the ended job
+        # left it under its cap (its tracking dropped)
         self._idle: dict[str, tuple] = {}
         self._thread: threading.Thread | None = None
 
@@ -273,8 +278,9 @@ class Retention:
         if newest is None:
             self._tracks.pop(job_id, None)
             return False
-        row = db.execute("SELECT last_step FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = db.execute("SELECT last_step, state FROM jobs WHERE id = ?", (job_id,)).fetchone()
         recent_from = ((row[0] or 0) if row else 0) - state["recent_steps"]
+        ended = row is None or row[1] in TERMINAL_STATES
         policy = (state["bucket"], state["keep_last"], state["recent_steps"])
         signature = (newest, recent_from, policy)
         if self._idle.get(job_id) == signature:
@@ -283,10 +289,16 @@ class Retention:
         track = self._tracks.get(job_id)
         if track is None or track.policy != policy:
             track = self._tracks[job_id] = _Track(policy)
+        elif track.settled and track.newest == newest and track.recent_from == recent_from:
+            if ended:  # nothing new since a quiet analysis, and nothing will come: let it go
+                del self._tracks[job_id]
+                self._idle[job_id] = signature
+            return False  # a job paused: nothing new since a quiet analysis
         rewrites = self._downsample(job_id, track, recent_from)
-        if track.settled:
-            # A quiet pass looked at all there is: the tracking (memory in proportion to the
-            # job's recent points) goes until the job changes, then is rebuilt by one read.
+        track.newest = newest
+        if track.settled and ended:
+            # A quiet pass of an ended job looked at all there is: its tracking (memory in
+            # proportion to the job's recent points) goes; a resume rebuilds it by one read.
             del self._tracks[job_id]
         removed = sum(count for _, _, count, _ in rewrites)
         for start in range(0, len(rewrites), _SLICE_CHUNKS):
@@ -294,7 +306,7 @@ class Retention:
             self._removals.append((job_id, [r[:3] for r in part], max(r[3] for r in part), dict(state)))
         total = db.execute("SELECT SUM(n) FROM metric_chunks WHERE job_id = ?", (job_id,)).fetchone()[0] or 0
         if total - removed <= self.policy.max_points:
-            if track.settled:
+            if track.settled and ended:
                 self._idle[job_id] = signature
             return False
         # Over the cap: coarser buckets first; the recent points' resolution goes last.

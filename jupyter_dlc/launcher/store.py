@@ -1,5 +1,9 @@
 """The launcher's SQLite store (WAL): jobs, attempts, ranks, events, metrics, checkpoints.
 
+Metric points are stored in chunks, a row per request (a rank's report or a node's batch),
+kind and device, not a row per point (metric_chunks.py says what a chunk holds and why);
+readers still get one dict per point, each with a seq that `since` cursors page by.
+
 One connection per thread (the HTTP loop and the supervisor each have their own); WAL lets
 readers go on while a writer commits. Every state change goes through `transition`, which
 writes the event with its reason in the same transaction.
@@ -19,6 +23,7 @@ from typing import Any
 
 from .. import layout
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
+from . import metric_chunks
 from .storage import DiskGuard, is_disk_full
 
 SCHEMA = """
@@ -46,12 +51,6 @@ CREATE TABLE IF NOT EXISTS events (
     attempt INTEGER, type TEXT NOT NULL, state TEXT, reason TEXT, data TEXT
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq);
-CREATE TABLE IF NOT EXISTS metrics (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, t REAL NOT NULL,
-    attempt INTEGER, rank INTEGER, node INTEGER, step INTEGER, kind TEXT NOT NULL,
-    name TEXT NOT NULL, value REAL, device TEXT
-);
-CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job_id, seq);
 CREATE TABLE IF NOT EXISTS metric_retention (
     job_id TEXT PRIMARY KEY, bucket REAL NOT NULL, keep_last INTEGER NOT NULL,
     recent_steps INTEGER NOT NULL, downsampled_until REAL, dropped INTEGER NOT NULL
@@ -61,7 +60,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     size INTEGER, world_size INTEGER, attempt INTEGER, seconds REAL,
     PRIMARY KEY (job_id, step)
 );
-"""
+""" + metric_chunks.SCHEMA
 
 
 _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",
@@ -73,39 +72,6 @@ def token_hash(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number
-
-
-def _metric_rows(rows: list, job_id: str, attempt: int, rank: int, report: dict,
-                 now: float) -> tuple[int | None, tuple[float | None] | None]:
-    """Append a report's metric and system rows; returns its last step and (rank's last loss,)."""
-    node = report.get("node")
-    last_step = None
-    loss = None
-    for entry in report.get("metrics") or ():
-        step = entry.get("step")
-        t = float(entry.get("t", now))
-        for name, value in (entry.get("values") or {}).items():
-            value = _finite(value)
-            rows.append((job_id, t, attempt, rank, node, step, "train", str(name), value, None))
-            if name == "loss":
-                loss = (value,)
-        if step is not None and (last_step is None or step > last_step):
-            last_step = step
-    for entry in report.get("system") or ():
-        t = float(entry.get("t", now))
-        device = entry.get("device")
-        for name, value in (entry.get("values") or {}).items():
-            rows.append((job_id, t, attempt, rank, node, None, "system", str(name),
-                         _finite(value), device))
-    return last_step, loss
-
-
 class Store:
     def __init__(self, path: str, guard: DiskGuard | None = None):
         self.path = path
@@ -114,6 +80,9 @@ class Store:
         # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
         self.version = 0
         self.db.executescript(SCHEMA)
+        # Data dirs written before chunks: their one-row-per-point metrics become chunks.
+        with self.tx() as db:
+            metric_chunks.migrate_rows(db)
         # Data dirs written before tokens were hashed: hash what is stored in clear.
         with self.tx() as db:
             for row in db.execute("SELECT id, token FROM jobs WHERE token NOT LIKE 'sha256:%'").fetchall():
@@ -287,7 +256,7 @@ class Store:
 
     def delete_job(self, job_id: str) -> None:
         with self.tx() as db:
-            for table in ("jobs", "attempts", "ranks", "events", "metrics", "checkpoints",
+            for table in ("jobs", "attempts", "ranks", "events", "metric_chunks", "checkpoints",
                           "metric_retention"):
                 key = "id" if table == "jobs" else "job_id"
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
@@ -373,7 +342,8 @@ class Store:
         transaction (launcher/ingest.py); returns, per request, what changed.
 
         Thousands of ranks report several times a second: the rows of every report are
-        gathered first and written with one statement per kind of change."""
+        gathered first and written with one statement per kind of change, and the metric
+        points of a request as one chunk (metric_chunks.py), not a row each."""
         now = time.time()
         full = bool(self.storage_problem)
         rows: list[tuple] = []
@@ -385,12 +355,12 @@ class Store:
         out = []
         for job_id, attempt, reports in items:
             changed = {"steps": False, "events": False}
+            chunks = metric_chunks.ChunkBuilder(job_id, attempt, now)
             for report in reports:
                 rank = int(report.get("rank", 0))
                 # The disk is full: keep the heartbeat and events (small, and what keeps a
                 # healthy job from being judged dead), not the metrics.
-                last_step, loss = (None, None) if full else _metric_rows(
-                    rows, job_id, attempt, rank, report, now)
+                last_step, loss = (None, None) if full else chunks.add(rank, report)
                 pid = report.get("pid")
                 # A report of only a rank's own records (sent by its bootstrap, or a node's
                 # preflight) is not a heartbeat: a script without the runtime would then be
@@ -409,11 +379,11 @@ class Store:
                 for event in report.get("events") or []:
                     changed["events"] = True
                     events.append((job_id, attempt, rank, event))
+            rows += chunks.rows()
             out.append(changed)
         with self.tx() as db:
             if rows:
-                db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name,"
-                               " value, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                db.executemany(metric_chunks.INSERT, rows)
             db.executemany("UPDATE ranks SET last_heartbeat = ?, state = 'running', pid = COALESCE(?, pid)"
                            " WHERE job_id = ? AND attempt = ? AND rank = ? AND exit_code IS NULL", beats)
             db.executemany("UPDATE ranks SET last_step = ?, last_progress = ? WHERE job_id = ?"
@@ -440,27 +410,39 @@ class Store:
             f" at step {event['step']}" if event.get("step") is not None else "")
         self._event(db, job_id, attempt, kind, None, reason, dict(event, rank=rank))
 
+    def newest_metric_seq(self, job_id: str, db: sqlite3.Connection | None = None) -> int | None:
+        """The seq of the job's newest metric point; None while it has none."""
+        row = (db or self.db).execute("SELECT seq, top FROM metric_chunks WHERE job_id = ?"
+                                      " ORDER BY seq DESC LIMIT 1", (job_id,)).fetchone()
+        return row[0] * metric_chunks.CHUNK + row[1] if row else None
+
     def metric_points(self, job_id: str, since: int, names: Iterable[str]) -> tuple[int, list[tuple]]:
         """(newest seq, [(seq, name, t, rank, value, device)...]) of the points after `since`
         with one of `names`: what alert rules read, without building a dict per point of the
-        metrics no rule names."""
-        newest = self.db.execute("SELECT MAX(seq) FROM metrics WHERE job_id = ?", (job_id,)).fetchone()[0]
+        metrics no rule names (chunks without those names are skipped in SQL)."""
+        newest = self.newest_metric_seq(job_id)
         names = tuple(names)
         if newest is None or newest <= since or not names:
             return max(since, newest or 0), []
-        marks = ",".join("?" * len(names))
+        where, params = metric_chunks.names_filter(names)
         cursor = self.db.execute(
-            f"SELECT seq, name, t, rank, value, device FROM metrics WHERE job_id = ? AND seq > ?"
-            f" AND seq <= ? AND name IN ({marks}) ORDER BY seq", (job_id, since, newest, *names))
+            f"SELECT seq, device, names, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
+            f" AND seq <= ? AND {where} ORDER BY seq",
+            (job_id, since // metric_chunks.CHUNK, newest // metric_chunks.CHUNK, *params))
         cursor.row_factory = None
-        return newest, cursor.fetchall()
+        return newest, metric_chunks.named_points(cursor, since, newest, set(names))
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
-        cursor = self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                                 (job_id, since, limit))
+        """Up to `limit` points after `since`, in seq order (a page may end inside a chunk)."""
+        cursor = self.db.execute(f"SELECT {metric_chunks.POINT_COLUMNS} FROM metric_chunks"
+                                 " WHERE job_id = ? AND seq >= ? ORDER BY seq",
+                                 (job_id, since // metric_chunks.CHUNK))
         cursor.row_factory = None  # plain tuples: a view reads many thousands of points
-        keys = [column[0] for column in cursor.description]
-        return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
+        points: list[dict] = []
+        if limit > 0:
+            metric_chunks.read_points(points, cursor, since, limit)
+        cursor.close()
+        return points
 
     def retention_state(self, job_id: str) -> dict | None:
         """How far retention.py downsampled this job's metrics; None while it has not."""
@@ -478,9 +460,14 @@ class Store:
                    (job_id, state["bucket"], state["keep_last"], state["recent_steps"],
                     state["downsampled_until"], state["dropped"]))
 
-    def metric_window(self, job_id: str, t_from: float) -> list[sqlite3.Row]:
-        return self.db.execute("SELECT * FROM metrics WHERE job_id = ? AND t >= ? ORDER BY seq",
-                               (job_id, t_from)).fetchall()
+    def metric_window(self, job_id: str, t_from: float) -> list[dict]:
+        """The job's points logged at `t_from` or later, in seq order."""
+        cursor = self.db.execute(f"SELECT {metric_chunks.POINT_COLUMNS} FROM metric_chunks"
+                                 " WHERE job_id = ? AND t_last >= ? ORDER BY seq", (job_id, t_from))
+        cursor.row_factory = None
+        points: list[dict] = []
+        metric_chunks.read_points(points, cursor, 0, 1 << 62)
+        return [point for point in points if point["t"] >= t_from]
 
     def checkpoints(self, job_id: str) -> list[dict]:
         rows = self.db.execute("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step",

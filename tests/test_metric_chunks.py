@@ -1,0 +1,260 @@
+"""Metric points stored in chunks (issue 14): the seq scheme, paging inside a chunk, what a
+point reads back as, retention rewriting chunks, the migration of a one-row-per-point data
+dir. All on a real SQLite store."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+from jupyter_dlc.launcher import metric_chunks
+from jupyter_dlc.launcher import retention as retention_module
+from jupyter_dlc.launcher.metric_chunks import CHUNK, POINT_KEYS
+from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
+from jupyter_dlc.launcher.store import Store
+
+T0 = 1_700_000_000.0
+
+
+def new_store(tmp_path, name: str = "db.sqlite") -> Store:
+    store = Store(str(tmp_path / name))
+    store.insert_job("j", "j", {}, "token", str(tmp_path))
+    return store
+
+
+def rank_reports(first_step: int, steps: int, ranks=(0, 1), per_second: int = 10) -> list[dict]:
+    return [{"rank": rank, "node": 0, "metrics": [
+        {"t": T0 + step / per_second, "step": step,
+         "values": {"loss": math.sin(step * 0.7) + rank, "samples_per_s": 1000.0 + step % 7}}
+        for step in range(first_step, first_step + steps)]} for rank in ranks]
+
+
+def pages(store: Store, since: int = 0, limit: int = 7) -> list[list[dict]]:
+    out = []
+    while True:
+        page = store.metrics("j", since, limit)
+        if not page:
+            return out
+        out.append(page)
+        since = page[-1]["seq"]
+
+
+def test_points_page_across_chunks_and_inside_them(tmp_path):
+    store = new_store(tmp_path)
+    for step in range(0, 30, 3):  # one chunk per rank report: 3 entries x 2 values
+        store.record_reports([("j", 1, rank_reports(step, 3))])
+    # A report over CHUNK points is split: 2,100 entries x 2 values.
+    store.record_reports([("j", 1, rank_reports(100, 2100, ranks=(5,)))])
+    everything = store.metrics("j", 0, 10**6)
+    assert len(everything) == 20 * 6 + 4200
+    assert all(tuple(point) == POINT_KEYS for point in everything)
+    seqs = [p["seq"] for p in everything]
+    assert seqs == sorted(set(seqs))
+    # A point's seq is its chunk's seq * CHUNK + its index there.
+    chunks = {seq // CHUNK for seq in seqs}
+    assert len(chunks) == 10 + 2  # a request's reports (here of two ranks) share a chunk
+    assert max(seq % CHUNK for seq in seqs) == CHUNK - 1  # the split report filled a chunk
+
+    paged = pages(store, limit=7)
+    assert [p for page in paged for p in page] == everything
+    assert any(page[-1]["seq"] % CHUNK not in (5, CHUNK - 1) for page in paged)  # ended inside one
+    # Any cursor, inside a chunk or on its last point, gives exactly what follows it.
+    for cursor in (seqs[2], seqs[5], seqs[6], seqs[119], seqs[2000], seqs[-1], seqs[0] - 1):
+        assert store.metrics("j", cursor, 10**6) == [p for p in everything if p["seq"] > cursor]
+    assert store.metrics("j", seqs[3], 2) == everything[4:6]
+    # Points read back in the order they were logged, with their rank, step, name and value.
+    first = [(p["rank"], p["step"], p["name"], p["value"]) for p in everything[:4]]
+    assert first == [(0, 0, "loss", 0.0), (0, 0, "samples_per_s", 1000.0),
+                     (0, 1, "loss", math.sin(0.7)), (0, 1, "samples_per_s", 1001.0)]
+
+
+def test_values_read_back_as_the_column_stored_them(tmp_path):
+    store = new_store(tmp_path)
+    store.record_reports([("j", 1, [
+        {"rank": 0, "metrics": [{"t": T0, "step": 1, "values": {"loss": float("nan"), "up": float("inf"),
+                                                                  "down": float("-inf"), "whole": 3}}]},
+        {"rank": 1, "metrics": [{"t": T0, "step": 1, "values": {"loss": 2}}],
+         "system": [{"t": T0, "device": "gpu0", "values": {"gpu_util": 0.5}},
+                    {"t": T0 + 1, "device": "gpu1", "values": {"gpu_util": 0.25}}]}])])
+    points = {(p["rank"], p["name"], p["device"]): p["value"] for p in store.metrics("j")}
+    assert points == {(0, "loss", None): None, (0, "up", None): math.inf, (0, "down", None): -math.inf,
+                      (0, "whole", None): 3.0, (1, "loss", None): 2.0,
+                      (1, "gpu_util", "gpu0"): 0.5, (1, "gpu_util", "gpu1"): 0.25}
+    assert all(type(value) is float for value in points.values() if value is not None)
+    assert [p["step"] for p in store.metrics("j") if p["kind"] == "system"] == [None, None]
+    window = store.metric_window("j", T0 + 0.5)
+    assert [(p["name"], p["device"], p["value"]) for p in window] == [("gpu_util", "gpu1", 0.25)]
+
+
+def test_alerting_reads_only_the_names_it_wants_however_names_overlap(tmp_path):
+    """The SQL skips chunks by name with a text test; names that contain another name (or
+    its quotes) must not leak into the answer."""
+    store = new_store(tmp_path)
+    tricky = {"loss": 1.0, "val_loss": 2.0, 'x"loss': 3.0, "loss_scale": 4.0}
+    store.record_reports([("j", 1, [{"rank": 0, "metrics": [{"t": T0, "step": 1, "values": tricky}]},
+                                    {"rank": 1, "metrics": [{"t": T0, "step": 1, "values": {'x"loss': 5.0}}]}])])
+    newest, points = store.metric_points("j", 0, ["loss"])
+    assert [(name, value) for _, name, _, _, value, _ in points] == [("loss", 1.0)]
+    assert newest == max(p["seq"] for p in store.metrics("j"))
+    _, points = store.metric_points("j", 0, ['x"loss', "gpu_util"])
+    assert [(rank, value) for _, _, _, rank, value, _ in points] == [(0, 3.0), (1, 5.0)]
+
+
+def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
+    store = new_store(tmp_path)
+    for step in range(0, 600, 5):  # 5 entries a report, 2 ranks: chunks of 20 points
+        store.record_reports([("j", 1, rank_reports(step, 5))])
+    before = {p["seq"]: p for p in store.metrics("j", 0, 10**6)}
+    # A view's cursor in the middle of an old chunk, taken before retention runs.
+    cursor = store.metrics("j", 0, 1234)[-1]["seq"]
+    assert cursor % CHUNK not in (0, 19)
+    retention = Retention(store, RetentionPolicy(keep_last=50, recent_steps=60, max_points=10**6))
+    retention.run_pass()
+    after = store.metrics("j", 0, 10**6)
+    assert 0 < len(after) < len(before) / 2
+    for point in after:  # every survivor: the same seq, the same point
+        assert before[point["seq"]] == point
+    assert store.metrics("j", cursor, 10**6) == [p for p in after if p["seq"] > cursor]
+    assert [p["seq"] for page in pages(store, cursor, limit=3) for p in page] == \
+        [p["seq"] for p in after if p["seq"] > cursor]
+    # Chunks hold their survivors' original indices; whole ones none.
+    rewritten = store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE n < 20").fetchone()[0]
+    assert rewritten > 0
+    state = store.retention_state("j")
+    assert state["dropped"] == len(before) - len(after)
+    # New points after a pass keep counting from where the chunks are.
+    store.record_reports([("j", 1, rank_reports(600, 5))])
+    newest = store.metrics("j", after[-1]["seq"])
+    assert len(newest) == 20 and newest[0]["seq"] > after[-1]["seq"]
+
+
+def test_retention_over_passes_keeps_what_one_pass_over_everything_keeps(tmp_path, monkeypatch):
+    """Each pass reads only what is new, and carries each series' newest bucket to the next
+    (and from one batch of chunks to the next within a pass): points arriving in pieces end
+    as if analyzed at once, and a pass decodes about as many chunks as became old since the
+    last one."""
+    policy = RetentionPolicy(keep_last=30, recent_steps=40, max_points=10**6)
+    piecewise, at_once = new_store(tmp_path, "a.sqlite"), new_store(tmp_path, "b.sqlite")
+    retention = Retention(piecewise, policy)
+    reports = [rank_reports(step, 3, per_second=7) for step in range(0, 900, 3)]
+    for piece in range(10):
+        for rank_pair in reports[piece * 30:(piece + 1) * 30]:
+            piecewise.record_reports([("j", 1, rank_pair)])
+        decoded = retention.decoded
+        retention.run_pass()
+        if piece:  # 30 new chunks a piece, as many become old, and a few carried chunks
+            assert retention.decoded - decoded <= 30 + 10, retention.decoded - decoded
+    for rank_pair in reports:
+        at_once.record_reports([("j", 1, rank_pair)])
+    once = Retention(at_once, policy)
+    with monkeypatch.context() as patch:
+        patch.setattr(retention_module, "_BATCH", 5)  # the one pass in batches of 5 chunks (15/7 s)
+        once.run_pass()
+    retention.run_pass()  # a quiet pass: the chunks only partly old too
+    once.run_pass()
+
+    def kept(store: Store) -> list[tuple]:
+        return [(p["rank"], p["step"], p["name"], p["value"]) for p in store.metrics("j", 0, 10**6)]
+
+    assert kept(piecewise) == kept(at_once)
+    assert len(kept(at_once)) < 6 * 900 / 2
+    assert piecewise.retention_state("j")["dropped"] == at_once.retention_state("j")["dropped"]
+    # Nothing new: a pass reads no chunk; once points come again, the job is tracked anew.
+    decoded = retention.decoded
+    retention.run_pass()
+    assert retention.decoded == decoded
+    for store, analysis in ((piecewise, retention), (at_once, once)):
+        for step in range(900, 990, 3):
+            store.record_reports([("j", 1, rank_reports(step, 3, per_second=7))])
+        analysis.run_pass()
+        analysis.run_pass()
+    assert kept(piecewise) == kept(at_once)
+    assert [p[1] for p in kept(piecewise) if p[0] == 0 and p[2] == "loss"][-30:] == list(range(960, 990))
+    # An ended job's tracking is let go after a quiet pass, and nothing is read again.
+    assert piecewise.transition("j", "SUCCEEDED", "done")
+    retention.run_pass()
+    assert "j" not in retention._tracks  # the memory it held
+    decoded = retention.decoded
+    retention.run_pass()
+    assert retention.decoded == decoded and kept(piecewise) == kept(at_once)
+
+
+def test_a_data_dir_with_one_row_per_point_is_migrated_to_chunks(tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE metrics (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, t REAL NOT NULL,
+            attempt INTEGER, rank INTEGER, node INTEGER, step INTEGER, kind TEXT NOT NULL,
+            name TEXT NOT NULL, value REAL, device TEXT);
+        CREATE INDEX metrics_job ON metrics (job_id, seq);""")
+    rows = []
+    for step in range(3):  # what the old store wrote for two reports of two ranks
+        for rank in (0, 1):
+            rows += [("j", T0 + step, 1, rank, 0, step, "train", "loss", 1.0 / (step + 1) if step != 1 else None, None),
+                     ("j", T0 + step, 1, rank, 0, step, "train", "acc", float(step), None)]
+    rows += [("j", T0 + 5, 1, 0, 0, None, "system", "gpu_util", 0.5, "gpu0"),
+             ("j", T0 + 5, 1, 0, 0, None, "system", "gpu_util", 0.75, "gpu1"),
+             ("k", T0 + 6, 2, 3, 1, 9, "train", "loss", float("inf"), None)]
+    db.executemany("INSERT INTO metrics (job_id, t, attempt, rank, node, step, kind, name, value,"
+                   " device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    db.commit()
+    old = {row[0]: row for row in db.execute("SELECT * FROM metrics")}
+    db.close()
+
+    store = Store(str(path))
+    tables = {row[0] for row in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "metrics" not in tables and "metric_chunks" in tables
+    for job in ("j", "k"):
+        points = store.metrics(job, 0, 10**6)
+        expected = [dict(zip(POINT_KEYS, row, strict=True)) for row in old.values() if row[1] == job]
+        assert [{**p, "seq": None} for p in points] == [{**p, "seq": None} for p in expected]
+        # A point's new seq is at least its old one: an old cursor never skips a point.
+        assert all(p["seq"] >= e["seq"] for p, e in zip(points, expected, strict=True))
+        assert [p["seq"] for p in points] == sorted({p["seq"] for p in points})
+    # Consecutive rows of one job, attempt, kind and device became one chunk: the train
+    # rows of j, its system rows of each device, and k's.
+    assert store.db.execute("SELECT COUNT(*) FROM metric_chunks").fetchone()[0] == 1 + 2 + 1
+    # New points come after the migrated ones; opening again changes nothing.
+    store.insert_job("j", "j", {}, "token", str(tmp_path))
+    store.record_reports([("j", 1, [{"rank": 0, "metrics": [{"t": T0 + 9, "step": 9, "values": {"loss": 0.1}}]}])])
+    again = Store(str(path))
+    points = again.metrics("j", 0, 10**6)
+    assert len(points) == 15 and points[-1]["value"] == 0.1 and points[-1]["seq"] > points[-2]["seq"]
+    Retention(again, RetentionPolicy(keep_last=1, recent_steps=1, max_points=10**6)).run_pass()
+    assert again.metrics("j", 0, 10**6)[-1]["value"] == 0.1
+
+
+def test_a_chunk_counts_each_series(tmp_path):
+    """A chunk row says how many points each rank has of each name: retention counts a
+    series without decoding the chunk."""
+    builder = metric_chunks.ChunkBuilder("j", 1, T0)
+    builder.add(0, {"node": 0, "metrics": [
+        {"t": T0, "step": 1, "values": {"loss": 1.0, "lr": 0.1}},
+        {"t": T0, "step": 2, "values": {"loss": 1.0}},
+        {"step": 3}]})  # no values, no time: only its step counts
+    builder.add(3, {"node": 0, "metrics": [{"t": T0 + 1, "step": 7, "values": {"loss": 2.0}}]})
+    (row,) = builder.rows()
+    assert row[2:4] == (None, None)  # rank, node: several ranks
+    assert metric_chunks.ranks_of(row[6]) == (0, 3)
+    assert metric_chunks.counts_of(row[7]) == {"loss": [2, 1], "lr": [1, 0]}
+    assert row[8:13] == (4, 3, T0, T0 + 1, 7)  # n, top, t_first, t_last, step_max
+
+
+def test_a_chunk_rewritten_while_partly_old_keeps_its_recent_points_later(tmp_path):
+    """A batch upload's chunk is analyzed while only partly old (its last points among the
+    last keep_last); rewritten, it has fewer points than the series counts say: later passes
+    must still keep every point among the last keep_last."""
+    store = new_store(tmp_path)
+    policy = RetentionPolicy(keep_last=40, recent_steps=1, max_points=10**6)
+    retention = Retention(store, policy)
+    store.record_reports([("j", 1, rank_reports(0, 300, per_second=10))])  # one chunk: 1,200 points
+    retention.run_pass()
+    for step in range(300, 330, 3):
+        store.record_reports([("j", 1, rank_reports(step, 3, per_second=10))])
+        retention.run_pass()
+        points = store.metrics("j", 0, 10**6)
+        for rank in (0, 1):
+            for name in ("loss", "samples_per_s"):
+                steps = [p["step"] for p in points if p["rank"] == rank and p["name"] == name]
+                assert steps[-40:] == list(range(step + 3 - 40, step + 3)), (rank, name, steps[-45:])

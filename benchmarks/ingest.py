@@ -12,9 +12,10 @@ returns every rank, as for a real job of that size, which this machine cannot ru
 
 While loaded, one reader polls as a view does: metrics since its last seq, the job list,
 the job's detail, each latency recorded. Printed per size: ingest p50/p99, accepted
-logs/s (a log is one rank's step with its values, against what was offered), the batch interval
-the launcher's pace set (`report_interval`, launcher/pacing.py; a node reporter keeps it), read
-p99s, launcher CPU, database growth per minute. The last line is the 4,096-rank ingest p99 against the 50 ms goal.
+logs/s (a log is one rank's step with its values, against what was offered), the batch
+interval the launcher's pace set (`report_interval`, launcher/pacing.py; a node reporter
+keeps it), read p99s, the CPU of the launcher and of its ingest worker, database growth per
+minute. The last line is the 4,096-rank ingest p99 against the 50 ms goal.
 
     python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30]
 """
@@ -177,7 +178,8 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
         token = f.read()
     attempt = client.job(job["id"])["attempt"]
     Store(os.path.join(data_dir, "launcher.sqlite")).init_ranks(job["id"], attempt, nodes, per_node)
-    pid = client.request("GET", "/healthz")[1]["pid"]
+    health = client.request("GET", "/healthz")[1]
+    pid, ingest_pid = health["pid"], health["ingest"]["pid"]
     host, port = client.url.split("//")[1].split(":")
     start = time.monotonic() + 1.0
     args = {"host": host, "port": int(port), "path": f"/api/jobs/{job['id']}/report",
@@ -193,12 +195,14 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     while time.monotonic() < start:
         time.sleep(0.01)
     cpu0, db0, t0 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
+    ingest0 = cpu_seconds(ingest_pid)
     reader = threading.Thread(target=reader_thread,
                               args=(client, job["id"], start + seconds, reads))
     reader.start()
     results = [r for _ in workers for r in queue.get()]
     reader.join()
     cpu1, db1, t1 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
+    ingest1 = cpu_seconds(ingest_pid)
     for worker in workers:
         worker.join()
     open(os.path.join(job["job_dir"], "bench-done"), "w").close()
@@ -213,7 +217,8 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
             "offered": ranks * rate, "pace": pace, "batches": len(results), "failed": failed,
             "reads": {k: percentile(v, 99) for k, v in reads.items()},
             "read_counts": {k: len(v) for k, v in reads.items()},
-            "cpu": (cpu1 - cpu0) / wall, "db_mb_min": (db1 - db0) / wall * 60 / 1e6,
+            "cpu": (cpu1 - cpu0) / wall, "ingest_cpu": (ingest1 - ingest0) / wall,
+            "db_mb_min": (db1 - db0) / wall * 60 / 1e6,
             "db_mb": db1 / 1e6}
 
 
@@ -246,7 +251,8 @@ def main() -> None:
                   f"{r['failed']} failed batches; read p99 "
                   f"metrics {r['reads']['metrics']:.0f} ms, list {r['reads']['list']:.0f} ms, "
                   f"detail {r['reads']['detail']:.0f} ms ({sum(r['read_counts'].values())} reads);"
-                  f" launcher CPU {r['cpu'] * 100:.0f}%; DB +{r['db_mb_min']:.1f} MB/min "
+                  f" launcher CPU {r['cpu'] * 100:.0f}% + ingest worker "
+                  f"{r['ingest_cpu'] * 100:.0f}%; DB +{r['db_mb_min']:.1f} MB/min "
                   f"({r['db_mb']:.0f} MB); load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         stop_launcher(client, root)

@@ -503,3 +503,14 @@ def test_a_metrics_answer_carries_infinity_as_a_string_and_nan_as_null(tmp_path)
         {"t": 2.0, "step": 1, "values": {"loss": math.inf, "grad": math.nan}}]})
     answer = json.loads(metrics_answer(store, "job-inf", finite["last_seq"]))
     assert {p["name"]: p["value"] for p in answer["points"]} == {"loss": "inf", "grad": None}
+
+
+def test_job_rows_leave_out_only_the_alert_state(tmp_path):
+    """What every tick and every event stream reads of each job: all of its row but the
+    alert state; a column added to `jobs` is in it unless left out here on purpose."""
+    store = Store(str(tmp_path / "launcher.sqlite"))
+    store.insert_job("job-a", "a", {"script": "x"}, "token", str(tmp_path))
+    store.update_job("job-a", alert_state=json.dumps({"cursors": ["x"] * 1000}))
+    every = set(store.job_row("job-a").keys())
+    assert set(store.job_rows()[0].keys()) == every - {"alert_state"}
+    assert store.job_rows(["QUEUED"])[0]["id"] == "job-a"

@@ -12,7 +12,7 @@ import shutil
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 import tornado.web
@@ -139,6 +139,15 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(encode(data))
 
+    async def reply_off_loop(self, answer: Callable[[], Any]) -> None:
+        """Build and encode an answer on a reader thread (its own SQLite connection): a job's
+        detail with thousands of ranks, or the list, costs tens of milliseconds, which the
+        event loop spends answering reports meanwhile."""
+        body = await asyncio.get_running_loop().run_in_executor(
+            self.launcher.readers, lambda: encode(answer()))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
     def body(self, schema: dict | None = None) -> dict:
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
         try:
@@ -202,8 +211,8 @@ class HealthHandler(BaseHandler):
 class JobsHandler(BaseHandler):
     body_limit = SUBMIT_LIMIT
 
-    def get(self) -> None:
-        self.reply({"jobs": [self.store.summary(r) for r in self.store.job_rows()]})
+    async def get(self) -> None:
+        await self.reply_off_loop(lambda: {"jobs": [self.store.summary(r) for r in self.store.job_rows()]})
 
     def post(self) -> None:
         try:
@@ -244,8 +253,9 @@ def submit(launcher: Launcher, spec: JobSpec) -> dict:
 
 
 class JobHandler(BaseHandler):
-    def get(self, ref: str) -> None:
-        self.reply(job_detail(self.store, self.job_or_404(ref)))
+    async def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        await self.reply_off_loop(lambda: job_detail(self.store, row))
 
     async def delete(self, ref: str) -> None:
         row = self.job_or_404(ref)

@@ -483,3 +483,23 @@ def test_describe_asks_the_api_at_most_once_per_interval_and_a_stop_asks_again(c
     assert engine.describe(ctx, handle) is first and first.phase == "PENDING"  # the kept answer
     engine.stop(ctx, handle, 5)
     assert engine.describe(ctx, handle).phase == "ENDED"  # asked again after the delete
+
+
+def test_a_workload_that_ended_while_the_launcher_was_down_ends_at_its_first_look(cluster, k8s_launcher):
+    """Stand-in cluster, real launcher: killed with -9 while the TrainJob runs; the TrainJob
+    succeeds before a new launcher starts. Its first look ends the attempt as SUCCEEDED (the
+    final alert evaluation of a job the new launcher never evaluated included)."""
+    import signal
+
+    from conftest import _alive, wait_for
+
+    from jupyter_dlc.client import LauncherClient
+
+    job, name = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1)
+    pid = k8s_launcher.pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), what="the launcher gone")
+    cluster.finish(name)
+    k8s_launcher.client = client = LauncherClient.connect()
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+    assert client.job(job["id"])["attempt"] == 1

@@ -492,8 +492,9 @@ class Supervisor(threading.Thread):
                     diagnosis: dict | None = None) -> None:
         job_id = row["id"]
         backend = get_backend(ctx.spec.backend)
+        full = self.store.job_row(job_id) or row  # `row` may be a tick's, without the alert state
         for hook in self.hooks:
-            hook(row, time.time(), final=True)
+            hook(full, time.time(), final=True)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         backend.kill(ctx, handle)
         self.stacks_asked.pop(job_id, None)

@@ -162,7 +162,8 @@ def _json(schema_name: str, description: str = "OK") -> dict:
 def _errors(*codes: int) -> dict:
     words = {400: "Bad input: the field and how to fix it", 401: "Missing or wrong token",
              404: "No such job or pool", 409: "Not possible in the job's state",
-             413: "Body over this route's size limit"}
+             413: "Body over this route's size limit",
+             503: "Not stored: the ingest worker restarted with it in hand; send it again"}
     return {str(code): _json("Error", words[code]) for code in codes}
 
 
@@ -230,7 +231,7 @@ PATHS: dict[str, dict[str, Any]] = {
             "nodes). A report of only these is not a heartbeat. `stacks` (main, threads) is a "
             "rank's answer to the `stacks` command of a suspected hang."),
         "requestBody": _body("Report"),
-        "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413)}}},
+        "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413, 503)}}},
     "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {
         "operationId": "jobLogs", "parameters": [
             _query("rank", "one rank (default: all); must exist in the job's world"),

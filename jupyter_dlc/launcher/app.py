@@ -68,9 +68,8 @@ class Launcher:
         self.data_dir = data_dir
         self.token = token
         self.started = time.time()
-        # Rank reports are checked on arrival and stored in group commits on one writer
-        # thread (ingest.py), so that neither a large batch nor many ranks hold up the event
-        # loop (/healthz, the panel); one thread keeps each job's reports in order.
+        # Metrics reads, a job's detail and the list are built on reader threads (their own
+        # SQLite connections), so that a large answer never holds up the event loop.
         self.readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlc-reads")
         # Reports are parsed, stored and their metrics retained in a process of their own
         # (ingest_worker.py): the loop here only checks the token and answers.

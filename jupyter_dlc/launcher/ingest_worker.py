@@ -255,7 +255,12 @@ class IngestWorker:
         self._waiting = False
         self._outbox = bytearray()
         sock.close()
-        code = self.process.wait() if self.process else None
+        code = None
+        if self.process is not None:
+            # Its socket failed or closed: usually it exited; if not, it is cut off from us
+            # anyway, and waiting for it must not hold up the event loop.
+            self.process.kill()
+            code = self.process.wait()
         log.error("the ingest worker ended (exit %s); starting another", code)
         pending, self._pending = self._pending, {}
         for future in pending.values():

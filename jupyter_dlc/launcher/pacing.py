@@ -52,7 +52,3 @@ class ReportPacer:
                 # Rounded so that answers do not change with every sender coming and going.
                 self.interval = 0.0 if wanted <= 0.25 else min(MAX_INTERVAL, round(wanted * 4) / 4)
             return self.interval
-
-    @property
-    def senders(self) -> int:
-        return len(self._seen)

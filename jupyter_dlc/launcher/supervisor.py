@@ -66,10 +66,10 @@ def free_port() -> int:
 # times a second was a sixth of the launcher's CPU there, for verdicts (heartbeats,
 # progress) counted in seconds.
 WATCH_EVERY_TICK = 1024
+WATCH_RANKS_PER_SECOND = 4096
 # Stragglers of ended jobs are looked for this often, not every tick: the look reads every
 # process's environment on the machine (a job's own end already killed what it knew of).
 SWEEP_EVERY = 1.0
-WATCH_RANKS_PER_SECOND = 4096
 
 
 class Supervisor(threading.Thread):

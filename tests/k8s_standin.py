@@ -107,13 +107,18 @@ class Standin:
     def create(self, plural: str, ns: str, body: dict) -> tuple[int, dict]:
         meta = body.setdefault("metadata", {})
         meta["namespace"] = ns
-        if (plural, ns, meta.get("name")) in self.objects:
-            return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        obj = self._put(plural, body, "ADDED")
-        if body.get("kind") in WORKLOADS:
-            self._operator(body)
-        return 201, obj
+        # Under the lock throughout: a test that sees the workload sees all its pods too. (A
+        # real operator creates them a moment later; a test that ran "every pod" in between
+        # would leave the late ones Pending, as CI once caught.)
+        with self.lock:
+            if (plural, ns, meta.get("name")) in self.objects:
+                return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
+            meta.update(uid=str(uuid.uuid4()),
+                        creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            obj = self._put(plural, body, "ADDED")
+            if body.get("kind") in WORKLOADS:
+                self._operator(body)
+            return 201, obj
 
     # -- the operator's part --------------------------------------------------------------
     def _operator(self, workload: dict) -> None:

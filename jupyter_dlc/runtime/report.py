@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 
 from . import control, system
-from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced
+from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced, phase_shift
 from .env import rank_info
 
 # Metrics reach live views within about this long after a log(); batching keeps a rank to a
@@ -98,6 +98,7 @@ class Reporter:
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
         self.own_interval = self.batch_interval = batch_interval(info.world_size)
+        self._shift = 0.0  # once, after the launcher's pace grew (node_reporter.phase_shift)
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
         self.on_commands = on_commands
@@ -175,8 +176,8 @@ class Reporter:
             with self._cond:
                 while True:
                     now = time.monotonic()
-                    due = last_report + (self.batch_interval if self._pending()
-                                         else self.heartbeat_interval)
+                    due = last_report + self._shift + (self.batch_interval if self._pending()
+                                                       else self.heartbeat_interval)
                     if backoff:
                         due = max(due, last_report + backoff)
                     elif self._urgent:
@@ -185,6 +186,7 @@ class Reporter:
                         break
                     self._cond.wait(due - now)
                 self._urgent = False
+                self._shift = 0.0
                 batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
                 self._sending = True
             try:
@@ -287,7 +289,9 @@ class Reporter:
         if not node and isinstance(answer, dict):
             # The launcher's pace (launcher/pacing.py) when it asks for a slower one than ours;
             # through a node reporter, that process keeps it for the node.
-            self.batch_interval = max(self.own_interval, paced(answer, MAX_PACE))
+            pace = max(self.own_interval, paced(answer, MAX_PACE))
+            self._shift += phase_shift(self.batch_interval, pace)
+            self.batch_interval = pace
         commands = answer.get("commands") if isinstance(answer, dict) else None
         if commands:
             self.on_commands(commands)

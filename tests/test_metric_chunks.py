@@ -100,6 +100,32 @@ def test_alerting_reads_only_the_names_it_wants_however_names_overlap(tmp_path):
     assert [(rank, value) for _, _, _, rank, value, _ in points] == [(0, 3.0), (1, 5.0)]
 
 
+def test_an_is_nan_rule_reads_each_ranks_last_point_of_a_new_chunk_and_every_point_otherwise(tmp_path):
+    """`latest` names (what an `is nan` rule reads) give each rank's last logged point of a
+    whole chunk that is all new, with the seq and value a full read has; a chunk the cursor
+    cuts, a chunk holding NaN (stored as columns), and a name another rule reads in full
+    give every point."""
+    store = new_store(tmp_path)
+    store.record_reports([("j", 1, rank_reports(0, 5))])
+    store.record_reports([("j", 1, [{"rank": 0, "node": 0, "metrics": [
+        {"t": T0 + 1, "step": 10, "values": {"loss": float("nan")}},
+        {"t": T0 + 2, "step": 11, "values": {"loss": 2.0}}]}])])
+    full = [(p["seq"], p["name"], p["t"], p["rank"], p["value"], p["device"])
+            for p in store.metrics("j") if p["name"] == "loss"]
+    newest, points = store.metric_points("j", 0, [], ["loss"])
+    first_chunk = [p for p in full if p[2] < T0 + 1]
+    lasts = [max((p for p in first_chunk if p[3] == rank), key=lambda p: p[0]) for rank in (0, 1)]
+    assert points[:2] == lasts and [p[4] for p in points[:2]] == [math.sin(4 * 0.7), math.sin(4 * 0.7) + 1]
+    # The NaN chunk is columns: both its points (NaN read back as None).
+    assert [(p[2], p[4]) for p in points[2:]] == [(T0 + 1, None), (T0 + 2, 2.0)]
+    assert newest == max(p["seq"] for p in store.metrics("j"))
+    # A cursor inside the first chunk: every loss point after it.
+    cut = first_chunk[3][0]
+    assert store.metric_points("j", cut, [], ["loss"])[1] == [p for p in full if p[0] > cut]
+    # Read in full by another rule: every point, as without `latest`.
+    assert store.metric_points("j", 0, ["loss"], ["loss"])[1] == store.metric_points("j", 0, ["loss"])[1] == full
+
+
 def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     store = new_store(tmp_path)
     for step in range(0, 600, 5):  # 5 entries a report, 2 ranks: chunks of 20 points

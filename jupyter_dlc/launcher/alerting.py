@@ -37,7 +37,9 @@ class JobAlerts:
         self.last_run = 0.0
         self.last_saved = 0.0
         self.log_turn = 0
-        self.metric_names = sorted({rule.metric for rule in self.evaluator.rules if rule.metric})
+        # Names an `is nan` rule alone reads: each series' latest point is all it judges.
+        self.latest_names = sorted({r.metric for r in self.evaluator.rules if r.metric and r.kind == "nan"})
+        self.metric_names = sorted({r.metric for r in self.evaluator.rules if r.metric and r.kind != "nan"})
 
     def state(self) -> dict:
         return {"evaluator": self.evaluator.state(), "alerts": self.evaluator.active(),
@@ -113,7 +115,7 @@ class Alerting:
         # Only the metrics a rule names: with thousands of ranks logging every step, reading
         # every point into Python each half second was a sixth of the launcher's CPU.
         alerts.metric_seq, points = self.store.metric_points(job_id, alerts.metric_seq,
-                                                             alerts.metric_names)
+                                                             alerts.metric_names, alerts.latest_names)
         for _seq, name, t, rank, value, device in points:
             snap.metrics.setdefault(name, []).append(
                 (t, rank, float("nan") if value is None else value, device))

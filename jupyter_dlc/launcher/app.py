@@ -577,7 +577,12 @@ class MetricsStreamHandler(BaseHandler):
                 version = self.store.version
                 if version != seen_version:
                     seen_version = version
-                    since = self._send_points(job_id, since)
+                    # Read and encoded on a reader thread, as the metrics route's: a view of
+                    # thousands of ranks gets tens of thousands of points a second.
+                    pages, since = await asyncio.get_running_loop().run_in_executor(
+                        self.launcher.readers, self._points_after, job_id, since)
+                    for data in pages:
+                        self.write(b"event: metrics\ndata: " + data + b"\n\n")
                     row = self.store.job_row(job_id)
                     if row is None:
                         self.write(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
@@ -596,15 +601,15 @@ class MetricsStreamHandler(BaseHandler):
         except tornado.iostream.StreamClosedError:
             return
 
-    def _send_points(self, job_id: str, since: int) -> int:
-        """Write every point after `since` (in pages of what the store answers); the new seq."""
+    def _points_after(self, job_id: str, since: int) -> tuple[list[bytes], int]:
+        """Every point after `since`, encoded in pages of what the store answers; the new seq."""
+        pages = []
         while True:
             points = self.store.metrics(job_id, since)
             if not points:
-                return since
+                return pages, since
             since = points[-1]["seq"]
-            data = points_answer(self.store, job_id, points, since)
-            self.write(b"event: metrics\ndata: " + data + b"\n\n")
+            pages.append(points_answer(self.store, job_id, points, since))
 
 
 class PrometheusHandler(BaseHandler):

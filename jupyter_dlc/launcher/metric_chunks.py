@@ -313,18 +313,31 @@ def read_points(out: list, rows: Iterator[tuple], since: int, limit: int) -> Non
             return
 
 
-def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterable[str]) -> list[tuple]:
-    """[(seq, name, t, rank, value, device)...] of chunk rows (seq, device, names, data) for
-    the points in (since, newest] with a name in `wanted`.
+def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterable[str],
+                 latest: Iterable[str] = ()) -> list[tuple]:
+    """[(seq, name, t, rank, value, device)...] of chunk rows (seq, device, names, top, data)
+    for the points in (since, newest] with a name in `wanted`, and for names in `latest` at
+    least each rank's last logged point of each chunk (of a whole chunk inside the window,
+    only that one).
 
     Alerting reads every new point of the metrics its rules name twice a second: a whole
-    chunk is read entry by entry, touching only the wanted values."""
+    chunk is read entry by entry, touching only the wanted values. An `is nan` rule judges
+    each series by its latest point alone; at 4,096 ranks, reading all of them was most of
+    alerting's cost, a tenth of the launcher's interpreter (benchmarks/RESULTS.md)."""
     out: list[tuple] = []
+    latest = frozenset(latest) - frozenset(wanted)
     wanted = frozenset(wanted)
-    hits_of: dict[tuple, list[tuple[int, str]]] = {}  # an entry's names -> the wanted ones, where
-    for seq, device, names, data in rows:
+    both = wanted | latest
+    # An entry's names -> the wanted ones, and where: of `wanted` (_whole_latest), of `both`.
+    hits_of: dict[tuple, list[tuple[int, str]]] = {}
+    hits_both: dict[tuple, list[tuple[int, str]]] = {}
+    for seq, device, names, top, data in rows:
         base = seq * CHUNK
         d = wirejson.loads(data)
+        if type(d) is list and latest and since < base and base + top <= newest:
+            # Whole, and all of it new: per rank, the last entry that has each latest name.
+            _whole_latest(out, d, base, wanted, latest, device, hits_of)
+            continue
         if type(d) is list:
             pos = base
             for rank, _node, entries in d:
@@ -333,9 +346,9 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
                     if not values:
                         continue
                     keys = tuple(values)
-                    hits = hits_of.get(keys)
+                    hits = hits_both.get(keys)
                     if hits is None:
-                        hits = hits_of[keys] = [(at, name) for at, name in enumerate(keys) if name in wanted]
+                        hits = hits_both[keys] = [(at, name) for at, name in enumerate(keys) if name in both]
                     for at, name in hits:
                         value = values[name]
                         if since < pos + at <= newest:
@@ -346,8 +359,38 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
             continue
         t, _s, n, v, idx, r, _o = decode(names, data)
         out += [(base + p, ni, ti, ri, vi, device) for p, ti, ni, vi, ri in zip(idx, t, n, v, r, strict=True)
-                if ni in wanted and since < base + p <= newest]
+                if ni in both and since < base + p <= newest]
     return out
+
+
+def _whole_latest(out: list, d: list, base: int, wanted: frozenset, latest: frozenset, device: Any,
+                  hits_of: dict) -> None:
+    """`named_points` of a whole chunk inside the window: every point of `wanted` names, and
+    of `latest` names each rank's last."""
+    pos = base
+    for rank, _node, entries in d:
+        last: dict[str, tuple] = {}
+        for entry in entries:
+            values = entry.get("values")
+            if not values:
+                continue
+            if wanted:
+                keys = tuple(values)
+                hits = hits_of.get(keys)
+                if hits is None:
+                    hits = hits_of[keys] = [(at, name) for at, name in enumerate(keys) if name in wanted]
+                for at, name in hits:
+                    value = values[name]
+                    out.append((pos + at, name, entry.get("t"), rank,
+                                value if value is None or type(value) is float else float(value), device))
+            for name in latest:
+                if name in values:
+                    last[name] = (pos, entry)
+            pos += len(values)
+        for name, (at, entry) in last.items():
+            value = entry["values"][name]
+            out.append((at + list(entry["values"]).index(name), name, entry.get("t"), rank,
+                        value if value is None or type(value) is float else float(value), device))
 
 
 def names_filter(names: tuple) -> tuple[str, list[str]]:

@@ -420,21 +420,23 @@ class Store:
                                       " ORDER BY seq DESC LIMIT 1", (job_id,)).fetchone()
         return row[0] * metric_chunks.CHUNK + row[1] if row else None
 
-    def metric_points(self, job_id: str, since: int, names: Iterable[str]) -> tuple[int, list[tuple]]:
+    def metric_points(self, job_id: str, since: int, names: Iterable[str],
+                      latest: Iterable[str] = ()) -> tuple[int, list[tuple]]:
         """(newest seq, [(seq, name, t, rank, value, device)...]) of the points after `since`
-        with one of `names`: what alert rules read, without building a dict per point of the
-        metrics no rule names (chunks without those names are skipped in SQL)."""
+        with one of `names`, and of `latest` names at least each rank's last of every write
+        (metric_chunks.named_points): what alert rules read, without building a dict per
+        point of the metrics no rule names (chunks without those names are skipped in SQL)."""
         newest = self.newest_metric_seq(job_id)
-        names = tuple(names)
-        if newest is None or newest <= since or not names:
+        names, latest = tuple(names), tuple(latest)
+        if newest is None or newest <= since or not (names or latest):
             return max(since, newest or 0), []
-        where, params = metric_chunks.names_filter(names)
+        where, params = metric_chunks.names_filter(names + latest)
         cursor = self.db.execute(
-            f"SELECT seq, device, names, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
+            f"SELECT seq, device, names, top, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
             f" AND seq <= ? AND {where} ORDER BY seq",
             (job_id, since // metric_chunks.CHUNK, newest // metric_chunks.CHUNK, *params))
         cursor.row_factory = None
-        return newest, metric_chunks.named_points(cursor, since, newest, set(names))
+        return newest, metric_chunks.named_points(cursor, since, newest, names, latest)
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
         """Up to `limit` points after `since`, in seq order (a page may end inside a chunk)."""

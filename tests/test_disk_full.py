@@ -94,3 +94,33 @@ def test_dead_rank_is_detected_while_reports_cannot_be_stored(small_disk):
     view.refresh_now()
     assert "no space left in" in view.header.value
     view.close()
+
+
+def test_whichever_process_meets_the_full_disk_the_other_sees_it(tmp_path):
+    """The launcher and its ingest worker each keep a DiskGuard over one reserve file. When
+    the worker's write fails first, it gives the reserve up, and the 4 MB freed make the disk
+    look fine to the launcher's free-space check. The launcher still counts it full (its
+    summaries say so), until space is back and either process has taken the reserve again.
+    On a real 12 MB tmpfs (root)."""
+    from jupyter_dlc.launcher.storage import DiskGuard
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        launcher, worker = DiskGuard(str(mount)), DiskGuard(str(mount))
+        fill(str(mount / "filler"))
+        worker.on_full()  # its commit failed for want of space
+        assert worker.free() > 2 * (1 << 20)  # the reserve's space is free again
+        launcher.check()
+        worker.check()
+        assert launcher.full and worker.full and launcher.message.startswith("no space left in")
+        os.unlink(mount / "filler")
+        worker.check()  # the first to look takes the reserve again; the other follows
+        launcher.check()
+        assert not worker.full and not launcher.full and os.path.exists(worker.reserve)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -75,5 +75,14 @@ class DiskGuard:
             return
         if free < LOW_WATER:
             self.on_full()
-        elif self.full and free > 2 * RESERVE_BYTES + LOW_WATER and self.take_reserve():
+        elif os.path.exists(self.reserve):
+            # Held, by this process or the other one: room again once as much is free as
+            # taking it back leaves.
+            if free > RESERVE_BYTES + LOW_WATER:
+                self.full = False
+        elif free > 2 * RESERVE_BYTES + LOW_WATER and self.take_reserve():
             self.full = False
+        else:
+            # The launcher and its ingest worker share the reserve: the one whose write failed
+            # first gave it up, which freed enough that the other's free space looks fine.
+            self.full = True

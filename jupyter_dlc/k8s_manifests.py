@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from . import node_reporter
 from .spec import JobSpec
 
 KINDS = ("TrainJob", "PyTorchJob", "Job")
@@ -31,6 +32,7 @@ DEFAULT_RUNTIME = "torch-distributed"
 PORT = 29500
 JOB_DIR = "/dlc/job"
 PVC_DIR = "/dlc/pvc"  # the shared claim; each job keeps its checkpoints under jobs/<job>/
+REPORTER_FILE = "/tmp/dlc-node.reporter"  # the pod's own: where its ranks find their node reporter
 # A ConfigMap holds at most 1 MiB (etcd's object limit) with its metadata.
 CONFIGMAP_LIMIT = 900 * 1024
 MANAGED_BY = "jupyter-dlc"
@@ -97,9 +99,15 @@ def _env(spec: JobSpec, job_id: str, env: dict[str, str], token_secret: str | No
 
 def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     """torchrun with its topology from PET_* (set by the operator or by us), via a shell so
-    that DLC_NODE_RANK follows whichever PET_NODE_RANK the pod got."""
+    that DLC_NODE_RANK follows whichever PET_NODE_RANK the pod got. A pod of more than one
+    rank first starts its node reporter (node_reporter.py), as a Slurm or SSH node does: its
+    ranks' reports go to the launcher as one batch per node. It runs beside torchrun, which
+    the shell becomes (PID 1 of the container), and leaves when torchrun does."""
     module = "-m jupyter_dlc.runtime.bootstrap " if bootstrap else ""
-    line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; '
+    reporter = ""
+    if bootstrap and node_reporter.wanted(spec.nproc_per_node):
+        reporter = node_reporter.shell_start("python", REPORTER_FILE)
+    line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; ' + reporter +
             f"exec python -m torch.distributed.run --nproc-per-node={spec.nproc_per_node} "
             # --tee 3: each line in the pod log carries its rank's [default<local rank>]: prefix.
             f'--max-restarts=0 --tee=3 {module}{JOB_DIR}/script.py "$@"')

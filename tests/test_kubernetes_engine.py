@@ -503,3 +503,74 @@ def test_a_workload_that_ended_while_the_launcher_was_down_ends_at_its_first_loo
     k8s_launcher.client = client = LauncherClient.connect()
     wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
     assert client.job(job["id"])["attempt"] == 1
+
+
+POD_RANKS = """
+from jupyter_dlc import runtime
+from jupyter_dlc.runtime.report import get_reporter
+runtime.init()
+for step in range(20):
+    runtime.log(step, loss=1.0 / (step + 1))
+reporter = get_reporter()
+assert reporter.flush(60)
+print("SENT", reporter.reports_via_node, reporter.reports_sent - reporter.reports_via_node, flush=True)
+"""
+
+
+def test_a_pods_command_starts_its_node_reporter_and_its_ranks_report_through_it(cluster, k8s_launcher, tmp_path):
+    """Stand-in cluster, real launcher. No pod can run here, so the pod's container runs as a
+    local process: the TrainJob's trainer command, args and env (what the Trainer puts in the
+    pod), with the Secret's token, the operator's PET_* for one node on loopback, the launcher's
+    loopback URL, and the pod's paths (/dlc, the reporter's file in /tmp) moved under tmp_path.
+    1 node x 2 ranks: the shell starts the node reporter beside torchrun, both ranks' reports
+    go through it, every step is stored, and the reporter leaves with torchrun. A real cluster
+    adds the image (jupyter-dlc and torch in it) and the pod network."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+    from labserver import free_port
+    from test_ingest import assert_every_step
+
+    from jupyter_dlc.backends.local import job_processes
+
+    client = k8s_launcher.client
+    script = k8s_launcher.script("train.py", POD_RANKS)
+    job = client.submit({"script": script, "cluster": "my-k8s", "nodes": 1, "nproc_per_node": 2})
+    name = wait_for(lambda: _workload(cluster, job["id"]), what="the TrainJob")
+    trainer = cluster.objects[("trainjobs", "ml", name)]["spec"]["trainer"]
+    files = cluster.objects[("configmaps", "ml", f"{name}-files")]["data"]
+    moved = {"/dlc": str(tmp_path / "pod" / "dlc"), "/tmp/dlc-node.reporter": str(tmp_path / "pod" / "reporter")}
+
+    def in_pod(text: str) -> str:
+        return re.sub("|".join(map(re.escape, moved)), lambda m: moved[m.group(0)], text)
+
+    os.makedirs(moved["/dlc"] + "/job")
+    for file, text in files.items():
+        with open(f"{moved['/dlc']}/job/{file}", "w") as f:
+            f.write(text)
+    secret = cluster.objects[("secrets", "ml", f"{name}-token")]["stringData"]["token"]
+    env = {e["name"]: in_pod(e["value"]) if "value" in e else secret for e in trainer["env"]}
+    assert env["DLC_TOKEN"] == secret  # the one variable from a Secret
+    bin_dir = tmp_path / "bin"  # the image's `python`
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env.update(DLC_LAUNCHER_URL=client.url, PET_NNODES="1", PET_NODE_RANK="0",
+               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(free_port()),
+               PATH=f"{bin_dir}:{os.environ['PATH']}", HOME=str(tmp_path))
+    command = [in_pod(word) for word in trainer["command"] + trainer["args"]]
+    assert "-m jupyter_dlc.node_reporter &" in command[2]
+    cluster.run(name, lines_per_pod=0)
+    with open(tmp_path / "pod.log", "w") as out:
+        code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=240).returncode
+    log = (tmp_path / "pod.log").read_text()
+    assert code == 0, log
+    sent = [line.split("SENT ")[1].split() for line in log.splitlines() if "SENT " in line]
+    assert len(sent) == 2 and all(int(via) > 0 for via, _ in sent), log  # through the reporter
+    assert_every_step(client, job["id"], 2, 20)
+    # Its parent (torchrun, the container's PID 1) gone, the reporter leaves.
+    wait_for(lambda: not any(key[0] == job["id"] for key in job_processes()), 30,
+             what="the node reporter gone")
+    cluster.finish(name)
+    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")

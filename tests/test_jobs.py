@@ -22,8 +22,11 @@ keys = ("RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MAST
         "DLC_JOB_ID DLC_JOB_NAME DLC_ATTEMPT DLC_NNODES DLC_NODE_RANK DLC_LAUNCHER_URL DLC_TOKEN "
         "DLC_JOB_DIR DLC_CHECKPOINT_DIR DLC_RESUME_PATH EASYCKPT_RESUME_PATH NCCL_IB_DISABLE "
         "NCCL_SOCKET_IFNAME TORCH_FR_BUFFER_SIZE TORCH_NCCL_DUMP_ON_TIMEOUT USER_VAR").split()
-print("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"sum": total.item(),
-      "argv": sys.argv[1:], "cwd": os.getcwd()}), flush=True)
+# One write, newline included: unbuffered (an exported bundle sets PYTHONUNBUFFERED), print
+# writes the text and its newline apart, and two ranks sharing a node's log interleave them.
+sys.stdout.write("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"sum": total.item(),
+                 "argv": sys.argv[1:], "cwd": os.getcwd()}) + "\\n")
+sys.stdout.flush()
 """
 
 # 40 steps of 0.2 s, each logged: long enough to kill a launcher mid-job and see it adopted.

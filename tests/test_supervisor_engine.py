@@ -241,3 +241,20 @@ def test_a_large_job_is_judged_less_often_and_a_failure_still_ends_it(world):
     world.supervisor.watch(world.job(), looked + 0.5)
     assert world.job()["state"] == "FAILED"
     assert world.job()["reason"].startswith("rank 5") and "exited with code 3" in world.job()["reason"]
+
+
+def test_rendezvous_ports_come_from_below_the_ephemeral_range_and_are_free():
+    """A port bound to 0 comes from the range every outgoing connection draws from; one of
+    them took such a port before torchrun bound it (EADDRINUSE under load). Ports are now
+    drawn below that range, and each is free when handed out."""
+    import socket
+
+    from jupyter_dlc.launcher.supervisor import PORT_FLOOR, _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(PORT_FLOOR <= port < low for port in ports), (ports, low)
+    assert len(ports) > 1  # drawn at random, not one fixed port every launcher would race for
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

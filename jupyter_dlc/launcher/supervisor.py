@@ -55,10 +55,35 @@ MAX_BACKOFF = 60.0
 STANDBY_AGENTS = os.environ.get("DLC_STANDBY_AGENTS", "1") != "0"
 
 
+# Rendezvous ports are drawn from here up to the kernel's ephemeral range.
+PORT_FLOOR = 20000
+
+
 def free_port() -> int:
+    """A port for an attempt's rendezvous, free now, below the kernel's ephemeral range where
+    there is room. A port bound to 0 and released comes from that range, which every
+    outgoing connection on the machine draws from too: under load one of them took it
+    before torchrun bound it, and the attempt failed with EADDRINUSE (seen in the suite)."""
+    low = _ephemeral_low()
+    for _ in range(64 if low - PORT_FLOOR > 1000 else 0):
+        port = secrets.SystemRandom().randrange(PORT_FLOOR, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 # A running job's ranks are read and judged every tick up to WATCH_EVERY_TICK ranks; a

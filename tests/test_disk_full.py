@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import contextlib
 import signal
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import LauncherEnv, wait_for
@@ -20,18 +23,26 @@ while True:
 """
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(mount)],
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` mounted at `path` (root only: skips the test otherwise)."""
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
                           capture_output=True, text=True, check=False)
     if done.returncode:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    env = LauncherEnv(str(mount))
-    yield env
-    env.close()
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "32m") as mount:
+        env = LauncherEnv(str(mount))
+        yield env
+        env.close()
 
 
 def fill(path: str) -> None:
@@ -104,13 +115,7 @@ def test_whichever_process_meets_the_full_disk_the_other_sees_it(tmp_path):
     On a real 12 MB tmpfs (root)."""
     from jupyter_dlc.launcher.storage import DiskGuard
 
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "12m") as mount:
         launcher, worker = DiskGuard(str(mount)), DiskGuard(str(mount))
         fill(str(mount / "filler"))
         worker.on_full()  # its commit failed for want of space
@@ -122,5 +127,3 @@ def test_whichever_process_meets_the_full_disk_the_other_sees_it(tmp_path):
         worker.check()  # the first to look takes the reserve again; the other follows
         launcher.check()
         assert not worker.full and not launcher.full and os.path.exists(worker.reserve)
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

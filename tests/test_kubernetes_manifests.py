@@ -120,16 +120,22 @@ def test_every_kind_validates_strictly_and_keeps_the_token_out(profiles, tmp_pat
 
 def test_the_command_runs_torchrun_with_the_operators_topology(profiles, tmp_path):
     """The shell line really sets DLC_NODE_RANK from PET_NODE_RANK and passes the args through
-    (run here with `python` replaced by echo, as a pod's /bin/sh would run it)."""
+    (run here with `python` replaced by echo, as a pod's /bin/sh would run it), after pointing
+    the ranks at the node reporter it starts (replaced by echo too)."""
     import subprocess
 
     clusters.put_profile("my-k8s", dict(PROFILE, kind="Job"))
     spec = _spec(args=["--lr", "0.1 0.2"])
     found = get_backend("kubernetes").dry_run(_ctx(tmp_path, spec))["manifests"]
     command = next(m for m in found if m["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["command"]
-    line = command[2].replace("exec python", 'echo "rank=$DLC_NODE_RANK" python')
+    reporter = "python -m jupyter_dlc.node_reporter & "
+    assert reporter in command[2]  # a pod of 4 ranks starts its node reporter first
+    line = (command[2].replace(reporter, 'echo "reporter=$DLC_NODE_REPORTER"; ')
+            .replace("exec python", 'echo "rank=$DLC_NODE_RANK" python'))
     out = subprocess.run(["/bin/sh", "-c", line, *command[3:]], env={"PET_NODE_RANK": "2", "PATH": os.environ["PATH"]},
                          capture_output=True, text=True, check=True).stdout
+    reported, out = out.split("\n", 1)
+    assert reported == "reporter=/tmp/dlc-node.reporter"
     assert out.startswith("rank=2 python -m torch.distributed.run --nproc-per-node=4 --max-restarts=0 --tee=3 ")
     assert out.rstrip().endswith("/dlc/job/script.py --lr 0.1 0.2")
 

@@ -328,34 +328,17 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
     latest = frozenset(latest) - frozenset(wanted)
     wanted = frozenset(wanted)
     both = wanted | latest
-    # An entry's names -> the wanted ones, and where: of `wanted` (_whole_latest), of `both`.
-    hits_of: dict[tuple, list[tuple[int, str]]] = {}
-    hits_both: dict[tuple, list[tuple[int, str]]] = {}
+    # Per name set read in full: an entry's names -> the read ones, and where.
+    hits_caches: dict[frozenset, dict[tuple, list[tuple[int, str]]]] = {wanted: {}, both: {}}
     for seq, device, names, top, data in rows:
         base = seq * CHUNK
         d = wirejson.loads(data)
-        if type(d) is list and latest and since < base and base + top <= newest:
-            # Whole, and all of it new: per rank, the last entry that has each latest name.
-            _whole_latest(out, d, base, wanted, latest, device, hits_of)
-            continue
         if type(d) is list:
-            pos = base
-            for rank, _node, entries in d:
-                for entry in entries:
-                    values = entry.get("values")
-                    if not values:
-                        continue
-                    keys = tuple(values)
-                    hits = hits_both.get(keys)
-                    if hits is None:
-                        hits = hits_both[keys] = [(at, name) for at, name in enumerate(keys) if name in both]
-                    for at, name in hits:
-                        value = values[name]
-                        if since < pos + at <= newest:
-                            out.append((pos + at, name, entry.get("t"), rank,
-                                        value if value is None or type(value) is float else float(value),
-                                        device))
-                    pos += len(keys)
+            if latest and since < base and base + top <= newest:
+                # Whole, and all of it new: of `latest` names, each rank's last point alone.
+                _walk_whole(out, d, base, since, newest, wanted, latest, device, hits_caches[wanted])
+            else:
+                _walk_whole(out, d, base, since, newest, both, frozenset(), device, hits_caches[both])
             continue
         t, _s, n, v, idx, r, _o = decode(names, data)
         out += [(base + p, ni, ti, ri, vi, device) for p, ti, ni, vi, ri in zip(idx, t, n, v, r, strict=True)
@@ -363,34 +346,35 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
     return out
 
 
-def _whole_latest(out: list, d: list, base: int, wanted: frozenset, latest: frozenset, device: Any,
-                  hits_of: dict) -> None:
-    """`named_points` of a whole chunk inside the window: every point of `wanted` names, and
-    of `latest` names each rank's last."""
+def _walk_whole(out: list, d: list, base: int, since: int, newest: int, every: frozenset,
+                last_of: frozenset, device: Any, hits_cache: dict) -> None:
+    """`named_points` of a whole chunk, entry by entry, touching only the values read: the
+    points in (since, newest] of `every` name, and each rank's last of `last_of` names."""
     pos = base
     for rank, _node, entries in d:
-        last: dict[str, tuple] = {}
+        last: dict[str, tuple[int, dict]] = {}
         for entry in entries:
             values = entry.get("values")
             if not values:
                 continue
-            if wanted:
-                keys = tuple(values)
-                hits = hits_of.get(keys)
-                if hits is None:
-                    hits = hits_of[keys] = [(at, name) for at, name in enumerate(keys) if name in wanted]
-                for at, name in hits:
-                    value = values[name]
-                    out.append((pos + at, name, entry.get("t"), rank,
-                                value if value is None or type(value) is float else float(value), device))
-            for name in latest:
+            keys = tuple(values)
+            hits = hits_cache.get(keys)
+            if hits is None:
+                hits = hits_cache[keys] = [(at, name) for at, name in enumerate(keys) if name in every]
+            for at, name in hits:
+                if since < pos + at <= newest:
+                    out.append((pos + at, name, entry.get("t"), rank, _number(values[name]), device))
+            for name in last_of:
                 if name in values:
-                    last[name] = (pos, entry)
-            pos += len(values)
+                    last[name] = (pos + keys.index(name), entry)
+            pos += len(keys)
         for name, (at, entry) in last.items():
-            value = entry["values"][name]
-            out.append((at + list(entry["values"]).index(name), name, entry.get("t"), rank,
-                        value if value is None or type(value) is float else float(value), device))
+            out.append((at, name, entry.get("t"), rank, _number(entry["values"][name]), device))
+
+
+def _number(value: Any) -> float | None:
+    """A stored value as a reader gets it: JSON keeps a whole number as one; a column reads floats."""
+    return value if value is None or type(value) is float else float(value)
 
 
 def names_filter(names: tuple) -> tuple[str, list[str]]:

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import paths, wirejson
@@ -150,16 +150,19 @@ class LauncherClient:
         return self._get(f"/api/jobs/{job_id}/logs", rank=rank, tail=tail, cursor=cursor,
                          attempt=attempt)
 
-    def metrics_stream(self, job_id: str, since: int = 0,
-                       timeout: float = 30.0) -> Iterator[tuple[str, dict]]:
+    def metrics_stream(self, job_id: str, since: int = 0, timeout: float = 30.0,
+                       band: Iterable[int] | None = None) -> Iterator[tuple[str, dict]]:
         """A job's metric points pushed as they are stored (`metrics` events), and its summary
         when it changes (`job`); the launcher pings every few seconds, so `timeout` bounds
-        how long a dead connection goes unnoticed."""
+        how long a dead connection goes unnoticed. `band`: as for `metrics`."""
         return self.stream(timeout, f"/api/jobs/{urllib.parse.quote(job_id)}/metrics/stream",
-                           {"since": since}, comments=True)
+                           {"since": since, **_band_params(band)}, comments=True)
 
-    def metrics(self, job_id: str, since: int = 0) -> dict:
-        return self._get(f"/api/jobs/{job_id}/metrics", since=since)
+    def metrics(self, job_id: str, since: int = 0, band: Iterable[int] | None = None) -> dict:
+        """The next page of points after `since`. With `band` (the ranks drawn as lines of
+        their own, jupyter_dlc/bands.py), a job past 8 ranks answers the other ranks' train
+        points folded per step, in `bands`."""
+        return self._get(f"/api/jobs/{job_id}/metrics", since=since, **_band_params(band))
 
     def events(self, job_id: str, since: int = 0) -> list[dict]:
         return self._get(f"/api/jobs/{job_id}/events", since=since)["events"]
@@ -245,3 +248,7 @@ def start_launcher() -> subprocess.Popen:
                                 start_new_session=True, close_fds=True)
     finally:
         log.close()
+
+
+def _band_params(band: Iterable[int] | None) -> dict:
+    return {} if band is None else {"band": 1, "ranks": ",".join(str(rank) for rank in sorted(band))}

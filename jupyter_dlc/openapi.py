@@ -108,10 +108,22 @@ SCHEMAS: dict[str, dict] = {
         description="Points logged up to `until` are downsampled: of each bucket of "
                     "`bucket_seconds`, the points with its minimum, maximum, last value and "
                     "first NaN are kept; the last `keep_last` points of a series are as logged."),
+    "BandOutlier": _obj({"rank": _INT, "value": _NUM}),
+    "BandRow": _obj(
+        {"attempt": _null(_INT), "name": _STR, "step": _INT, "t": _null(_NUM), "n": _INT,
+         "sum": _NUM, "lo": _NUM, "hi": _NUM,
+         "outliers": {"type": "array", "items": _ref("BandOutlier")}},
+        description="The values of one train metric at one step read in this answer, over "
+                    "the ranks not sent as points: count, sum, min, max, and the ranks that "
+                    "stand out among them (none under 8 values). A step may come in several "
+                    "rows, across answers: add them up."),
     "Metrics": _obj({"points": {"type": "array", "items": _ref("MetricPoint")},
                      "last_seq": _INT,
                      "downsampled": {**_null(_ref("Downsampled")),
-                                     "description": "null while every point is as logged"}}),
+                                     "description": "null while every point is as logged"},
+                     "bands": {**_null({"type": "array", "items": _ref("BandRow")}),
+                               "description": "with band=1 past 8 ranks: the train points "
+                                              "not in `points`, folded per step; else null"}}),
     "Event": _obj({"seq": _INT, "job_id": _STR, "t": _NUM, "type": _STR,
                    "reason": _null(_STR)},
                   {"attempt": _null(_INT), "state": _null(_ref("JobState")),
@@ -181,6 +193,12 @@ def _query(name: str, description: str, schema: dict | None = None) -> dict:
 _JOB = {"name": "job", "in": "path", "required": True,
         "description": "A job id, a unique prefix of one, or `last`.", "schema": _STR}
 _ON_JOB = (401, 404)
+# A view past 8 ranks draws a band (jupyter_dlc/bands.py): it reads train points folded per step.
+_BAND_QUERY = [
+    _query("band", "1: fold train points per step into `bands` (past 8 ranks)",
+           {"type": "integer", "enum": [0, 1]}),
+    _query("ranks", "with band=1: comma-separated ranks (at most 64) whose train points come "
+                    "as points (the view's outlier lines)", _STR)]
 
 # Path template → {method: operation}. The tornado routes in launcher/app.py map onto these
 # one to one (tests/test_openapi.py checks it).
@@ -244,12 +262,12 @@ PATHS: dict[str, dict[str, Any]] = {
     "/api/jobs/{job}/metrics": {"parameters": [_JOB], "get": {
         "operationId": "jobMetrics", "parameters": [
             _query("since", "points after this seq", {"type": "integer", "minimum": 0,
-                                                      "maximum": 2**63 - 1})],
+                                                      "maximum": 2**63 - 1}), *_BAND_QUERY],
         "responses": {"200": _json("Metrics"), **_errors(400, *_ON_JOB)}}},
     "/api/jobs/{job}/metrics/stream": {"parameters": [_JOB], "get": {
         "operationId": "jobMetricsStream", "x-streaming": True, "parameters": [
             _query("since", "points after this seq", {"type": "integer", "minimum": 0,
-                                                      "maximum": 2**63 - 1})],
+                                                      "maximum": 2**63 - 1}), *_BAND_QUERY],
         "responses": {
             "200": {"description": "Server-sent events: `metrics` (a Metrics answer: the "
                                    "points stored after `since`, pushed as they are stored), "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import sqlite3
 
+import pytest
+
 from jupyter_dlc.launcher import metric_chunks
 from jupyter_dlc.launcher import retention as retention_module
 from jupyter_dlc.launcher.metric_chunks import CHUNK, POINT_KEYS
@@ -284,3 +286,64 @@ def test_a_chunk_rewritten_while_partly_old_keeps_its_recent_points_later(tmp_pa
             for name in ("loss", "samples_per_s"):
                 steps = [p["step"] for p in points if p["rank"] == rank and p["name"] == name]
                 assert steps[-40:] == list(range(step + 3 - 40, step + 3)), (rank, name, steps[-45:])
+
+
+def test_a_band_read_folds_each_train_point_once_however_it_is_paged(tmp_path):
+    """A view past 8 ranks reads bands (jupyter_dlc/bands.py): every train point of a rank it
+    does not keep is folded into its step's row exactly once, whatever pages the reads
+    cut; kept ranks' points and system points come as points; rows of one step add up to
+    the step's count, sum, min and max over the ranks."""
+    from jupyter_dlc.bands import BandFold
+
+    store = new_store(tmp_path)
+    ranks = range(12)
+    for step in range(0, 12, 3):
+        reports = rank_reports(step, 3, ranks=ranks)
+        reports[0]["system"] = [{"t": T0 + step, "device": "cpu", "values": {"cpu_util": 50.0}}]
+        store.record_reports([("j", 1, reports[:5]), ("j", 1, reports[5:])])
+    everything = store.metrics("j", 0, 10**6)
+    keep = frozenset({3})
+    expected: dict = {}
+    for p in everything:
+        if p["kind"] == "train" and p["rank"] not in keep:
+            expected.setdefault((p["name"], p["step"]), []).append(p["value"])
+    for limit in (7, 50, 10**6):
+        merged: dict = {}
+        points: list = []
+        since = 0
+        while True:
+            fold = BandFold(keep)
+            page, last = store.metric_page("j", since, limit, fold)
+            if last == since:
+                break
+            points += page
+            for row in fold.rows():
+                n, total, lo, hi = merged.get((row["name"], row["step"]), (0, 0.0, math.inf, -math.inf))
+                merged[(row["name"], row["step"])] = (n + row["n"], total + row["sum"],
+                                                      min(lo, row["lo"]), max(hi, row["hi"]))
+            since = last
+        assert points == [p for p in everything if p["kind"] == "system" or p["rank"] in keep]
+        assert set(merged) == set(expected)
+        for key, values in expected.items():
+            n, total, lo, hi = merged[key]
+            assert (n, lo, hi) == (11, min(values), max(values))
+            assert total == pytest.approx(sum(values))
+
+
+def test_band_rows_name_the_ranks_that_stand_out_only_among_enough_values():
+    from jupyter_dlc.bands import MIN_GROUP, BandFold, parse_ranks
+
+    fold = BandFold()
+    for rank in range(16):
+        fold.add(1, "loss", 5, T0 + rank, rank, 1.0 + (rank % 3) * 1e-3 + (40.0 if rank == 9 else 0.0))
+    for rank in range(MIN_GROUP - 1):  # too few values to judge
+        fold.add(1, "loss", 6, T0, rank, 100.0 if rank == 0 else 1.0)
+    fold.add(1, "loss", 7, T0, 0, None)  # NaN (stored as None) is not drawn
+    five, six = fold.rows()
+    assert (five["step"], five["n"], five["t"], five["hi"]) == (5, 16, T0 + 15, pytest.approx(41.0))
+    assert five["outliers"] == [{"rank": 9, "value": pytest.approx(41.0)}]
+    assert six["n"] == MIN_GROUP - 1 and six["outliers"] == [] and six["hi"] == 100.0
+    assert parse_ranks("3, 17,,4") == frozenset({3, 4, 17}) and parse_ranks("") == frozenset()
+    for bad in ("x", "-1", "1.5", ",".join(map(str, range(65)))):
+        with pytest.raises(ValueError):
+            parse_ranks(bad)

@@ -50,6 +50,16 @@ if os.environ["RANK"] == "1":
     raise ValueError("the learning rate must be positive")
 """
 
+# Nine ranks, past the 8 a chart draws one line each for: a view reads its train points as
+# bands (jupyter_dlc/bands.py). Rank 8's loss stands out.
+WIDE = """
+import os
+from jupyter_dlc import runtime
+runtime.init()
+for step in (1, 2):
+    runtime.log(step, loss=(100.0 if os.environ["RANK"] == "8" else 1.0) + int(os.environ["RANK"]) * 1e-3)
+"""
+
 
 def validator(name: str, doc: dict) -> Draft202012Validator:
     return Draft202012Validator({"$ref": f"#/components/schemas/{name}", **doc})
@@ -64,12 +74,16 @@ def contract(shared_launcher):
                           "nproc_per_node": 2, "max_restarts": 0})
     bad = client.submit({"script": shared_launcher.script("bad.py", BAD), "nodes": 1,
                          "nproc_per_node": 2, "max_restarts": 0})
+    wide = client.submit({"script": shared_launcher.script("wide.py", WIDE), "nodes": 1,
+                          "nproc_per_node": 9, "max_restarts": 0})
     good = client.wait(good["id"], timeout=180)
     bad = client.wait(bad["id"], timeout=180)
+    wide = client.wait(wide["id"], timeout=180)
     assert good["state"] == "SUCCEEDED", good["reason"]
     assert bad["state"] == "FAILED", bad["reason"]
+    assert wide["state"] == "SUCCEEDED", wide["reason"]
     doc = client.request("GET", "/api/openapi.json")[1]
-    return shared_launcher, good["id"], bad["id"], doc
+    return shared_launcher, good["id"], bad["id"], doc, wide["id"]
 
 
 def _template(pattern: str) -> list[str]:
@@ -120,7 +134,7 @@ def test_the_document_is_served_with_the_token_only(shared_launcher):
 
 def real_payloads(contract) -> dict[str, tuple[str, object]]:
     """name → (schema, payload) from the real launcher: what the panel and clients parse."""
-    launcher, good, bad, _ = contract
+    launcher, good, bad, _, wide = contract
     c = launcher.client
     stream = c.stream(timeout=30)
     event, summary = next(stream)
@@ -137,6 +151,9 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "logs": ("Logs", logs),
         "metrics": ("Metrics", c.metrics(good)),
         "metrics_stream": ("Metrics", next(d for e, d in c.metrics_stream(good) if e == "metrics")),
+        "metrics_band": ("Metrics", c.metrics(wide, band=())),
+        "metrics_band_stream": ("Metrics", next(d for e, d in c.metrics_stream(wide, band=[8])
+                                                if e == "metrics")),
         "events": ("Events", {"events": c.events(good)}),
         "alerts": ("Alerts", c.alerts(good)),
         "script": ("Script", c.script(good)),
@@ -158,6 +175,12 @@ def test_real_responses_validate_against_the_document(contract):
     payloads = real_payloads(contract)
     assert payloads["diagnosis_failed"][1]["diagnoses"], "the failed job has no diagnosis"
     assert payloads["checkpoints"][1]["checkpoints"], "the good job committed no checkpoint"
+    band = payloads["metrics_band"][1]
+    assert [(row["step"], row["n"], row["outliers"][0]["rank"]) for row in band["bands"]] == [(1, 9, 8), (2, 9, 8)]
+    assert not [p for p in band["points"] if p["kind"] == "train"]
+    kept = payloads["metrics_band_stream"][1]
+    assert {p["rank"] for p in kept["points"] if p["kind"] == "train"} == {8}
+    assert [row["n"] for row in kept["bands"]] == [8, 8]
     for name, (schema, payload) in payloads.items():
         errors = sorted(validator(schema, doc).iter_errors(payload), key=str)
         assert not errors, f"{name}: {errors[0].message} at {list(errors[0].absolute_path)}"

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import orjson
 import tornado.web
 
-from .. import __version__, layout, openapi
+from .. import __version__, bands, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
@@ -172,6 +172,19 @@ class BaseHandler(tornado.web.RequestHandler):
         if value is None or not low <= value <= high:
             self.fail(400, f"{name}: must be between {low} and {high}, got {show(raw)}")
         return value
+
+    def band_arg(self, row) -> frozenset | None:
+        """A view's `band=1` and `ranks=` (bands.py): the ranks whose train points it wants as
+        points, or None when it wants every point (no band asked, or few ranks to draw)."""
+        if not self.int_arg("band", 0, 0, 1):
+            return None
+        try:
+            keep = bands.parse_ranks(self.get_query_argument("ranks", ""))
+        except ValueError as error:
+            self.fail(400, f"ranks: {error}")
+        spec = json.loads(row["spec"])
+        world = int(spec.get("nodes") or 1) * int(spec.get("nproc_per_node") or 1)
+        return keep if world > bands.MAX_RANK_LINES else None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
@@ -426,27 +439,30 @@ class MetricsHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
         since = self.int_arg("since", 0) or 0
+        keep = self.band_arg(row)
         # Up to 20,000 points: read and encoded on a reader thread (its own SQLite connection),
         # so that a view's large answer never holds up the reports on the event loop.
-        body = await asyncio.get_running_loop().run_in_executor(
-            self.launcher.readers, metrics_answer, self.store, row["id"], since)
+        body, _last = await asyncio.get_running_loop().run_in_executor(
+            self.launcher.readers, metrics_answer, self.store, row["id"], since, keep)
         self.set_header("Content-Type", "application/json")
         self.finish(body)
 
 
-def metrics_answer(store: Store, job_id: str, since: int) -> bytes:
-    return points_answer(store, job_id, store.metrics(job_id, since), since)
-
-
-def points_answer(store: Store, job_id: str, points: list[dict], since: int) -> bytes:
-    """{points, last_seq, downsampled} as JSON: a view reads thousands of points a second,
-    so encoded by orjson (ten times json's speed on them) unless a value is infinite, which
-    orjson would write as null where every answer writes a string (NaN is stored as null)."""
-    answer = {"points": points, "last_seq": points[-1]["seq"] if points else since,
+def metrics_answer(store: Store, job_id: str, since: int, keep: frozenset | None = None) -> tuple[bytes, int]:
+    """The next page of a job's points after `since` as a Metrics answer, and its last seq.
+    With `keep` (a band read, bands.py), train points but those of the ranks in `keep` come
+    as band rows."""
+    fold = None if keep is None else bands.BandFold(keep)
+    points, last = store.metric_page(job_id, since, fold=fold)
+    rows = None if fold is None else fold.rows()
+    answer = {"points": points, "last_seq": last, "bands": rows,
               "downsampled": downsampled(store.retention_state(job_id))}
-    if not any(point["value"] in _INFINITE for point in points):
-        return orjson.dumps(answer)
-    return encode(answer).encode()
+    # orjson (ten times json's speed on thousands of points) unless a number is infinite,
+    # which orjson would write as null where every answer writes a string (NaN is stored as null)
+    if any(point["value"] in _INFINITE for point in points) or \
+            any(not math.isfinite(row["sum"]) for row in rows or ()):
+        return encode(answer).encode(), last
+    return orjson.dumps(answer), last
 
 
 _INFINITE = (math.inf, -math.inf)
@@ -563,8 +579,10 @@ class MetricsStreamHandler(BaseHandler):
         self._gone = True
 
     async def get(self, ref: str) -> None:
-        job_id = self.job_or_404(ref)["id"]
+        row = self.job_or_404(ref)
+        job_id = row["id"]
         since = self.int_arg("since", 0) or 0
+        keep = self.band_arg(row)
         self._gone = False
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
@@ -580,7 +598,7 @@ class MetricsStreamHandler(BaseHandler):
                     # Read and encoded on a reader thread, as the metrics route's: a view of
                     # thousands of ranks gets tens of thousands of points a second.
                     pages, since = await asyncio.get_running_loop().run_in_executor(
-                        self.launcher.readers, self._points_after, job_id, since)
+                        self.launcher.readers, self._points_after, job_id, since, keep)
                     for data in pages:
                         self.write(b"event: metrics\ndata: " + data + b"\n\n")
                     row = self.store.job_row(job_id)
@@ -601,15 +619,15 @@ class MetricsStreamHandler(BaseHandler):
         except tornado.iostream.StreamClosedError:
             return
 
-    def _points_after(self, job_id: str, since: int) -> tuple[list[bytes], int]:
+    def _points_after(self, job_id: str, since: int, keep: frozenset | None) -> tuple[list[bytes], int]:
         """Every point after `since`, encoded in pages of what the store answers; the new seq."""
         pages = []
         while True:
-            points = self.store.metrics(job_id, since)
-            if not points:
+            data, last = metrics_answer(self.store, job_id, since, keep)
+            if last == since:
                 return pages, since
-            since = points[-1]["seq"]
-            pages.append(points_answer(self.store, job_id, points, since))
+            pages.append(data)
+            since = last
 
 
 class PrometheusHandler(BaseHandler):

@@ -294,23 +294,36 @@ def decode(names: str, data: bytes | str) -> tuple[list, list, list, list, Any, 
             d.get("i") or range(len(v)), d["r"], d["o"])
 
 
-def read_points(out: list, rows: Iterator[tuple], since: int, limit: int) -> None:
+def read_points(out: list, rows: Iterator[tuple], since: int, limit: int, fold: Any = None) -> int:
     """Append to `out`, as dicts, the points after `since` of chunk rows (POINT_COLUMNS, in
-    seq order) until `out` holds `limit` points."""
+    seq order), reading at most `limit` points; returns the seq of the last point read
+    (`since` when none). With a `fold` (bands.BandFold), train points of ranks it does not
+    keep go to the fold instead of `out`."""
+    read = 0
+    last = since
     for seq, job_id, attempt, kind, device, _ranks, names, top, data in rows:
         base = seq * CHUNK
         if base + top <= since:
             continue
         t, s, n, v, idx, r, o = decode(names, data)
         start = bisect_right(idx, since - base) if since >= base else 0
-        end = min(len(v), start + limit - len(out))
+        end = min(len(v), start + limit - read)
+        if end <= start:
+            continue
+        folding = fold is not None and kind == "train"
         for p, ti, si, ni, vi, ri, oi in zip(idx[start:end], t[start:end], s[start:end], n[start:end],
                                              v[start:end], r[start:end], o[start:end], strict=True):
+            if folding and ri not in fold.keep:
+                fold.add(attempt, ni, si, ti, ri, vi)
+                continue
             out.append({"seq": base + p, "job_id": job_id, "t": ti, "attempt": attempt,
                         "rank": ri, "node": oi, "step": si, "kind": kind,
                         "name": ni, "value": vi, "device": device})
-        if len(out) >= limit:
-            return
+        read += end - start
+        last = base + idx[end - 1]
+        if read >= limit:
+            break
+    return last
 
 
 def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterable[str],

@@ -440,15 +440,22 @@ class Store:
 
     def metrics(self, job_id: str, since: int = 0, limit: int = 20000) -> list[dict]:
         """Up to `limit` points after `since`, in seq order (a page may end inside a chunk)."""
+        return self.metric_page(job_id, since, limit)[0]
+
+    def metric_page(self, job_id: str, since: int = 0, limit: int = 20000,
+                    fold: Any = None) -> tuple[list[dict], int]:
+        """The points of the next `limit` after `since` (train points a `fold` takes go to it
+        instead, bands.py) and the seq of the last one read."""
         cursor = self.db.execute(f"SELECT {metric_chunks.POINT_COLUMNS} FROM metric_chunks"
                                  " WHERE job_id = ? AND seq >= ? ORDER BY seq",
                                  (job_id, since // metric_chunks.CHUNK))
         cursor.row_factory = None  # plain tuples: a view reads many thousands of points
         points: list[dict] = []
+        last = since
         if limit > 0:
-            metric_chunks.read_points(points, cursor, since, limit)
+            last = metric_chunks.read_points(points, cursor, since, limit, fold)
         cursor.close()
-        return points
+        return points, last
 
     def retention_state(self, job_id: str) -> dict | None:
         """How far retention.py downsampled this job's metrics; None while it has not."""

@@ -414,6 +414,22 @@ export interface components {
             started: number | null;
             state: components["schemas"]["JobState"];
         };
+        BandOutlier: {
+            rank: number;
+            value: number;
+        };
+        /** @description The values of one train metric at one step read in this answer, over the ranks not sent as points: count, sum, min, max, and the ranks that stand out among them (none under 8 values). A step may come in several rows, across answers: add them up. */
+        BandRow: {
+            attempt: number | null;
+            hi: number;
+            lo: number;
+            n: number;
+            name: string;
+            outliers: components["schemas"]["BandOutlier"][];
+            step: number;
+            sum: number;
+            t: number | null;
+        };
         Checkpoint: {
             attempt?: number | null;
             path: string | null;
@@ -584,6 +600,8 @@ export interface components {
             value: number | null;
         };
         Metrics: {
+            /** @description with band=1 past 8 ranks: the train points not in `points`, folded per step; else null */
+            bands: components["schemas"]["BandRow"][] | null;
             /** @description null while every point is as logged */
             downsampled: components["schemas"]["Downsampled"] | null;
             last_seq: number;
@@ -1253,6 +1271,10 @@ export interface operations {
             query?: {
                 /** @description points after this seq */
                 since?: number;
+                /** @description 1: fold train points per step into `bands` (past 8 ranks) */
+                band?: 0 | 1;
+                /** @description with band=1: comma-separated ranks (at most 64) whose train points come as points (the view's outlier lines) */
+                ranks?: string;
             };
             header?: never;
             path: {
@@ -1306,6 +1328,10 @@ export interface operations {
             query?: {
                 /** @description points after this seq */
                 since?: number;
+                /** @description 1: fold train points per step into `bands` (past 8 ranks) */
+                band?: 0 | 1;
+                /** @description with band=1: comma-separated ranks (at most 64) whose train points come as points (the view's outlier lines) */
+                ranks?: string;
             };
             header?: never;
             path: {
@@ -1908,6 +1934,8 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsApiJobsJobMetricsGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics"]["get"]["parameters"]["query"]["band"]> = [0, 1];
+export const pathsApiJobsJobMetricsStreamGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics/stream"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];

@@ -8,19 +8,20 @@ the job's own token (the job's script hands it over through a file), over keep-a
 connections from `--procs` client processes. The job is a real 1x1 job on the local engine;
 its ranks table is widened to the simulated world (Store.init_ranks on the launcher's
 database), so that every batch updates real per-rank heartbeat rows and the detail read
-returns every rank, as for a real job of that size, which this machine cannot run.
+sorts every rank, as for a real job of that size, which this machine cannot run.
 
-While loaded, one reader polls as a view does: metrics since its last seq, the job list,
-the job's detail, each latency recorded. Printed per size: ingest p50/p99, accepted
-logs/s (a log is one rank's step with its values, against what was offered), the batch
-interval the launcher's pace set (`report_interval`, launcher/pacing.py; a node reporter
-keeps it), read p99s, the CPU of the launcher and of its ingest worker, database growth per
-minute. Latencies are of the steady load: the first WARMUP seconds of each size, while the
-nodes start together at a quarter second and the launcher's pace spreads them out, are
-printed apart (`start p99`). The last line is the 4,096-rank steady ingest p99 against the
-50 ms goal.
+While loaded, one reader polls as a view does: metrics since its last seq (past 8 ranks
+folded per step into bands, jupyter_dlc/bands.py), the job list, the job's detail (one page
+of 50 ranks, slowest first; with `--full-reads` every point and every rank instead), each
+latency recorded. Printed per size: ingest p50/p99, accepted logs/s (a log is one rank's
+step with its values, against what was offered), the batch interval the launcher's pace set
+(`report_interval`, launcher/pacing.py; a node reporter keeps it), read p99s, the CPU of
+the launcher and of its ingest worker, database growth per minute. Latencies are of the
+steady load: the first WARMUP seconds of each size, while the nodes start together at a
+quarter second and the launcher's pace spreads them out, are printed apart (`start p99`).
+The last line is the 4,096-rank steady ingest p99 against the 50 ms goal.
 
-    python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30]
+    python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30] [--full-reads]
 """
 
 from __future__ import annotations
@@ -142,11 +143,14 @@ def client_process(args: dict, nodes: list[int], queue) -> None:
 
 # -- the reader and the launcher's own numbers -------------------------------------------
 
-def reader_thread(client, job_id: str, until: float, reads: dict) -> None:
+def reader_thread(client, job_id: str, until: float, reads: dict, as_a_view: bool) -> None:
     cursor = {"since": client.metrics(job_id)["last_seq"]}
-    calls = {"metrics": lambda: client.metrics(job_id, cursor["since"]),
+    # A view past 8 ranks reads train points folded per step (jupyter_dlc/bands.py) and one
+    # page of the rank table, slowest first; --full-reads: every point and every rank.
+    calls = {"metrics": lambda: client.metrics(job_id, cursor["since"], band=() if as_a_view else None),
              "list": lambda: client.request("GET", "/api/jobs"),
-             "detail": lambda: client.job(job_id)}
+             "detail": lambda: (client.job(job_id, rank_sort="step", rank_page=0) if as_a_view
+                                else client.job(job_id))}
     while time.monotonic() < until:
         for kind, call in calls.items():
             sent, start = time.monotonic(), time.perf_counter()
@@ -169,7 +173,7 @@ def db_bytes(data_dir: str) -> int:
 
 
 def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate: float,
-             seconds: float, procs: int) -> dict:
+             seconds: float, procs: int, as_a_view: bool = True) -> dict:
     from jupyter_dlc.launcher.store import Store
 
     nodes = max(1, ranks // per_node)
@@ -203,7 +207,7 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     cpu0, db0, t0 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
     ingest0 = cpu_seconds(ingest_pid)
     reader = threading.Thread(target=reader_thread,
-                              args=(client, job["id"], start + seconds, reads))
+                              args=(client, job["id"], start + seconds, reads, as_a_view))
     reader.start()
     results = [r for _ in workers for r in queue.get()]
     reader.join()
@@ -237,6 +241,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="logs a second per rank")
     parser.add_argument("--seconds", type=float, default=30.0, help="load per size")
     parser.add_argument("--procs", type=int, default=2, help="client processes")
+    parser.add_argument("--full-reads", action="store_true",
+                        help="the reader reads every point and every rank, not bands and a page")
     parser.add_argument("--metrics-cap", type=int, default=None,
                         help="the launcher's DLC_METRICS_CAP (points per job)")
     args = parser.parse_args()
@@ -251,7 +257,7 @@ def main() -> None:
     try:
         for size in (int(s) for s in args.sizes.split(",")):
             r = run_size(client, script, data_dir, size, args.per_node, args.rate,
-                         args.seconds, args.procs)
+                         args.seconds, args.procs, as_a_view=not args.full_reads)
             results.append(r)
             print(f"{r['ranks']:>5} ranks / {r['nodes']:>4} nodes: ingest p50 {r['p50']:.1f} ms "
                   f"p99 {r['p99']:.1f} ms (start p99 {r['start_p99']:.0f} ms), {r['accepted']:.0f} logs/s accepted "

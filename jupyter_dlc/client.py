@@ -130,8 +130,12 @@ class LauncherClient:
     def jobs(self) -> list[dict]:
         return self._get("/api/jobs")["jobs"]
 
-    def job(self, job_id: str) -> dict:
-        return self._get(f"/api/jobs/{job_id}")
+    def job(self, job_id: str, rank_sort: str | None = None, rank_page: int | None = None,
+            rank_page_size: int | None = None) -> dict:
+        """A job's detail: every rank, or with `rank_sort`/`rank_page` one page of them (in
+        "rank", "step" (slowest first) or "heartbeat" (oldest first) order) and `rank_page`."""
+        return self._get(f"/api/jobs/{job_id}", rank_sort=rank_sort, rank_page=rank_page,
+                         rank_page_size=rank_page_size)
 
     def stop(self, job_id: str, grace: float | None = None) -> dict:
         return self._post(f"/api/jobs/{job_id}/stop", {"grace": grace} if grace is not None else {})

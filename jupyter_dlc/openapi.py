@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__
 from .launcher import bodies
+from .launcher.store import RANK_ORDERS
 from .spec import BACKENDS, SPEC_FIELDS
 from .states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
@@ -93,7 +94,13 @@ SCHEMAS: dict[str, dict] = {
     "JobDetail": {"allOf": [_ref("JobSummary"), _obj({
         "spec": _ANY_OBJ, "ranks": {"type": "array", "items": _ref("Rank")},
         "attempts": {"type": "array", "items": _ref("Attempt")},
-        "last_checkpoint": _null(_ref("Checkpoint"))})]},
+        "last_checkpoint": _null(_ref("Checkpoint"))}, {"rank_page": _ref("RankPage")})]},
+    "RankPage": _obj(
+        {"sort": {"type": "string", "enum": list(RANK_ORDERS)}, "page": _INT, "size": _INT,
+         "total": _INT, "pages": _INT,
+         "states": {"type": "object", "additionalProperties": _INT}},
+        description="With rank_sort or rank_page: `ranks` is this page of the attempt's ranks; "
+                    "`states` counts them all by state."),
     "JobList": _obj({"jobs": {"type": "array", "items": _ref("JobSummary")}}),
     "LogLine": _obj({"rank": _INT, "attempt": _INT, "text": _STR}),
     "Logs": _obj({"lines": {"type": "array", "items": _ref("LogLine")}, "cursor": _STR,
@@ -193,7 +200,8 @@ def _query(name: str, description: str, schema: dict | None = None) -> dict:
 _JOB = {"name": "job", "in": "path", "required": True,
         "description": "A job id, a unique prefix of one, or `last`.", "schema": _STR}
 _ON_JOB = (401, 404)
-# A view past 8 ranks draws a band (jupyter_dlc/bands.py): it reads train points folded per step.
+# A view past 8 ranks draws a band (jupyter_dlc/bands.py): it reads train points folded per step
+# (past 8 rank rows of the current attempt).
 _BAND_QUERY = [
     _query("band", "1: fold train points per step into `bands` (past 8 ranks)",
            {"type": "integer", "enum": [0, 1]}),
@@ -223,8 +231,14 @@ PATHS: dict[str, dict[str, Any]] = {
                                **_errors(400, 401, 413)}}},
     "/api/jobs/{job}": {
         "parameters": [_JOB],
-        "get": {"operationId": "getJob", "responses": {"200": _json("JobDetail"),
-                                                       **_errors(*_ON_JOB)}},
+        "get": {"operationId": "getJob", "parameters": [
+            _query("rank_sort", "with rank_page: the rank table's order (slowest step, oldest "
+                                "heartbeat first)", {"type": "string", "enum": list(RANK_ORDERS)}),
+            _query("rank_page", "only this page of the ranks (from 0), as `rank_page` says",
+                   {"type": "integer", "minimum": 0, "maximum": 1 << 30}),
+            _query("rank_page_size", "ranks a page (default 50)",
+                   {"type": "integer", "minimum": 1, "maximum": 1000})],
+            "responses": {"200": _json("JobDetail"), **_errors(400, *_ON_JOB)}},
         "delete": {"operationId": "deleteJob", "responses": {
             "204": {"description": "Deleted"}, **_errors(*_ON_JOB, 409)}}},
     "/api/jobs/{job}/stop": {"parameters": [_JOB], "post": {

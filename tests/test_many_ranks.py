@@ -57,27 +57,31 @@ def loss(rank: int, step: int) -> float:
     return value + 10.0 if rank == DIVERGING and step >= 2 else value
 
 
+def post(client, job_id: str, rank: int, steps, t0: float) -> int:
+    """One report of `rank` through the real report route, as the runtime posts it."""
+    body = {"rank": rank, "node": rank // NPROC, "attempt": 1, "pid": 100000 + rank,
+            "t": time.time(), "metrics": [{"t": t0 + step, "step": step,
+                                           "values": {"loss": loss(rank, step)}}
+                                          for step in steps]}
+    req = urllib.request.Request(f"{client.url}/api/jobs/{job_id}/report",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"token {client.token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.status
+
+
 def report_all(client, job_id: str) -> None:
     """One report per rank through the real report route, as the runtime posts them."""
     t0 = time.time()
 
-    def post(rank: int) -> int:
-        steps = (1, 2) if rank == SLOW else (1, 2, 3)
-        body = {"rank": rank, "node": rank // NPROC, "attempt": 1, "pid": 100000 + rank,
-                "t": time.time(), "metrics": [{"t": t0 + step, "step": step,
-                                               "values": {"loss": loss(rank, step)}}
-                                              for step in steps]}
-        req = urllib.request.Request(f"{client.url}/api/jobs/{job_id}/report",
-                                     data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": f"token {client.token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status
+    def post_steps(rank: int) -> int:
+        return post(client, job_id, rank, (1, 2) if rank == SLOW else (1, 2, 3), t0)
 
-    assert post(OLDEST) == 200
+    assert post_steps(OLDEST) == 200
     time.sleep(1.1)  # heartbeats are stored in seconds: the others are visibly younger
     with ThreadPoolExecutor(8) as pool:
-        statuses = list(pool.map(post, [r for r in range(WORLD) if r != OLDEST]))
+        statuses = list(pool.map(post_steps, [r for r in range(WORLD) if r != OLDEST]))
     assert statuses == [200] * (WORLD - 1)
 
 
@@ -122,11 +126,21 @@ def test_notebook_view_of_4096_ranks(k8s_profile, tmp_path):
             # its line starts where it stood out, and holds step 3, which waits for rank 4000
             assert list(view.charts.train_sources[DIVERGING].data["x"]) == [2, 3]
             assert view.points_pushed == WORLD * 3 - 1
+            # the launcher sent the train points folded per step (bands.py), not one by one
+            assert view.band_rows and view.band_rows < 50
+            # an outlier now, rank 1234 is read as points: the stream reconnected asking for it
+            # (folded into a row of one value, it would never reach its line)
+            assert post(client, job_id, DIVERGING, (4,), time.time()) == 200
+            wait_for(lambda: list(view.charts.train_sources[DIVERGING].data["x"]) == [2, 3, 4],
+                     timeout=60, what="rank 1234's step 4 on its own line")
+            assert view._push is not None and view._push.drops == 0
 
             started = time.perf_counter()
             job = view.refresh_now()
             refresh_s = time.perf_counter() - started
-            assert job is not None and len(job["ranks"]) == WORLD
+            # the view reads one page of ranks, sorted by the launcher, and the count of all
+            assert job is not None and len(job["ranks"]) == 50
+            assert job["rank_page"]["total"] == WORLD and job["rank_page"]["states"] == {"running": WORLD}
             table = view.rank_table.value
             assert table.count('class="dlc-rank"') == 50
             assert "page 1 of 82" in view.rank_pages.value and view.rank_bar.layout.display == ""

@@ -151,6 +151,7 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "logs": ("Logs", logs),
         "metrics": ("Metrics", c.metrics(good)),
         "metrics_stream": ("Metrics", next(d for e, d in c.metrics_stream(good) if e == "metrics")),
+        "job_rank_page": ("JobDetail", c.job(wide, rank_sort="step", rank_page=1, rank_page_size=4)),
         "metrics_band": ("Metrics", c.metrics(wide, band=())),
         "metrics_band_stream": ("Metrics", next(d for e, d in c.metrics_stream(wide, band=[8])
                                                 if e == "metrics")),
@@ -178,6 +179,13 @@ def test_real_responses_validate_against_the_document(contract):
     band = payloads["metrics_band"][1]
     assert [(row["step"], row["n"], row["outliers"][0]["rank"]) for row in band["bands"]] == [(1, 9, 8), (2, 9, 8)]
     assert not [p for p in band["points"] if p["kind"] == "train"]
+    paged = payloads["job_rank_page"][1]
+    assert [r["rank"] for r in paged["ranks"]] == [4, 5, 6, 7]
+    assert {k: paged["rank_page"][k] for k in ("page", "pages", "total")} == {"page": 1, "pages": 3, "total": 9}
+    c = contract[0].client
+    assert _error(c, f"/api/jobs/{contract[4]}", {"rank_sort": "speed"}).startswith(
+        "rank_sort: expected one of rank, step, heartbeat")
+    assert _error(c, f"/api/jobs/{contract[4]}/metrics", {"band": 1, "ranks": "1,x"}).startswith("ranks: ")
     kept = payloads["metrics_band_stream"][1]
     assert {p["rank"] for p in kept["points"] if p["kind"] == "train"} == {8}
     assert [row["n"] for row in kept["bands"]] == [8, 8]

@@ -98,13 +98,31 @@ def test_train_data_resumed_attempt_and_mean_past_eight_ranks():
     assert mean.y == [7.5, 7.5] and mean.cols["lo"] == [0.0, 0.0] and mean.cols["hi"] == [15.0, 15.0]
 
 
+def read_as_a_view(data: TrainData, points: list[dict], read: int) -> None:
+    """Feed `points` to `data` as a view past 8 ranks reads them from the launcher: `read`
+    points an answer, each folded into band rows (jupyter_dlc/bands.py) but for the ranks
+    that are outliers by then, whose points come as they are."""
+    from jupyter_dlc.bands import BandFold
+
+    for start in range(0, len(points), read):
+        fold = BandFold(frozenset(data.outliers))
+        for p in points[start:start + read]:
+            if p["rank"] in fold.keep:
+                data.add(p)
+            else:
+                fold.add(p["attempt"], p["name"], p["step"], p["t"], p["rank"], p["value"])
+        for row in fold.rows():
+            data.add_band(row)
+
+
 def test_band_and_outlier_ranks_with_4096_ranks():
     """4,096 ranks: the chart keeps a mean with its min-max band and gives a line only to
-    the ranks that stand out (rank 77 diverges from step 3, rank 4000 spikes at step 5)."""
+    the ranks that stand out (rank 77 diverges from step 3, rank 4000 spikes at step 5),
+    whether the launcher's answers cut steps in few places or many."""
     from jupyter_dlc.widgets.series import MAX_OUTLIERS, outlier_ranks
 
     world = 4096
-    data = TrainData(world_size=world, capacity=1000)
+    points = []
     for step in range(1, 9):
         for rank in range(world):
             value = 1.0 / step + (rank % 7) * 1e-3
@@ -112,31 +130,64 @@ def test_band_and_outlier_ranks_with_4096_ranks():
                 value += step          # diverges, and keeps diverging
             if rank == 4000 and step == 5:
                 value = -50.0          # one spike
-            data.add({"t": step, "attempt": 1, "rank": rank, "step": step, "kind": "train",
-                      "name": "loss", "value": value})
-    mean = data.lines["loss"]["mean"]
-    assert mean.x == list(range(1, 9)) and len(data.lines["loss"]) == 3
-    assert mean.cols["hi"][4] == pytest.approx(1 / 5 + 5) and mean.cols["lo"][4] == -50.0
-    assert data.outliers == [77, 4000] and data.keys == ["mean", 77, 4000]
-    assert data.lines["loss"][77].x == list(range(3, 9)), "rank 77's line from where it stood out"
-    assert data.lines["loss"][4000].x == [5, 6, 7, 8]
+            points.append({"t": step, "attempt": 1, "rank": rank, "step": step, "kind": "train",
+                           "name": "loss", "value": value})
+    for read in (1000, 20000):
+        data = TrainData(world_size=world, capacity=1000)
+        read_as_a_view(data, points, read)
+        mean = data.lines["loss"]["mean"]
+        assert mean.x == list(range(1, 9)) and len(data.lines["loss"]) == 3
+        assert mean.cols["hi"][4] == pytest.approx(1 / 5 + 5) and mean.cols["lo"][4] == -50.0
+        assert mean.y[0] == pytest.approx(sum(p["value"] for p in points[:world]) / world)
+        assert data.outliers == [77, 4000] and data.keys == ["mean", 77, 4000]
+        assert data.lines["loss"][77].x == list(range(3, 9)), "rank 77's line from where it stood out"
+        assert data.lines["loss"][77].y[-1] == pytest.approx(1 / 8 + 77 % 7 * 1e-3 + 8)
+        # its later points: as they come once it is an outlier (the next answers), not
+        # those the same answer had already folded, where it did not stand out
+        assert data.lines["loss"][4000].x == ([5, 6, 7, 8] if read == 1000 else [5])
+        assert data.steps_per_s() is not None
     assert outlier_ranks({r: 1.0 for r in range(10)}) == []
     assert outlier_ranks({0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0}) == [3]
     assert len(outlier_ranks({r: float(r * r * r) for r in range(100)}, MAX_OUTLIERS)) <= MAX_OUTLIERS
 
 
-def test_rank_table_pages_and_sorts():
-    from jupyter_dlc.widgets.ranktable import PAGE_SIZE, page_of
+def test_a_band_waits_for_its_last_rank_then_draws_partially():
+    """A rank that stopped logging holds its steps back until 64 newer steps wait; then the
+    oldest are drawn from the ranks that logged them."""
+    from jupyter_dlc.widgets.series import PENDING_STEPS
 
-    ranks = [{"rank": r, "node": r // 8, "last_step": 100 - (r == 4001) * 60 + (r % 3),
-              "last_heartbeat": 1000.0 + r - (r == 17) * 900} for r in range(4096)]
-    rows, page, pages = page_of(ranks, "rank", 0)
-    assert pages == -(-4096 // PAGE_SIZE) and [r["rank"] for r in rows] == list(range(PAGE_SIZE))
-    rows, page, _ = page_of(ranks, "rank", 10**6)
-    assert page == pages - 1 and rows[-1]["rank"] == 4095, "a page past the end shows the last"
-    assert page_of(ranks, "step", 0)[0][0]["rank"] == 4001, "slowest step first"
-    assert page_of(ranks, "heartbeat", 0)[0][0]["rank"] == 17, "oldest heartbeat first"
-    assert page_of([{"rank": 0}], "step", 0)[2] == 1
+    data = TrainData(world_size=16, capacity=1000)
+    points = [{"t": step, "attempt": 1, "rank": rank, "step": step, "kind": "train", "name": "loss",
+               "value": 1.0} for step in range(1, PENDING_STEPS + 3) for rank in range(15)]
+    read_as_a_view(data, points, 100)
+    assert data.lines["loss"]["mean"].x == [1, 2]
+    assert data.outliers == []
+
+
+def test_the_launcher_pages_and_sorts_the_rank_table(tmp_path):
+    """A view of 4,096 ranks reads one page of the rank table, sorted by the launcher in
+    SQL (real SQLite): by rank, slowest step first, oldest heartbeat first, a rank with no
+    step or heartbeat yet counting as lowest; a page past the end is the last."""
+    from jupyter_dlc.launcher.store import RANK_ORDERS, Store
+    from jupyter_dlc.widgets.ranktable import PAGE_SIZE, SORTS
+
+    assert [key for key, _ in SORTS] == list(RANK_ORDERS), "the view offers the launcher's orders"
+    store = Store(str(tmp_path / "db.sqlite"))
+    store.insert_job("j", "j", {}, "token", str(tmp_path))
+    store.init_ranks("j", 1, 512, 8)
+    with store.tx() as db:
+        db.executemany("UPDATE ranks SET last_step = ?, last_heartbeat = ?, state = 'running'"
+                       " WHERE job_id = 'j' AND attempt = 1 AND rank = ?",
+                       [(100 - (r == 4001) * 60 + r % 3, 1000.0 + r - (r == 17) * 900, r)
+                        for r in range(4096) if r != 9])
+    rows, page, total, states = store.rank_page("j", 1, "rank", 0, PAGE_SIZE)
+    assert [r["rank"] for r in rows] == list(range(PAGE_SIZE)) and (page, total) == (0, 4096)
+    assert states == {"running": 4095, "starting": 1}
+    rows, page, _, _ = store.rank_page("j", 1, "rank", 10**6, PAGE_SIZE)
+    assert page == -(-4096 // PAGE_SIZE) - 1 and rows[-1]["rank"] == 4095
+    assert [r["rank"] for r in store.rank_page("j", 1, "step", 0, 2)[0]] == [9, 4001], "none yet, slowest"
+    assert [r["rank"] for r in store.rank_page("j", 1, "heartbeat", 0, 2)[0]] == [9, 17]
+    assert store.rank_page("j", 2, "step", 5, PAGE_SIZE)[:3] == ([], 0, 0)
 
 
 def test_page_echo_of_a_stream_is_not_applied_twice():

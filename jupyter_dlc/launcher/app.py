@@ -27,7 +27,7 @@ from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
 from .retention import RetentionPolicy
 from .storage import is_disk_full
-from .store import Store
+from .store import RANK_ORDERS, Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
 # The longest a delete waits for a stop in flight to end.
@@ -182,19 +182,26 @@ class BaseHandler(tornado.web.RequestHandler):
             keep = bands.parse_ranks(self.get_query_argument("ranks", ""))
         except ValueError as error:
             self.fail(400, f"ranks: {error}")
-        spec = json.loads(row["spec"])
-        world = int(spec.get("nodes") or 1) * int(spec.get("nproc_per_node") or 1)
-        return keep if world > bands.MAX_RANK_LINES else None
+        return keep if self.store.rank_count(row["id"], row["attempt"]) > bands.MAX_RANK_LINES else None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": self._reason}))
 
 
-def job_detail(store: Store, row) -> dict:
+def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None) -> dict:
+    """A job's detail; with `rank_page` (order, page, size) one page of its ranks, and what
+    the rank table's pager shows (`rank_page`)."""
     job = store.summary(row)
     job["spec"] = json.loads(row["spec"])
-    job["ranks"] = [dict(r) for r in store.rank_rows(row["id"], row["attempt"])]
+    if rank_page is None:
+        job["ranks"] = [dict(r) for r in store.rank_rows(row["id"], row["attempt"])]
+    else:
+        order, page, size = rank_page
+        rows, page, total, states = store.rank_page(row["id"], row["attempt"], order, page, size)
+        job["ranks"] = [dict(r) for r in rows]
+        job["rank_page"] = {"sort": order, "page": page, "size": size, "total": total,
+                            "pages": max(1, -(-total // size)), "states": states}
     attempts = []
     for a in store.attempt_rows(row["id"]):
         item = {k: a[k] for k in ("attempt", "state", "started", "ended", "reason", "outcome",
@@ -267,7 +274,14 @@ def submit(launcher: Launcher, spec: JobSpec) -> dict:
 class JobHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        await self.reply_off_loop(lambda: job_detail(self.store, row))
+        rank_page = None
+        order = self.get_query_argument("rank_sort", None)
+        page = self.int_arg("rank_page", None, 0, 1 << 30)
+        if order is not None or page is not None:
+            if order is not None and order not in RANK_ORDERS:
+                self.fail(400, f"rank_sort: expected one of {', '.join(RANK_ORDERS)}, got {show(order)}")
+            rank_page = (order or "rank", page or 0, self.int_arg("rank_page_size", 50, 1, 1000))
+        await self.reply_off_loop(lambda: job_detail(self.store, row, rank_page))
 
     async def delete(self, ref: str) -> None:
         row = self.job_or_404(ref)

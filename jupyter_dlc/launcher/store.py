@@ -74,6 +74,11 @@ def token_hash(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
 
 
+# The rank table's orders (a view's sort; the panel's labextension/src/views.ts the same):
+# slowest step first and oldest heartbeat first count "none yet" as lowest (SQLite sorts NULL first).
+RANK_ORDERS = {"rank": "node, rank", "step": "last_step, rank", "heartbeat": "last_heartbeat, rank"}
+
+
 class Store:
     def __init__(self, path: str, guard: DiskGuard | None = None):
         self.path = path
@@ -286,6 +291,25 @@ class Store:
                 db.execute("INSERT OR REPLACE INTO ranks (job_id, attempt, rank, node, local_rank, state)"
                            " VALUES (?, ?, ?, ?, ?, 'starting')",
                            (job_id, attempt, rank, rank // nproc, rank % nproc))
+
+    def rank_page(self, job_id: str, attempt: int, order: str, page: int,
+                  size: int) -> tuple[list[sqlite3.Row], int, int, dict[str, int]]:
+        """One page of an attempt's ranks in RANK_ORDERS[order]: (its rows, the page clamped to
+        those that exist, the rank count, the count of ranks in each state). Sorted in SQL:
+        a view of 4,096 ranks reads 50 rows, not 4,096 (790 KB and 30-40 ms of CPU a read)."""
+        states = {state: count for state, count in self.db.execute(
+            "SELECT state, count(*) FROM ranks WHERE job_id = ? AND attempt = ? GROUP BY state",
+            (job_id, attempt))}
+        total = sum(states.values())
+        page = min(page, max(0, -(-total // size) - 1))
+        rows = self.db.execute(f"SELECT * FROM ranks WHERE job_id = ? AND attempt = ?"
+                               f" ORDER BY {RANK_ORDERS[order]} LIMIT ? OFFSET ?",
+                               (job_id, attempt, size, page * size)).fetchall()
+        return rows, page, total, states
+
+    def rank_count(self, job_id: str, attempt: int) -> int:
+        return self.db.execute("SELECT count(*) FROM ranks WHERE job_id = ? AND attempt = ?",
+                               (job_id, attempt)).fetchone()[0]
 
     def rank_rows(self, job_id: str, attempt: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM ranks WHERE job_id = ? AND attempt = ? ORDER BY rank",

@@ -14,6 +14,7 @@ view what to do meanwhile:
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Callable
 
 from ..client import LauncherError, LauncherUnavailable
@@ -23,13 +24,17 @@ BACKOFF = (0.5, 1, 2, 4, 8, 10)
 
 class MetricsFollower:
     def __init__(self, client_of: Callable, job_id: str, since_of: Callable[[], int],
-                 on_points: Callable[[list, int, dict | None], None], on_job: Callable[[dict], None],
-                 on_state: Callable[[str], None]):
-        # client_of/since_of are read at each (re)connect: the view may have switched to a
-        # launcher that came back on a new port, and has polled points meanwhile.
+                 on_points: Callable[[dict, int], None], on_job: Callable[[dict], None],
+                 on_state: Callable[[str], None],
+                 band_of: Callable[[], Iterable[int] | None] = lambda: None):
+        # client_of/since_of/band_of are read at each (re)connect: the view may have switched
+        # to a launcher that came back on a new port, has polled points meanwhile, or has
+        # found an outlier rank whose points it now wants as points (bands.py).
         self._client_of = client_of
         self.job_id = job_id
         self._since_of = since_of
+        self._band_of = band_of
+        self._renew = threading.Event()
         self._on_points = on_points
         self._on_job = on_job
         self._on_state = on_state
@@ -49,6 +54,10 @@ class MetricsFollower:
         """Leave at the next line the launcher sends (a ping at the latest, every 5 s)."""
         self._stop.set()
 
+    def renew(self) -> None:
+        """Reconnect at the next line with what `since_of` and `band_of` say then; not a drop."""
+        self._renew.set()
+
     def cut(self) -> None:
         """Drop the connection at the next line, as a network failure would (tests)."""
         self._cut.set()
@@ -67,16 +76,20 @@ class MetricsFollower:
         while not self._stop.is_set():
             self._cut.clear()
             try:
-                stream = self._client_of().metrics_stream(self.job_id, since=self._since_of())
+                self._renew.clear()
+                since = self._since_of()
+                stream = self._client_of().metrics_stream(self.job_id, since=since,
+                                                          band=self._band_of())
                 try:
                     for event, data in stream:
-                        if self._stop.is_set() or self._cut.is_set():
+                        if self._stop.is_set() or self._cut.is_set() or self._renew.is_set():
                             break
                         self._set("live")
                         failures = 0
                         if event == "metrics":
-                            self._on_points(data.get("points") or [], int(data.get("last_seq") or 0),
-                                            data.get("downsampled"))
+                            # each answer starts where the one before ended
+                            self._on_points(data, since)
+                            since = int(data.get("last_seq") or since)
                         elif event == "job":
                             self._on_job(data)
                         elif event == "deleted":
@@ -92,6 +105,8 @@ class MetricsFollower:
                 self.last_error = f"{type(error).__name__}: {error}"
             if self._stop.is_set():
                 break
+            if self._renew.is_set() and not self._cut.is_set():
+                continue
             self.drops += 1
             self._set("down")
             self._stop.wait(BACKOFF[min(failures, len(BACKOFF) - 1)])

@@ -9,19 +9,22 @@ Pure Python (no widgets, no bokeh) so that the reduction rules can be tested on 
   arrives at step s, every train line drops its points at steps >= s, so the chart shows
   the trajectory that the model actually has;
 - with more than MAX_RANK_LINES ranks a train metric is drawn as the mean over ranks with a
-  min-max band (a step's is emitted once every rank has logged that step, or as a partial
-  one when 64 newer steps wait on a rank that stopped logging), plus a line for each rank
-  found to be an outlier (`outlier_ranks`, at most MAX_OUTLIERS), from the step where it
-  first stood out: one line per rank does not scale to 4,096 ranks, and the one rank that
-  diverges is what the user needs to see.
+  min-max band, plus a line for each rank found to be an outlier (at most MAX_OUTLIERS),
+  from the step where it first stood out: one line per rank does not scale to 4,096 ranks,
+  and the one rank that diverges is what the user needs to see. The launcher folds the
+  points into band rows (jupyter_dlc/bands.py; the view reads with `band=`); rows of one
+  step, and the outlier ranks' own points, add up here, and a step's band is emitted once
+  every rank is in it, or as a partial one when 64 newer steps wait on a rank that stopped
+  logging. The step's outlier candidates (named by the launcher among the values it read)
+  become outliers at emission, farthest from the mean first.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-MAX_RANK_LINES = 8
-MAX_OUTLIERS = 3
+from ..bands import MAX_OUTLIERS, MAX_RANK_LINES, outlier_ranks  # noqa: F401 (outlier_ranks: tests)
+
 PENDING_STEPS = 64      # steps waiting for their last rank before a partial mean is drawn
 SAMPLE_RATE_NAMES = ("samples_per_s", "samples_per_sec", "samples/s", "samples_per_second")
 
@@ -83,25 +86,29 @@ class Line:
         return out
 
 
-def outlier_ranks(values: dict[int, float], limit: int = 3) -> list[int]:
-    """The ranks whose value at one step lies far from the others: more than 5 scaled
-    median absolute deviations from the median (every differing rank when all others
-    agree), farthest first, at most `limit`. Robust to the outliers themselves, unlike a
-    mean and standard deviation, which one wild rank of eight drags along."""
-    if len(values) < 3:
-        return []
-    ordered = sorted(values.values())
-    median = ordered[len(ordered) // 2]
-    deviations = sorted(abs(v - median) for v in ordered)
-    mad = deviations[len(deviations) // 2] * 1.4826
-    bound = 5 * mad if mad > 0 else 1e-12 * max(1.0, abs(median))
-    far = [(abs(v - median), r) for r, v in values.items() if abs(v - median) > bound]
-    return [r for _, r in sorted(far, reverse=True)[:limit]]
+class _Pending:
+    """One step's band so far: what band rows and kept ranks' points added up."""
+
+    __slots__ = ("n", "sum", "lo", "hi", "candidates")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sum = 0.0
+        self.lo = float("inf")
+        self.hi = float("-inf")
+        self.candidates: dict[int, float] = {}
+
+    def merge(self, n: int, total: float, lo: float, hi: float) -> None:
+        self.n += n
+        self.sum += total
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
 
 
 class TrainData:
     """Train metrics (kind "train") by name and line key: a rank number, or "mean" (with its
-    band's "lo"/"hi" columns) past MAX_RANK_LINES ranks."""
+    band's "lo"/"hi" columns) past MAX_RANK_LINES ranks. `add` takes points, `add_band`
+    the launcher's band rows."""
 
     def __init__(self, world_size: int, capacity: int):
         self.world_size = max(1, int(world_size))
@@ -110,12 +117,12 @@ class TrainData:
         self.keys: list = list(range(self.world_size)) if self.by_rank else ["mean"]
         self.outliers: list[int] = []  # ranks with a line of their own, in the order found
         self.lines: dict[str, dict] = {}  # name -> {key: Line}
-        self._pending: dict[str, dict[float, dict[int, float]]] = {}  # name -> step -> rank -> value
+        self._pending: dict[str, dict[float, _Pending]] = {}  # name -> step -> its band so far
         self.attempt = 0
-        self.last_step: dict[int, float] = {}  # rank -> last step (current attempt)
+        self.last_step: dict[int, float] = {}  # rank -> last step (current attempt); -1: bands
         self.steps: deque = deque(maxlen=400)  # (t, step) of the lowest rank seen, this attempt
         self._rate_rank: int | None = None
-        self.sample_rates: dict[int, float] = {}  # rank -> last samples/s value
+        self.sample_rates: dict[int, float] = {}  # rank -> last samples/s value (-1: all ranks)
 
     def names(self) -> list[str]:
         names = sorted(self.lines)
@@ -131,68 +138,99 @@ class TrainData:
             line = lines[key] = Line(self.capacity, ("lo", "hi") if key == "mean" else ())
         return line
 
-    def add(self, point: dict) -> None:
-        step, value, rank = point.get("step"), point.get("value"), point.get("rank")
-        if step is None or value is None or rank is None:
-            return
-        attempt = int(point.get("attempt") or 1)
+    def _current(self, attempt: int, step: float) -> bool:
+        """Whether a point or row of `attempt` belongs to the chart (a new attempt resumes)."""
         if attempt > self.attempt:
             if self.attempt:
                 self._new_attempt(step)
             self.attempt = attempt
-        elif attempt < self.attempt:
-            return  # a straggler of an attempt that was replaced
+        return attempt == self.attempt  # else a straggler of an attempt that was replaced
+
+    def add(self, point: dict) -> None:
+        step, value, rank = point.get("step"), point.get("value"), point.get("rank")
+        if step is None or value is None or rank is None:
+            return
+        if not self._current(int(point.get("attempt") or 1), step):
+            return
         name = point["name"]
-        if name in SAMPLE_RATE_NAMES:
-            self.sample_rates[rank] = value
         if self.by_rank:
+            if name in SAMPLE_RATE_NAMES:
+                self.sample_rates[rank] = value
             if rank < self.world_size:
                 self._line(name, rank).append(step, value)
         else:
             if rank in self.outliers:
                 self._line(name, rank).append(step, value)
-            self._add_to_band(name, step, rank, value)
-        if step != self.last_step.get(rank):
-            self.last_step[rank] = step
-            if self._rate_rank is None or rank < self._rate_rank:
-                self._rate_rank = rank
-                self.steps.clear()
-            if rank == self._rate_rank:
-                self.steps.append((point["t"], step))
+            # the launcher left this rank out of its band rows (or sent every point)
+            self._pending_at(name, step).merge(1, value, value, value)
+            self._settle(name, step)
+        self._note_step(rank, point["t"], step)
 
-    def _add_to_band(self, name: str, step: float, rank: int, value: float) -> None:
-        pending = self._pending.setdefault(name, {})
-        values = pending.setdefault(step, {})
-        values[rank] = value
-        if len(values) >= self.world_size:
-            del pending[step]
-            self._emit(name, step, values)
-        if len(pending) > PENDING_STEPS:  # a rank that stopped logging: draw the oldest partially
+    def add_band(self, row: dict) -> None:
+        """A band row of the launcher (bands.py): this step's values it read, added up."""
+        step, name = row["step"], row["name"]
+        if self.by_rank or not self._current(int(row.get("attempt") or 1), step):
+            return
+        pending = self._pending_at(name, step)
+        pending.merge(row["n"], row["sum"], row["lo"], row["hi"])
+        for outlier in row.get("outliers") or ():
+            rank, value = outlier["rank"], outlier["value"]
+            if rank in self.outliers:
+                self._line(name, rank).append(step, value)
+            else:
+                pending.candidates[rank] = value
+        self._settle(name, step)
+        if row.get("t") is not None:
+            self._note_step(-1, row["t"], step)
+
+    def _pending_at(self, name: str, step: float) -> _Pending:
+        steps = self._pending.setdefault(name, {})
+        pending = steps.get(step)
+        if pending is None:
+            pending = steps[step] = _Pending()
+        return pending
+
+    def _settle(self, name: str, step: float) -> None:
+        """Emit `step` once every rank is in it; the oldest steps once too many wait (a rank
+        that stopped logging)."""
+        pending = self._pending[name]
+        if pending[step].n >= self.world_size:
+            self._emit(name, step, pending.pop(step))
+        if len(pending) > PENDING_STEPS:
             for old in sorted(pending)[: len(pending) - PENDING_STEPS]:
                 self._emit(name, old, pending.pop(old))
 
-    def _emit(self, name: str, step: float, values: dict[int, float]) -> None:
-        numbers = list(values.values())
-        self._line(name, "mean").append(step, sum(numbers) / len(numbers),
-                                        lo=min(numbers), hi=max(numbers))
-        room = MAX_OUTLIERS - len(self.outliers)
-        for rank in outlier_ranks(values, MAX_OUTLIERS):
-            if room <= 0:
+    def _emit(self, name: str, step: float, band: _Pending) -> None:
+        mean = band.sum / band.n
+        self._line(name, "mean").append(step, mean, lo=band.lo, hi=band.hi)
+        if name in SAMPLE_RATE_NAMES:
+            self.sample_rates = {-1: mean * self.world_size}
+        for rank, value in sorted(band.candidates.items(), key=lambda item: -abs(item[1] - mean)):
+            if len(self.outliers) >= MAX_OUTLIERS:
                 break
             if rank not in self.outliers:
-                room -= 1
-                self._promote(rank, name, step, values[rank])
+                self._promote(rank, name, step, value)
 
     def _promote(self, rank: int, name: str, step: float, value: float) -> None:
         """Give `rank` a line of its own, starting with what is still at hand: this step and
-        the steps that wait for other ranks (later points are added as they come)."""
+        its candidate values of steps still pending (later points are added as they come)."""
         self.outliers.append(rank)
         self.keys.append(rank)
         self._line(name, rank).append(step, value)
         for other, pending in self._pending.items():
             for s in sorted(pending):
-                if rank in pending[s] and (other != name or s > step):
-                    self._line(other, rank).append(s, pending[s][rank])
+                if rank in pending[s].candidates and (other != name or s > step):
+                    self._line(other, rank).append(s, pending[s].candidates.pop(rank))
+
+    def _note_step(self, rank: int, t: float, step: float) -> None:
+        """The steps/s of the lowest rank seen (-1: the band rows, all ranks' latest)."""
+        if step != self.last_step.get(rank):
+            self.last_step[rank] = step
+            if self._rate_rank is None or rank < self._rate_rank:
+                self._rate_rank = rank
+                self.steps.clear()
+            if rank == self._rate_rank and (not self.steps or step > self.steps[-1][1]):
+                self.steps.append((t, step))
 
     def _new_attempt(self, first_step: float) -> None:
         for lines in self.lines.values():

@@ -47,7 +47,7 @@ from ..client import TERMINAL, LauncherClient, LauncherError, LauncherUnavailabl
 from .charts import Charts, JobChartsModel
 from .kernelthread import adopt_parent, capture_parent
 from .push import MetricsFollower
-from .ranktable import PAGE_SIZE, SORTS, page_of
+from .ranktable import PAGE_SIZE, SORTS
 from .series import SystemData, TrainData
 
 STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c41",
@@ -55,7 +55,6 @@ STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c4
                  "PREFLIGHT": "#616161", "STARTING": "#00838f", "PENDING": "#8e24aa"}
 FROM_START = -1         # the Resume dropdown's value when no step is committed
 FROM_START_LABEL = "no checkpoint: from the start"
-METRIC_PAGE = 5000      # a metrics answer this long may have more behind it
 BACKOFF = (0.5, 1, 2, 4, 8, 10)
 NO_BOKEH_NOTE = (
     '<div class="dlc-needs-bokehjs" style="color:#888;font-size:11px">Charts need BokehJS, '
@@ -89,6 +88,11 @@ class _Followed:
         self.gone: str | None = None
         self.finalised = None      # (attempt, metrics seq) of the last full bokeh re-send
         self.note = ""
+
+    def band(self) -> list[int] | None:
+        """What a metrics read asks for (bands.py): past 8 ranks, train points folded per
+        step but for the outlier ranks' lines; else None, every point."""
+        return None if self.train.by_rank else list(self.train.outliers)
 
     def add_log(self, rank: int | None, text: str) -> None:
         self.log_counter += 1
@@ -130,7 +134,9 @@ class JobView:
         # (first seq, last seq, received, lock taken, sent) of each pushed batch, time.time()
         # seconds: where the kernel's part of logged -> drawn goes (benchmarks/live_view.py)
         self.push_trace: deque = deque(maxlen=4000)
+        self.band_rows = 0  # band rows added, pushed or polled (bands.py)
         self.rank_page = 0
+        self.rank_order = "rank"  # the rank table's (the launcher sorts and pages it)
 
         self.header = w.HTML()
         self.banner = w.HTML()
@@ -325,8 +331,9 @@ class JobView:
             f = self._f
             self._push = MetricsFollower(
                 lambda: self.client, f.job_id, lambda: f.metrics_seq,
-                lambda points, last, thinned: self._pushed(f, points, last, thinned),
-                lambda job: self._job_changed(f, job), self._push_state).start()
+                lambda answer, since: self._pushed(f, answer, since),
+                lambda job: self._job_changed(f, job), self._push_state,
+                lambda: f.band()).start()
 
     def _stop_push(self) -> None:
         push, self._push = self._push, None
@@ -337,20 +344,21 @@ class JobView:
         push = self._push
         return push is not None and push.state != "down"
 
-    def _pushed(self, f: _Followed, points: list, last_seq: int, thinned: dict | None = None) -> None:
+    def _pushed(self, f: _Followed, answer: dict, since: int) -> None:
         received = time.time()
+        points = answer.get("points") or []
+        last_seq = int(answer.get("last_seq") or 0)
         with self._lock:
             if f is not self._f:
                 return  # the view follows another job now
             locked = time.time()
-            self._show_downsampled(thinned)
-            added = self._add_points(f, points)
-            f.metrics_seq = max(f.metrics_seq, last_seq)
+            self._show_downsampled(answer.get("downsampled"))
+            added = self._add_answer(f, answer, since)
             self.points_pushed += added
             if added:
                 self._draw()
-                self.push_trace.append((int(points[0].get("seq") or 0), last_seq, received, locked,
-                                        time.time()))
+                self.push_trace.append((int(points[0].get("seq") or 0) if points else last_seq,
+                                        last_seq, received, locked, time.time()))
 
     def _show_downsampled(self, thinned: dict | None) -> None:
         text = formatting.downsampled_note(thinned)
@@ -368,11 +376,15 @@ class JobView:
         if state == "down":
             self._wake.set()  # poll at once what the stream would have brought
 
-    @staticmethod
-    def _add_points(f: _Followed, points: list) -> int:
-        """Add the points not seen yet (a poll and the stream may both bring one)."""
+    def _add_answer(self, f: _Followed, answer: dict, since: int) -> int:
+        """Add a metrics answer's points not seen yet (a poll and the stream may both bring
+        one) and its band rows, when it starts where the view is (rows have no seq: an
+        answer that overlaps what the view has would add some twice); moves the view's seq.
+        Returns the points added, a row counting its values. A new outlier rank: the stream
+        reconnects asking for its points."""
         added = 0
-        for point in points:
+        outliers = len(f.train.outliers)
+        for point in answer.get("points") or ():
             if int(point.get("seq") or 0) <= f.metrics_seq:
                 continue
             if point.get("kind") == "system":
@@ -380,6 +392,14 @@ class JobView:
             else:
                 f.train.add(point)
             added += 1
+        if since == f.metrics_seq:
+            for row in answer.get("bands") or ():
+                f.train.add_band(row)
+                added += row["n"]
+                self.band_rows += 1
+        f.metrics_seq = max(f.metrics_seq, int(answer.get("last_seq") or 0))
+        if len(f.train.outliers) != outliers and self._push is not None:
+            self._push.renew()
         return added
 
     # -- one refresh ----------------------------------------------------------------------
@@ -387,7 +407,7 @@ class JobView:
         world = 1
         job = None
         try:
-            job = self.client.job(job_id)
+            job = self._read_job(job_id)
             world = int(job["nodes"]) * int(job["nproc_per_node"])
         except (LauncherError, KeyError, TypeError, ValueError):
             pass
@@ -399,7 +419,7 @@ class JobView:
         f = self._f
         self.refreshes += 1
         try:
-            job = self.client.job(f.job_id)
+            job = self._read_job(f.job_id)
             with self._lock:
                 self._ensure_world(f, job)
                 if not self._pushing():
@@ -439,6 +459,8 @@ class JobView:
             self.charts = Charts(f.job_id, f.train, f.system, self.capacity)
             self.bokeh.update_from_model(self.charts.layout)
             self._set_log_filter_options()
+            if self._push is not None:
+                self._push.renew()  # past 8 ranks it reads bands
 
     def _launcher_down(self, message: str) -> None:
         with self._lock:
@@ -456,13 +478,12 @@ class JobView:
 
     def _poll_metrics(self, f: _Followed) -> None:
         for _ in range(1000):
-            answer = self.client.metrics(f.job_id, since=f.metrics_seq)
-            points = answer.get("points") or []
-            self.points_polled += self._add_points(f, points)
+            since = f.metrics_seq
+            answer = self.client.metrics(f.job_id, since=since, band=f.band())
+            self.points_polled += self._add_answer(f, answer, since)
             with self._lock:
                 self._show_downsampled(answer.get("downsampled"))
-            f.metrics_seq = max(f.metrics_seq, int(answer.get("last_seq") or 0))
-            if len(points) < METRIC_PAGE:
+            if int(answer.get("last_seq") or 0) == since:
                 break
 
     def _poll_logs(self, f: _Followed) -> None:
@@ -598,21 +619,36 @@ class JobView:
             text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
         return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'
 
+    def _read_job(self, job_id: str) -> dict:
+        """The job's detail with the rank table's page, sorted and cut by the launcher."""
+        return self.client.job(job_id, rank_sort=self.rank_order, rank_page=self.rank_page,
+                               rank_page_size=PAGE_SIZE)
+
     def _turn_rank_page(self, by: int | None) -> None:
+        """Show another page, or the first in another order, at once: read from the launcher."""
         with self._lock:
-            self.rank_page = 0 if by is None else self.rank_page + by
-            if self._f.job:
-                self.rank_table.value = self._ranks_html(self._f.job)
+            self.rank_order = self.rank_sort.value
+            self.rank_page = 0 if by is None else max(0, self.rank_page + by)
+            f = self._f
+        try:
+            job = self._read_job(f.job_id)
+        except LauncherError:
+            return  # the next refresh shows it, or that the launcher is down
+        with self._lock:
+            if f is self._f:
+                f.job = job
+                self.rank_table.value = self._ranks_html(job)
 
     def _ranks_html(self, job: dict) -> str:
-        everyone = job.get("ranks") or []
-        ranks, self.rank_page, pages = page_of(everyone, self.rank_sort.value, self.rank_page)
+        ranks = job.get("ranks") or []
+        paged = job.get("rank_page") or {"page": 0, "pages": 1, "total": len(ranks)}
+        self.rank_page, pages = paged["page"], paged["pages"]
         self.rank_bar.layout.display = "" if pages > 1 else "none"
         self.rank_prev.disabled = self.rank_page == 0
         self.rank_next.disabled = self.rank_page >= pages - 1
         first = self.rank_page * PAGE_SIZE
         self.rank_pages.value = (f'<span class="dlc-rank-pages" style="padding:0 6px">ranks {first + 1}-'
-                                 f"{first + len(ranks)} of {len(everyone)} · page {self.rank_page + 1}"
+                                 f"{first + len(ranks)} of {paged['total']} · page {self.rank_page + 1}"
                                  f" of {pages}</span>")
         if not ranks:
             return '<div class="dlc-ranks" style="color:#888">no ranks started yet</div>'

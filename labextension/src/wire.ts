@@ -500,6 +500,7 @@ export interface components {
         JobDetail: components["schemas"]["JobSummary"] & {
             attempts: components["schemas"]["Attempt"][];
             last_checkpoint: components["schemas"]["Checkpoint"] | null;
+            rank_page?: components["schemas"]["RankPage"];
             ranks: components["schemas"]["Rank"][];
             spec: Record<string, never>;
         };
@@ -652,6 +653,18 @@ export interface components {
             pid: number | null;
             rank: number;
             state: string;
+        };
+        /** @description With rank_sort or rank_page: `ranks` is this page of the attempt's ranks; `states` counts them all by state. */
+        RankPage: {
+            page: number;
+            pages: number;
+            size: number;
+            /** @enum {string} */
+            sort: "rank" | "step" | "heartbeat";
+            states: {
+                [key: string]: number;
+            };
+            total: number;
         };
         Released: {
             released: string[];
@@ -881,7 +894,14 @@ export interface operations {
     };
     getJob: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description with rank_page: the rank table's order (slowest step, oldest heartbeat first) */
+                rank_sort?: "rank" | "step" | "heartbeat";
+                /** @description only this page of the ranks (from 0), as `rank_page` says */
+                rank_page?: number;
+                /** @description ranks a page (default 50) */
+                rank_page_size?: number;
+            };
             header?: never;
             path: {
                 /** @description A job id, a unique prefix of one, or `last`. */
@@ -898,6 +918,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["JobDetail"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description Missing or wrong token */
@@ -1934,6 +1963,7 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsApiJobsJobGetParametersQueryRank_sortValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}"]["get"]["parameters"]["query"]["rank_sort"]> = ["rank", "step", "heartbeat"];
 export const pathsApiJobsJobMetricsGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const pathsApiJobsJobMetricsStreamGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics/stream"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
@@ -1941,4 +1971,5 @@ export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["sc
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
 export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];
+export const rankPageSortValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RankPage"]["sort"]> = ["rank", "step", "heartbeat"];
 export const terminalStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalState"]> = ["SUCCEEDED", "FAILED", "STOPPED"];

@@ -337,6 +337,11 @@ def test_metrics_stream_relays_pushed_points(server):
                                  headers={"Authorization": f"token {TOKEN}"})
     text = urllib.request.urlopen(req, timeout=30).read().decode()
     assert "launcher answered 404" in text
+    # a view's band read (bands.py) reaches the launcher whole: its check of `ranks` answers
+    req = urllib.request.Request(dlc + f"jobs/{jid}/metrics/stream?since=0&band=1&ranks=1,x",
+                                 headers={"Authorization": f"token {TOKEN}"})
+    text = urllib.request.urlopen(req, timeout=30).read().decode()
+    assert "launcher answered 400" in text and "ranks: " in text, text
 
 
 def test_bokehjs_is_served_locally(server):

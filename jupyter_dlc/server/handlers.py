@@ -301,9 +301,13 @@ class MetricsStreamHandler(StreamHandler):
     ``/dlc/api/jobs/<job>/metrics`` while it is down)."""
 
     def upstream(self, job: str) -> str:
-        since = self.get_query_argument("since", "0")
+        query = {"since": self.get_query_argument("since", "0")}
+        for name in ("band", "ranks"):  # a view past 8 ranks reads folded points (bands.py)
+            value = self.get_query_argument(name, None)
+            if value is not None:
+                query[name] = value
         return (f"/api/jobs/{urllib.parse.quote(job, safe='')}/metrics/stream?"
-                + urllib.parse.urlencode({"since": since}))
+                + urllib.parse.urlencode(query))
 
 
 def bokeh_js_dir() -> str:

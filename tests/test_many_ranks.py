@@ -186,8 +186,10 @@ def test_panel_detail_of_4096_ranks(k8s_profile):
             outlier = chart.locator("path.dlc-chart-outlier")
             expect(outlier).to_have_attribute("data-last-x", "3")
             expect(detail).to_have_attribute("data-outlier-ranks", str(DIVERGING))
-            asked = page.evaluate("(id) => window.jupyterDlc.feed(id).query()", job_id)
+            feed = "(id) => { const f = window.jupyterDlc.feed(id); return [f.query(), f.reopened]; }"
+            asked, reopened = page.evaluate(feed, job_id)
             assert asked == {"band": 1, "ranks": str(DIVERGING)}, asked
+            assert reopened >= 1, "the stream was not reopened to ask for the outlier rank's points"
             # every value applied once: band rows read by both the poll and the stream added once
             def applied():
                 return sum(int(detail.get_attribute(a) or 0) for a in ("data-pushed", "data-polled"))

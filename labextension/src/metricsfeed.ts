@@ -4,7 +4,10 @@
  * `api/jobs/{id}/metrics?since=` while that stream is down. One JupyterLab `Poll` drives
  * both: each tick (re)opens the stream when it is not open and fetches what came since the
  * last seq; a failed fetch makes the Poll back off (1 s doubling to 30 s), and it stands by
- * while the page is hidden. While the stream is open the ticks do nothing.
+ * while the page is hidden. While the stream is open the ticks do nothing. Past 8 ranks both
+ * read with `band=1&ranks=<outlier ranks>` (bands.ts JobMetrics says which answers apply);
+ * the stream is reopened from the last seq applied when the outlier ranks change, or when a
+ * poll applied its span first (its next rows would be added twice).
  */
 import { Poll } from '@lumino/polling';
 

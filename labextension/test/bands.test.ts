@@ -25,17 +25,20 @@ function answer(lastSeq: number, bands: BandRow[] | null, points: MetricPoint[] 
 }
 
 describe('BandSeries: the launcher band rows added up', () => {
-  it('gives a step split over several rows the band of one row of all its values', () => {
-    const values = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
-    const whole = new BandSeries(12);
-    whole.addRow(row(1, values));
-    const split = new BandSeries(12);
-    split.addRow(row(1, values.slice(0, 5)));
-    expect(split.get('loss').band.rows).toEqual([]); // waits for the other 7 ranks
-    split.addRow(row(1, values.slice(5, 9)));
-    split.addRow(row(1, values.slice(9)));
-    expect(split.get('loss')).toEqual(whole.get('loss'));
-    expect(whole.get('loss').band).toEqual({ rows: [[1, 6.5, 1, 12]], of: 12 });
+  it('gives a step split over rows of several answers the band of one row of all its values', () => {
+    const values = [1, 2, 3, 100, 5, 6, 7, 8, 9, 10, -50, 12];
+    const whole = new JobMetrics(12);
+    const far = [{ rank: 3, value: 100 }, { rank: 10, value: -50 }];
+    whole.take(answer(12, [row(1, values, { outliers: far })]), 0, whole.query());
+    const split = new JobMetrics(12);
+    split.take(answer(5, [row(1, values.slice(0, 5), { outliers: [far[0]] })]), 0, split.query());
+    expect(split.chart('loss').band?.rows).toEqual([]); // waits for the other 7 ranks
+    split.take(answer(9, [row(1, values.slice(5, 9))]), 5, split.query());
+    split.take(answer(12, [row(1, values.slice(9), { outliers: [far[1]] })]), 9, split.query());
+    expect(split.chart('loss')).toEqual(whole.chart('loss'));
+    expect(whole.chart('loss').band).toEqual({ rows: [[1, 113 / 12, -50, 100]], of: 12 });
+    expect(whole.band?.outliers).toEqual([3, 10]);
+    expect(split.band?.outliers).toEqual([3, 10]);
   });
 
   it('draws a step partially once 64 newer steps of its metric wait (more than 64 pending)', () => {

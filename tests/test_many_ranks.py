@@ -195,6 +195,20 @@ def test_panel_detail_of_4096_ranks(k8s_profile):
             expect(chart.locator(f'path.dlc-chart-outlier[data-label="rank {DIVERGING} (outlier)"]')
                    ).to_have_count(1)
             expect(chart.locator("path.dlc-chart-outlier")).to_have_count(1)
+            # the launcher folded the other ranks' points (band=1); the diverging rank's line
+            # starts where it stood out and holds step 3, which waits for rank 4000
+            outlier = chart.locator("path.dlc-chart-outlier")
+            expect(outlier).to_have_attribute("data-last-x", "3")
+            expect(detail).to_have_attribute("data-outlier-ranks", str(DIVERGING))
+            feed = "(id) => { const f = window.jupyterDlc.feed(id); return [f.query(), f.reopened]; }"
+            asked, reopened = page.evaluate(feed, job_id)
+            assert asked == {"band": 1, "ranks": str(DIVERGING)}, asked
+            assert reopened >= 1, "the stream was not reopened to ask for the outlier rank's points"
+            # every value applied once: band rows read by both the poll and the stream added once
+            def applied():
+                return sum(int(detail.get_attribute(a) or 0) for a in ("data-pushed", "data-polled"))
+            wait_until(lambda: applied() >= WORLD * 3 - 1, 30, "every value in the chart")
+            assert applied() == WORLD * 3 - 1
             pages = detail.locator(".dlc-rank-pages")
             expect(pages).to_have_text("4096 ranks · page 1 of 82", timeout=30000)
             expect(detail.locator(".dlc-rank-table tr[data-rank]")).to_have_count(50)

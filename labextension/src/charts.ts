@@ -16,19 +16,38 @@ const SVG_NS = 'http://www.w3.org/2000/svg';
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
 export const MAX_POINTS_PER_SERIES = 2000;
 
+/** `map`'s value at `key`, made and stored first when it has none. */
+export function entry<K, V>(map: Map<K, V>, key: K, make: () => V): V {
+  let value = map.get(key);
+  if (value === undefined) {
+    value = make();
+    map.set(key, value);
+  }
+  return value;
+}
+
 /**
- * Accumulates metric points (fetched incrementally with `since=last_seq`) into series:
- * train metrics by (name, rank) against step; system metrics by (name, node/device) against time.
+ * Keep a line bounded: past MAX_POINTS_PER_SERIES points, every other point of the older
+ * half goes (bounded memory, the whole history's shape).
+ */
+export function thin<T>(pts: T[]): void {
+  if (pts.length > MAX_POINTS_PER_SERIES) {
+    const half = Math.floor(pts.length / 2);
+    const thinned = pts.slice(0, half).filter((_, i) => i % 2 === 0);
+    pts.splice(0, half, ...thinned);
+  }
+}
+
+/**
+ * Accumulates metric points into series: train metrics by (name, rank) against step (a job
+ * of up to MAX_RANK_LINES ranks; past that, bands.ts BandSeries draws them); system metrics
+ * by (name, node/device) against time.
  */
 export class MetricSeries {
-  lastSeq = 0;
   private series = new Map<string, Map<string, [number, number][]>>();
 
   add(points: MetricPoint[]): void {
     for (const p of points) {
-      if (p.seq > this.lastSeq) {
-        this.lastSeq = p.seq;
-      }
       if (typeof p.value !== 'number' || !isFinite(p.value)) {
         continue;
       }
@@ -47,23 +66,9 @@ export class MetricSeries {
         label = `node ${p.node ?? '?'} ${p.device ?? ''}`.trim();
         x = p.t;
       }
-      let byLabel = this.series.get(chart);
-      if (!byLabel) {
-        byLabel = new Map();
-        this.series.set(chart, byLabel);
-      }
-      let pts = byLabel.get(label);
-      if (!pts) {
-        pts = [];
-        byLabel.set(label, pts);
-      }
+      const pts = entry(entry(this.series, chart, () => new Map()), label, () => []);
       pts.push([x, p.value]);
-      if (pts.length > MAX_POINTS_PER_SERIES) {
-        // keep every other point of the older half: bounded memory, whole history's shape
-        const half = Math.floor(pts.length / 2);
-        const thinned = pts.slice(0, half).filter((_, i) => i % 2 === 0);
-        pts.splice(0, half, ...thinned);
-      }
+      thin(pts);
     }
   }
 
@@ -110,24 +115,24 @@ export function outliersAt(values: Map<string, number>): { label: string; distan
   return far.sort((a, b) => b.distance - a.distance);
 }
 
+/** A mean with its min-max band, standing for many series. */
 export interface Band {
   /** [x, mean, min, max] per x, x ascending */
   rows: [number, number, number, number][];
-  /** the series that stood out most (farthest, in MADs, at any x), at most `limit` */
-  outliers: Series[];
+  /** how many series it stands for (the legend's "mean of N") */
+  of: number;
 }
 
-/** Mean and min-max band over `series` at every x, and the outlier series. */
-export function bandOf(series: Series[], limit = MAX_OUTLIERS): Band {
+/**
+ * Mean and min-max band over `series` at every x, and the outlier series: for system
+ * metrics of more than MAX_RANK_LINES nodes/devices, which come as points. Train metrics
+ * past MAX_RANK_LINES ranks come folded by the launcher instead (bands.ts BandSeries).
+ */
+export function bandOf(series: Series[], limit = MAX_OUTLIERS): { band: Band; outliers: Series[] } {
   const byX = new Map<number, Map<string, number>>();
   for (const s of series) {
     for (const [x, y] of s.points) {
-      let at = byX.get(x);
-      if (!at) {
-        at = new Map();
-        byX.set(x, at);
-      }
-      at.set(s.label, y);
+      entry(byX, x, () => new Map<string, number>()).set(s.label, y);
     }
   }
   const rows: [number, number, number, number][] = [];
@@ -149,7 +154,7 @@ export function bandOf(series: Series[], limit = MAX_OUTLIERS): Band {
   }
   const picked = [...worst.entries()].sort((a, b) => b[1] - a[1]).slice(0, limit).map(([l]) => l);
   return {
-    rows,
+    band: { rows, of: series.length },
     outliers: series.filter(s => picked.includes(s.label)).map(s => ({ ...s, label: `${s.label} (outlier)` }))
   };
 }
@@ -165,11 +170,15 @@ function fmt(v: number): string {
   return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toFixed(3);
 }
 
-/** An SVG line chart of `series` (x ascending per series). */
+/**
+ * An SVG line chart of `series` (x ascending per series). With `opts.band`, the band and its
+ * mean are drawn and `series` are its outlier lines; without, more than MAX_RANK_LINES
+ * series are drawn as their band (`bandOf`).
+ */
 export function lineChart(
   title: string,
   series: Series[],
-  opts: { width?: number; height?: number; xLabel?: string } = {}
+  opts: { width?: number; height?: number; xLabel?: string; band?: Band } = {}
 ): SVGSVGElement {
   const W = opts.width ?? 260;
   const H = opts.height ?? 110;
@@ -197,13 +206,25 @@ export function lineChart(
   let x1 = -Infinity;
   let y0 = Infinity;
   let y1 = -Infinity;
+  let band = opts.band ?? null;
+  if (!band && series.length > MAX_RANK_LINES) {
+    const computed = bandOf(series);
+    band = computed.band;
+    series = computed.outliers;
+  }
+  const extend = (x: number, ylo: number, yhi: number) => {
+    x0 = Math.min(x0, x);
+    x1 = Math.max(x1, x);
+    y0 = Math.min(y0, ylo);
+    y1 = Math.max(y1, yhi);
+  };
   for (const s of series) {
     for (const [x, y] of s.points) {
-      x0 = Math.min(x0, x);
-      x1 = Math.max(x1, x);
-      y0 = Math.min(y0, y);
-      y1 = Math.max(y1, y);
+      extend(x, y, y);
     }
+  }
+  for (const [x, , lo, hi] of band?.rows ?? []) {
+    extend(x, lo, hi);
   }
   const frame = document.createElementNS(SVG_NS, 'rect');
   frame.setAttribute('x', String(L));
@@ -230,7 +251,6 @@ export function lineChart(
   if (opts.xLabel) {
     text(W - R, H - 3, opts.xLabel, 'end');
   }
-  const band = series.length > MAX_RANK_LINES ? bandOf(series) : null;
   if (band) {
     // the min-max area, then the mean; the outliers are drawn as the lines below
     const area = document.createElementNS(SVG_NS, 'path');
@@ -244,7 +264,7 @@ export function lineChart(
     mean.setAttribute('class', 'dlc-chart-line dlc-chart-mean');
     mean.setAttribute('stroke', '#000');
     svg.appendChild(mean);
-    series = [{ label: `mean of ${series.length}`, points: [] }, ...band.outliers];
+    series = [{ label: `mean of ${band.of}`, points: [] }, ...series];
   }
   series.forEach((s, i) => {
     if (!s.points.length) {

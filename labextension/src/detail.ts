@@ -7,7 +7,8 @@ import { PageConfig } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { DlcApi, DlcError } from './api';
-import { MetricPoint, MetricSeries, lineChart } from './charts';
+import { JobMetrics, Taken } from './bands';
+import { lineChart } from './charts';
 import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
 import { stateClass } from './listview';
 import { JobDetail, JobEntry, age, isActive } from './store';
@@ -97,7 +98,7 @@ export class DetailView {
   readonly node: HTMLElement;
   private id: string | null = null;
   private entry: JobEntry | null = null;
-  private metrics = new MetricSeries();
+  private metrics = new JobMetrics(0);
   private timer: number | null = null;
   private loading = false;
   private lastFullRev = -1;
@@ -210,14 +211,14 @@ export class DetailView {
   show(entry: JobEntry): void {
     if (this.id !== entry.job.id) {
       this.id = entry.job.id;
-      this.metrics = new MetricSeries();
+      this.metrics = new JobMetrics(entry.job.nodes * entry.job.nproc_per_node);
       this.feed?.dispose();
       const metrics = this.metrics;
       this.feed = new MetricsFeed(
         this.host.api,
         entry.job.id,
-        () => metrics.lastSeq,
-        (points, downsampled) => this.pointsArrived(metrics, points, downsampled),
+        metrics,
+        (taken, downsampled) => this.answerTaken(metrics, taken, downsampled),
         status => this.feedStatus(status)
       );
       this.ranks = [];
@@ -343,8 +344,8 @@ export class DetailView {
     }
   }
 
-  /** Points came (pushed or polled): draw them at the next frame. */
-  private pointsArrived(metrics: MetricSeries, points: MetricPoint[], downsampled: Downsampled | null): void {
+  /** An answer came (pushed or polled): draw what it brought at the next frame. */
+  private answerTaken(metrics: JobMetrics, taken: Taken, downsampled: Downsampled | null): void {
     if (metrics !== this.metrics) {
       return; // another job is shown now
     }
@@ -352,12 +353,13 @@ export class DetailView {
     if (this.parts.retention.textContent !== note) {
       this.parts.retention.textContent = note;
     }
-    if (!points.length) {
+    if (!taken.values) {
       return;
     }
-    metrics.add(points);
     this.node.dataset.pushed = String(this.feed?.pushed ?? 0);
     this.node.dataset.polled = String(this.feed?.polled ?? 0);
+    // past 8 ranks: the ranks the feed asks for as points (its outlier lines)
+    this.node.dataset.outlierRanks = metrics.band?.outliers.join(',') ?? '';
     if (this.chartFrame === null) {
       this.chartFrame = requestAnimationFrame(() => {
         this.chartFrame = null;
@@ -380,10 +382,11 @@ export class DetailView {
       train.unshift('loss');
     }
     for (const n of train.slice(0, 4)) {
-      box.appendChild(lineChart(n, this.metrics.get(n), { xLabel: 'step' }));
+      const { series, band } = this.metrics.chart(n);
+      box.appendChild(lineChart(n, series, { xLabel: 'step', band }));
     }
     for (const n of SYSTEM_ORDER.filter(x => names.includes(x))) {
-      box.appendChild(lineChart(n, this.metrics.get(n), { xLabel: 'time' }));
+      box.appendChild(lineChart(n, this.metrics.chart(n).series, { xLabel: 'time' }));
     }
   }
 

@@ -4,12 +4,15 @@
  * `api/jobs/{id}/metrics?since=` while that stream is down. One JupyterLab `Poll` drives
  * both: each tick (re)opens the stream when it is not open and fetches what came since the
  * last seq; a failed fetch makes the Poll back off (1 s doubling to 30 s), and it stands by
- * while the page is hidden. While the stream is open the ticks do nothing.
+ * while the page is hidden. While the stream is open the ticks do nothing. Past 8 ranks both
+ * read with `band=1&ranks=<outlier ranks>` (bands.ts JobMetrics says which answers apply);
+ * the stream is reopened from the last seq applied when the outlier ranks change, or when a
+ * poll applied its span first (its next rows would be added twice).
  */
 import { Poll } from '@lumino/polling';
 
 import { DlcApi } from './api';
-import { MetricPoint } from './charts';
+import { JobMetrics, Metrics, MetricsQuery, Taken } from './bands';
 import { SseParser } from './store';
 import { components } from './wire';
 
@@ -31,9 +34,12 @@ export type FeedStatus = 'connecting' | 'live' | 'polling';
 
 export class MetricsFeed {
   status: FeedStatus = 'connecting';
-  /** points that came by stream / by poll (tests read them through the DOM's data-*) */
+  /** values that came by stream / by poll: points, and past 8 ranks the values folded in the
+   * band rows (tests read them through the DOM's data-*) */
   pushed = 0;
   polled = 0;
+  /** times the stream was reopened to ask for other outlier ranks, or to get back in step */
+  reopened = 0;
   private abort: AbortController | null = null;
   private poll: Poll;
   private disposed = false;
@@ -41,8 +47,8 @@ export class MetricsFeed {
   constructor(
     private api: DlcApi,
     readonly id: string,
-    private lastSeq: () => number,
-    private onPoints: (points: MetricPoint[], downsampled: Downsampled | null) => void,
+    private metrics: JobMetrics,
+    private onTaken: (taken: Taken, downsampled: Downsampled | null) => void,
     private onStatus: (status: FeedStatus) => void
   ) {
     this.poll = new Poll({
@@ -64,6 +70,11 @@ export class MetricsFeed {
     this.abort?.abort();
   }
 
+  /** The query of the next read (tests, through window.jupyterDlc). */
+  query(): MetricsQuery {
+    return this.metrics.query();
+  }
+
   private setStatus(status: FeedStatus): void {
     if (this.status !== status) {
       this.status = status;
@@ -77,19 +88,30 @@ export class MetricsFeed {
     }
     void this.follow();
     // what came while the stream was down (or before it opened); a failure backs off
-    const answer = await this.api.sub(this.id, 'metrics', { since: this.lastSeq() });
-    const fresh = answer.points.filter(p => p.seq > this.lastSeq());
-    this.polled += fresh.length;
-    this.onPoints(fresh, answer.downsampled ?? null);
+    const since = this.metrics.lastSeq;
+    const query = this.metrics.query();
+    const answer = await this.api.sub(this.id, 'metrics', { since, ...query });
+    if (this.disposed) {
+      return;
+    }
+    // out of step (the stream was first, or the outliers changed): the stream or the next
+    // tick reads it again
+    const taken = this.metrics.take(answer, since, query);
+    this.polled += taken.values;
+    this.onTaken(taken, answer.downsampled ?? null);
   }
 
   private async follow(): Promise<void> {
     const abort = new AbortController();
     this.abort = abort;
     let wasLive = false;
+    let reopen = false;
     try {
+      let since = this.metrics.lastSeq;
+      const query = this.metrics.query();
       const reader = await this.api.openStream(abort.signal, `jobs/${encodeURIComponent(this.id)}/metrics/stream`, {
-        since: this.lastSeq()
+        since,
+        ...query
       });
       this.setStatus('live');
       wasLive = true;
@@ -103,10 +125,19 @@ export class MetricsFeed {
         }
         for (const ev of parser.feed(decoder.decode(value, { stream: true }))) {
           if (ev.event === 'metrics') {
-            const data = JSON.parse(ev.data) as { points: MetricPoint[]; downsampled?: Downsampled | null };
-            const fresh = data.points.filter(p => p.seq > this.lastSeq());
-            this.pushed += fresh.length;
-            this.onPoints(fresh, data.downsampled ?? null);
+            // each page starts where the one before it ended
+            const page = JSON.parse(ev.data) as Metrics;
+            const taken = this.metrics.take(page, since, query);
+            since = page.last_seq;
+            this.pushed += taken.values;
+            this.onTaken(taken, page.downsampled ?? null);
+            if (taken.outOfStep || this.metrics.query().ranks !== query.ranks) {
+              // new outliers to ask for, or a poll applied this span first: read on from the
+              // last seq applied, with the ranks of now
+              reopen = true;
+              ended = true;
+              break;
+            }
           } else if (ev.event === 'launcher') {
             ended = true; // the relay says the launcher went away
           }
@@ -118,10 +149,16 @@ export class MetricsFeed {
       if (this.abort === abort) {
         this.abort = null;
       }
+      abort.abort(); // ends the request when we stopped reading it
       if (!this.disposed) {
-        this.setStatus('polling');
-        if (wasLive) {
-          void this.poll.refresh(); // fetch the gap now; a refused stream waits for the next tick
+        if (reopen) {
+          this.reopened += 1;
+          void this.follow();
+        } else {
+          this.setStatus('polling');
+          if (wasLive) {
+            void this.poll.refresh(); // fetch the gap now; a refused stream waits for the next tick
+          }
         }
       }
     }

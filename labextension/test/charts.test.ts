@@ -14,7 +14,6 @@ describe('MetricSeries', () => {
       pt(3, { kind: 'system', name: 'cpu_util', device: 'cpu', step: null, t: 100, value: 0.5 }),
       pt(4, { rank: 0, value: NaN })
     ]);
-    expect(m.lastSeq).toBe(4);
     expect(m.charts().sort()).toEqual(['cpu_util', 'loss']);
     expect(m.get('loss').map(s => s.label)).toEqual(['rank 0', 'rank 1']);
     expect(m.get('cpu_util')[0]).toEqual({ label: 'node 0 cpu', points: [[100, 0.5]] });
@@ -46,7 +45,7 @@ describe('lineChart', () => {
   });
 });
 
-describe('bandOf and the band chart past 8 ranks', () => {
+describe('bandOf (system metrics of many nodes) and the band chart', () => {
   const ranks = (n: number, at: (rank: number, step: number) => number) =>
     Array.from({ length: n }, (_, r) => ({
       label: `rank ${r}`,
@@ -55,13 +54,14 @@ describe('bandOf and the band chart past 8 ranks', () => {
 
   it('gives mean, min and max per step and picks the ranks that stand out', () => {
     const series = ranks(4096, (r, x) => 1 / x + (r % 5) * 1e-3 + (r === 77 && x >= 3 ? 10 : 0) + (r === 9 && x === 2 ? -5 : 0));
-    const band = bandOf(series);
+    const { band, outliers } = bandOf(series);
+    expect(band.of).toBe(4096);
     expect(band.rows.map(r => r[0])).toEqual([1, 2, 3, 4]);
     const [, mean, lo, hi] = band.rows[2];
     expect(hi).toBeCloseTo(1 / 3 + 10 + 0.001 * (77 % 5));
     expect(lo).toBeCloseTo(1 / 3);
     expect(mean).toBeGreaterThan(1 / 3);
-    expect(band.outliers.map(s => s.label).sort()).toEqual(['rank 77 (outlier)', 'rank 9 (outlier)']);
+    expect(outliers.map(s => s.label).sort()).toEqual(['rank 77 (outlier)', 'rank 9 (outlier)']);
   });
 
   it('finds no outlier in an even spread, and every differing rank when the rest agree', () => {
@@ -77,6 +77,20 @@ describe('bandOf and the band chart past 8 ranks', () => {
     const few = lineChart('loss', ranks(8, (r, x) => x + r));
     expect(few.querySelectorAll('path.dlc-chart-band').length).toBe(0);
     expect(few.querySelectorAll('path.dlc-chart-line').length).toBe(8);
+  });
+
+  it('draws a given band (the launcher folded it) with its outlier lines, scaled to both', () => {
+    const band = { rows: [[1, 2, 1, 3], [2, 1.5, 1, 2]] as [number, number, number, number][], of: 4096 };
+    const svg = lineChart('loss', [{ label: 'rank 7 (outlier)', points: [[2, 40]] }], { band });
+    expect(svg.querySelectorAll('path.dlc-chart-band').length).toBe(1);
+    expect(svg.querySelectorAll('path.dlc-chart-mean').length).toBe(1);
+    const outlier = svg.querySelector('path.dlc-chart-outlier') as SVGPathElement;
+    expect(outlier.dataset.label).toBe('rank 7 (outlier)');
+    expect(outlier.dataset.lastX).toBe('2');
+    expect(svg.querySelector('text.dlc-chart-legend')?.textContent).toBe('mean of 4096');
+    expect([...svg.querySelectorAll('text.dlc-chart-text')].map(t => t.textContent)).toContain('40.00');
+    const empty = lineChart('loss', [], { band: { rows: [], of: 4096 } });
+    expect(empty.textContent).toContain('no data yet');
   });
 });
 

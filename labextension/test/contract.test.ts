@@ -8,7 +8,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 
-import { MetricSeries } from '../src/charts';
+import { JobMetrics } from '../src/bands';
 import {
   JOB_STATES,
   JobDetail,
@@ -31,6 +31,8 @@ interface Fixtures {
   checkpoints: Schemas['Checkpoints'];
   logs: Schemas['Logs'];
   metrics: Schemas['Metrics'];
+  metrics_band: Schemas['Metrics'];
+  metrics_band_stream: Schemas['Metrics'];
   events: Schemas['Events'];
   alerts: Schemas['Alerts'];
   script: Schemas['Script'];
@@ -102,11 +104,42 @@ describe('real launcher payloads through the panel', () => {
     const [ckpt] = fx.checkpoints.checkpoints;
     expect(checkpointLabel(ckpt, () => 'T')).toBe('step 4 · T · world 2');
     expect(fx.job_succeeded.last_checkpoint?.step).toBe(4);
-    const series = new MetricSeries();
-    series.add(fx.metrics.points);
-    expect(series.charts()).toContain('loss');
-    expect(series.lastSeq).toBe(fx.metrics.last_seq);
-    expect(series.get('loss').map(s => s.label).sort()).toEqual(['rank 0', 'rank 1']);
+    const metrics = new JobMetrics(fx.job_succeeded.nodes * fx.job_succeeded.nproc_per_node);
+    expect(metrics.query()).toEqual({});
+    metrics.take(fx.metrics, 0, metrics.query());
+    expect(metrics.charts()).toContain('loss');
+    expect(metrics.lastSeq).toBe(fx.metrics.last_seq);
+    expect(metrics.chart('loss').series.map(s => s.label).sort()).toEqual(['rank 0', 'rank 1']);
+  });
+
+  // A job of 9 ranks (tests/test_openapi.py: one node of 9 processes), whose rank 8 logs
+  // 100.008 at steps 1 and 2 where the others log 1.000 to 1.007.
+  it('past 8 ranks the band rows make the band, and the rank that stands out gets its line', () => {
+    const metrics = new JobMetrics(9);
+    const taken = metrics.take(fx.metrics_band, 0, metrics.query());
+    expect(taken).toEqual({ values: 18, outOfStep: false });
+    const { series, band } = metrics.chart('loss');
+    expect(band?.rows.map(([step, , lo, hi]) => [step, lo, hi])).toEqual([[1, 1, 100.008], [2, 1, 100.008]]);
+    expect(band?.rows[0][1]).toBeCloseTo(108.036 / 9);
+    expect(series).toEqual([{ label: 'rank 8 (outlier)', points: [[1, 100.008], [2, 100.008]] }]);
+    expect(metrics.query()).toEqual({ band: 1, ranks: '8' });
+    expect(metrics.lastSeq).toBe(fx.metrics_band.last_seq);
+  });
+
+  it('the stream past 8 ranks: rows of the other ranks, and the outlier rank\'s own points', () => {
+    // a panel that drew rank 8 as an outlier from an earlier read, asking ranks=8
+    const metrics = new JobMetrics(9);
+    const before = { rank: 8, value: 100.008 };
+    const earlier = { ...fx.metrics_band, bands: [{ ...fx.metrics_band.bands![0], step: 0, outliers: [before] }], last_seq: 0 };
+    metrics.take(earlier, 0, metrics.query());
+    const query = metrics.query();
+    expect(query).toEqual({ band: 1, ranks: '8' });
+    expect(metrics.take(fx.metrics_band_stream, 0, query)).toEqual({ values: 18, outOfStep: false });
+    // the same band as the read that folded all nine ranks
+    const whole = new JobMetrics(9);
+    whole.take(fx.metrics_band, 0, whole.query());
+    expect(metrics.chart('loss').band?.rows.slice(1)).toEqual(whole.chart('loss').band?.rows);
+    expect(metrics.chart('loss').series[0].points).toEqual([[0, 100.008], [1, 100.008], [2, 100.008]]);
   });
 
   it('errors are one line naming the field', () => {

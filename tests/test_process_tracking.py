@@ -65,3 +65,45 @@ def test_escaped_daemon_does_not_survive_job_end(launcher, tmp_path):
     base = cgroup_base()
     wait_for(lambda: not [n for n in os.listdir(base) if n.startswith(job["id"] + ".")],
              timeout=10, what="the ended job's cgroups to be removed")
+
+
+def test_a_long_empty_cgroup_goes_at_the_next_scan_whoever_made_it():
+    """A launcher killed with -9 leaves its jobs' empty cgroups; every later scan of every
+    launcher read them all. An empty one older than STALE_CGROUP_S goes at the next scan;
+    one that holds a process stays (the kernel refuses), as does a fresh empty one."""
+    import subprocess
+    import time
+
+    from jupyter_dlc.backends import local
+
+    base = cgroup_base()
+    tag = f"cgtest-{os.getpid()}"
+    stale, live, fresh = (os.path.join(base, f"{kind}-{tag}.1") for kind in ("stale", "live", "fresh"))
+    for path in (stale, live, fresh):
+        os.mkdir(path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(os.path.join(live, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        made = time.time() - 2 * local.STALE_CGROUP_S
+        for path in (stale, live):
+            os.utime(path, (made, made))
+        found = local.job_processes()
+        assert not os.path.exists(stale)
+        assert os.path.isdir(live) and found[(f"live-{tag}", 1)] == [sleeper.pid]
+        assert os.path.isdir(fresh)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in (stale, live, fresh):
+            wait_for(lambda p=path: _rmdir(p), timeout=10, what=f"{path} removed")
+
+
+def _rmdir(path: str) -> bool:
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -129,6 +129,14 @@ def attempt_cgroup(job_id: str, attempt: int, create: bool = False) -> str | Non
     return path if os.path.isdir(path) else None
 
 
+# An attempt's cgroup found empty this long after it was made is removed by whichever
+# launcher scans it: one killed with -9 never released its jobs', and every later scan (each
+# supervisor tick, of every launcher on the machine) read them all. An attempt's processes
+# join its cgroup as they start, within seconds of its making; the kernel refuses to remove
+# one that holds a process.
+STALE_CGROUP_S = 60.0
+
+
 def _cgroup_members() -> dict[tuple[str, int], set[int]]:
     base = cgroup_base()
     found: dict[tuple[str, int], set[int]] = {}
@@ -142,9 +150,12 @@ def _cgroup_members() -> dict[tuple[str, int], set[int]]:
         job, _, attempt = name.rpartition(".")
         if not job or not attempt.isdigit():
             continue
+        path = os.path.join(base, name)
         try:
-            with open(os.path.join(base, name, "cgroup.procs")) as f:
+            with open(os.path.join(path, "cgroup.procs")) as f:
                 pids = {int(line) for line in f if line.strip()}
+            if not pids and time.time() - os.stat(path).st_mtime > STALE_CGROUP_S:
+                os.rmdir(path)
         except (OSError, ValueError):
             continue
         if pids:

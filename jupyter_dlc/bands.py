@@ -19,7 +19,10 @@ nodes' batches, and a rank that keeps diverging is named at a later step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 MAX_RANK_LINES = 8
 MAX_OUTLIERS = 3
@@ -30,16 +33,23 @@ def outlier_ranks(values: dict[int, float], limit: int = MAX_OUTLIERS) -> list[i
     """The ranks whose value at one step lies far from the others: more than 5 scaled
     median absolute deviations from the median (every differing rank when all others
     agree), farthest first, at most `limit`. Robust to the outliers themselves, unlike a
-    mean and standard deviation, which one wild rank of eight drags along."""
+    mean and standard deviation, which one wild rank of eight drags along. The median is
+    the middle value (the upper one of an even count), as in the panel's charts.ts."""
     if len(values) < 3:
         return []
-    ordered = sorted(values.values())
-    median = ordered[len(ordered) // 2]
-    deviations = sorted(abs(v - median) for v in ordered)
-    mad = deviations[len(deviations) // 2] * 1.4826
+    # numpy: a launcher folding 4,096 ranks judges 20 steps a second per metric
+    vals = np.fromiter(values.values(), float, len(values))
+    middle = len(vals) // 2
+    median = np.partition(vals, middle)[middle]
+    deviations = np.abs(vals - median)
+    mad = np.partition(deviations, middle)[middle] * 1.4826
     bound = 5 * mad if mad > 0 else 1e-12 * max(1.0, abs(median))
-    far = [(abs(v - median), r) for r, v in values.items() if abs(v - median) > bound]
-    return [r for _, r in sorted(far, reverse=True)[:limit]]
+    far = np.flatnonzero(deviations > bound)
+    if not len(far):
+        return []
+    ranks = list(values)
+    ordered = sorted(((deviations[i], ranks[i]) for i in far), reverse=True)
+    return [int(rank) for _, rank in ordered[:limit]]
 
 
 class BandFold:
@@ -53,16 +63,30 @@ class BandFold:
         self._groups: dict[tuple, list] = {}
 
     def add(self, attempt: Any, name: str, step: Any, t: Any, rank: Any, value: Any) -> None:
-        if value is None or step is None or rank is None:
-            return  # not drawn (NaN is stored as None): a view skips it too
-        group = self._groups.get((attempt, name, step))
-        if group is None:
-            self._groups[(attempt, name, step)] = [t, [rank], [value]]
-            return
-        if t is not None and (group[0] is None or t > group[0]):
-            group[0] = t
-        group[1].append(rank)
-        group[2].append(value)
+        self.fold(attempt, [(None, t, step, name, value, rank, None)])
+
+    def fold(self, attempt: Any, points: Iterable[tuple]) -> list[tuple]:
+        """Fold points (index, t, step, name, value, rank, node) of one attempt; returns
+        those of the kept ranks. One loop, no call per point: a view of 4,096 ranks has the
+        launcher fold 80,000 points a second."""
+        kept = []
+        keep, groups = self.keep, self._groups
+        for point in points:
+            _i, t, step, name, value, rank, _node = point
+            if rank in keep:
+                kept.append(point)
+            elif value is None or step is None or rank is None:
+                continue  # not drawn (NaN is stored as None): a view skips it too
+            else:
+                group = groups.get((attempt, name, step))
+                if group is None:
+                    groups[(attempt, name, step)] = [t, [rank], [value]]
+                    continue
+                if t is not None and (group[0] is None or t > group[0]):
+                    group[0] = t
+                group[1].append(rank)
+                group[2].append(value)
+        return kept
 
     def rows(self) -> list[dict]:
         out = []

@@ -310,12 +310,11 @@ def read_points(out: list, rows: Iterator[tuple], since: int, limit: int, fold: 
         end = min(len(v), start + limit - read)
         if end <= start:
             continue
-        folding = fold is not None and kind == "train"
-        for p, ti, si, ni, vi, ri, oi in zip(idx[start:end], t[start:end], s[start:end], n[start:end],
-                                             v[start:end], r[start:end], o[start:end], strict=True):
-            if folding and ri not in fold.keep:
-                fold.add(attempt, ni, si, ti, ri, vi)
-                continue
+        points: Iterable[tuple] = zip(idx[start:end], t[start:end], s[start:end], n[start:end],
+                                      v[start:end], r[start:end], o[start:end], strict=True)
+        if fold is not None and kind == "train":
+            points = fold.fold(attempt, points)
+        for p, ti, si, ni, vi, ri, oi in points:
             out.append({"seq": base + p, "job_id": job_id, "t": ti, "attempt": attempt,
                         "rank": ri, "node": oi, "step": si, "kind": kind,
                         "name": ni, "value": vi, "device": device})

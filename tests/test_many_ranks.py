@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,6 +51,15 @@ def run_pods(standin, client, job_id: str) -> None:
     standin.run(name)
     wait_for(lambda: client.job(job_id)["state"] == "RUNNING", timeout=90, what="RUNNING")
     wait_for(lambda: len(client.job(job_id)["ranks"]) == WORLD, timeout=30, what="4,096 rank rows")
+
+
+def detail_query(url: str) -> dict | None:
+    """The query of a panel's read of a job's detail (`/dlc/api/jobs/<id>`), else None."""
+    parts = urllib.parse.urlsplit(url)
+    segments = parts.path.rstrip("/").split("/")
+    if segments[-4:-1] != ["dlc", "api", "jobs"]:
+        return None
+    return dict(urllib.parse.parse_qsl(parts.query))
 
 
 def loss(rank: int, step: int) -> float:
@@ -174,6 +184,8 @@ def test_panel_detail_of_4096_ranks(k8s_profile):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors = []
             page.on("pageerror", lambda e: errors.append(str(e)))
+            detail_reads = []  # the query of each read of the job's detail, in order
+            page.on("request", lambda r: detail_reads.append(detail_query(r.url)))
             page.goto(f"{lab['url']}lab?reset&token={token}")
             # the panel's first request starts the launcher (with the stand-in's profile)
             os.environ.update(JUPYTER_RUNTIME_DIR=lab["env"]["JUPYTER_RUNTIME_DIR"],
@@ -212,14 +224,26 @@ def test_panel_detail_of_4096_ranks(k8s_profile):
             pages = detail.locator(".dlc-rank-pages")
             expect(pages).to_have_text("4096 ranks · page 1 of 82", timeout=30000)
             expect(detail.locator(".dlc-rank-table tr[data-rank]")).to_have_count(50)
-            detail.locator(".dlc-rank-next").click()
+            # counts of all 4,096 ranks, from the launcher's rank_page (the panel holds 50)
+            expect(detail.locator(".dlc-rank-states")).to_have_text(f"{WORLD} running")
+            # turning the page reads that page from the launcher
+            with page.expect_request(lambda r: (detail_query(r.url) or {}).get("rank_page") == "1"):
+                detail.locator(".dlc-rank-next").click()
             expect(pages).to_have_text("4096 ranks · page 2 of 82")
             expect(detail.locator(".dlc-rank-table tr[data-rank]").first).to_have_attribute("data-rank", "50")
             detail.locator("select.dlc-rank-sort").select_option("step")
             expect(detail.locator(".dlc-rank-table tr[data-rank]").first).to_have_attribute("data-rank", str(SLOW))
+            # the rows are the launcher's page in its order, not sorted by the panel
+            shown = detail.locator(".dlc-rank-table tr[data-rank]").evaluate_all(
+                "rows => rows.map(r => Number(r.dataset.rank))")
+            assert shown == [r["rank"] for r in client.job(job_id, rank_sort="step", rank_page=0)["ranks"]]
             detail.locator("select.dlc-rank-sort").select_option("heartbeat")
             expect(detail.locator(".dlc-rank-table tr[data-rank]").first).to_have_attribute("data-rank", str(OLDEST))
             page.screenshot(path=str(lab["tmp"] / "many-ranks.png"))
             browser.close()
+            # every read of the detail asked for one page of 50: never all 4,096 ranks
+            reads = [q for q in detail_reads if q is not None]
+            assert reads and all(q.get("rank_page_size") == "50" and "rank_page" in q
+                                 and q.get("rank_sort") in ("rank", "step", "heartbeat") for q in reads), reads
             assert not errors, errors
             client.stop(job_id, grace=1)

@@ -5,6 +5,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { RankQuery } from './rankpager';
 import { Action, JobDetail, Schemas, SseParser, backoffMs, streamAction } from './store';
 
 /** `GET /api/jobs/{job}/<what>` → its answer, as the launcher's OpenAPI document types it. */
@@ -93,8 +94,9 @@ export class DlcApi {
     return this.request('GET', 'api/jobs');
   }
 
-  job(id: string): Promise<JobDetail> {
-    return this.request('GET', `api/jobs/${encodeURIComponent(id)}`);
+  /** A job's detail; with `ranks`, only that page of its ranks and `rank_page` (rankpager.ts). */
+  job(id: string, ranks?: RankQuery): Promise<JobDetail> {
+    return this.request('GET', `api/jobs/${encodeURIComponent(id)}`, undefined, ranks);
   }
 
   sub<K extends keyof SubRoutes>(

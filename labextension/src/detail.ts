@@ -11,6 +11,7 @@ import { JobMetrics, Taken } from './bands';
 import { lineChart } from './charts';
 import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
 import { stateClass } from './listview';
+import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, age, isActive } from './store';
 import {
   Alert,
@@ -19,14 +20,14 @@ import {
   LogLine,
   RANK_COLUMNS,
   RANK_SORTS,
-  Rank,
   RankOrder,
   alertLine,
   checkpointLabel,
   diagnosisParts,
   logText,
   rankCells,
-  rankPage
+  rankPagerText,
+  rankStatesText
 } from './views';
 
 const LOG_TAIL = 200;
@@ -107,9 +108,8 @@ export class DetailView {
   /** the job's metric points: pushed by the launcher, polled while the stream is down */
   feed: MetricsFeed | null = null;
   private chartFrame: number | null = null;
-  private ranks: Rank[] = [];
-  private rankOrder: RankOrder = 'rank';
-  private rankPageNo = 0;
+  /** the rank table's order and page, read from the launcher a page at a time */
+  private ranks = new RankPager();
 
   constructor(private host: DetailHost) {
     this.node = el('div', 'dlc-detail');
@@ -164,25 +164,16 @@ export class DetailView {
       o.value = value;
       order.appendChild(o);
     }
-    order.onchange = () => {
-      this.rankOrder = order.value as RankOrder;
-      this.rankPageNo = 0;
-      this.renderRanks(this.ranks);
-    };
+    order.onchange = () => this.turnRanks({ order: order.value as RankOrder });
     const prev = el('button', 'jp-Button dlc-rank-prev', '◀');
-    prev.onclick = () => {
-      this.rankPageNo -= 1;
-      this.renderRanks(this.ranks);
-    };
+    prev.onclick = () => this.turnRanks({ by: -1 });
     const next = el('button', 'jp-Button dlc-rank-next', '▶');
-    next.onclick = () => {
-      this.rankPageNo += 1;
-      this.renderRanks(this.ranks);
-    };
+    next.onclick = () => this.turnRanks({ by: +1 });
     this.parts.rankPages = el('span', 'dlc-rank-pages');
+    this.parts.rankStates = el('span', 'dlc-rank-states');
     this.parts.rankPrev = prev;
     this.parts.rankNext = next;
-    bar.append(order, prev, this.parts.rankPages, next);
+    bar.append(order, prev, this.parts.rankPages, next, this.parts.rankStates);
     ranksBox.appendChild(bar);
     this.parts.ranks = el('div', 'dlc-ranks');
     ranksBox.appendChild(this.parts.ranks);
@@ -221,14 +212,15 @@ export class DetailView {
         (taken, downsampled) => this.answerTaken(metrics, taken, downsampled),
         status => this.feedStatus(status)
       );
-      this.ranks = [];
-      this.rankPageNo = 0;
+      this.ranks.reset();
       this.lastFullRev = -1;
       this.logRank = '';
       this.parts.charts.textContent = '';
       this.parts.retention.textContent = '';
       this.parts.logs.textContent = '';
       this.parts.ranks.textContent = '';
+      this.parts.rankPages.textContent = '';
+      this.parts.rankStates.textContent = '';
       this.parts.alerts.textContent = '';
       this.parts.diagnosis.textContent = '';
       (this.parts.logRank as HTMLSelectElement).textContent = '';
@@ -317,9 +309,10 @@ export class DetailView {
     }
     this.loading = true;
     const api = this.host.api;
+    const ask = this.ranks.ask();
     try {
       const [job, logs, alerts, diagnosis] = await Promise.all([
-        api.job(id),
+        api.job(id, ask.query),
         api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank === '' ? undefined : this.logRank }),
         api.sub(id, 'alerts'),
         api.sub(id, 'diagnosis')
@@ -328,9 +321,8 @@ export class DetailView {
         return;
       }
       this.lastFullRev = entry.rev;
-      this.ranks = job.ranks;
-      this.renderRanks(job.ranks);
-      this.renderLogs(logs.lines, job.ranks);
+      this.showRanks(ask, job);
+      this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
       this.renderAlerts(alerts.alerts);
       this.renderDiagnosis(diagnosis.diagnoses);
     } catch (e) {
@@ -390,12 +382,41 @@ export class DetailView {
     }
   }
 
-  private renderRanks(all: Rank[]): void {
-    const { rows: ranks, page, pages } = rankPage(all, this.rankOrder, this.rankPageNo);
-    this.rankPageNo = page;
-    (this.parts.rankPrev as HTMLButtonElement).disabled = page === 0;
-    (this.parts.rankNext as HTMLButtonElement).disabled = page >= pages - 1;
-    this.parts.rankPages.textContent = `${all.length} ranks · page ${page + 1} of ${pages}`;
+  /** Another page or order of the rank table: read it now, not at the next refresh. */
+  private turnRanks(to: { order: RankOrder } | { by: number }): void {
+    const id = this.id;
+    if (!id) {
+      return;
+    }
+    this.ranks.turn(to);
+    const ask = this.ranks.ask();
+    this.host.api.job(id, ask.query).then(
+      job => {
+        if (this.id === id) {
+          this.showRanks(ask, job);
+        }
+      },
+      e => {
+        if (this.id === id) {
+          this.parts.reason.textContent = `Could not load the ranks: ${(e as Error).message}`;
+        }
+      }
+    );
+  }
+
+  /** An answer with a page of ranks: drawn unless a newer one was (rankpager.ts). */
+  private showRanks(ask: RankAsk, job: JobDetail): void {
+    const table = this.ranks.take(ask, job);
+    if (table) {
+      this.renderRanks(table);
+    }
+  }
+
+  private renderRanks({ ranks, page: p }: RankTable): void {
+    (this.parts.rankPrev as HTMLButtonElement).disabled = p.page === 0;
+    (this.parts.rankNext as HTMLButtonElement).disabled = p.page >= p.pages - 1;
+    this.parts.rankPages.textContent = rankPagerText(p);
+    this.parts.rankStates.textContent = rankStatesText(p.states);
     const table = el('table', 'dlc-rank-table');
     const head = el('tr');
     for (const h of RANK_COLUMNS) {
@@ -418,13 +439,12 @@ export class DetailView {
     this.parts.ranks.appendChild(ranks.length ? table : el('div', 'dlc-muted', 'No ranks yet.'));
   }
 
-  private renderLogs(lines: LogLine[], ranks: Rank[]): void {
+  /** The log tail, and the filter's choice of every rank of the world (`world` ranks). */
+  private renderLogs(lines: LogLine[], world: number): void {
     const sel = this.parts.logRank as HTMLSelectElement;
-    const want = ['', ...ranks.map(r => String(r.rank))];
-    const have = Array.from(sel.options).map(o => o.value);
-    if (want.join(',') !== have.join(',')) {
+    if (sel.options.length !== world + 1) {
       sel.textContent = '';
-      for (const v of want) {
+      for (const v of ['', ...Array.from({ length: world }, (_, r) => String(r))]) {
         const o = el('option', '', v === '' ? 'all ranks' : `rank ${v}`);
         o.value = v;
         sel.appendChild(o);

@@ -60,39 +60,25 @@ export function checkpointLabel(c: Checkpoint, fmtTime: (t: number | null | unde
   return `step ${c.step} · ${fmtTime(c.time)} · world ${c.world_size ?? '?'}`;
 }
 
-/** The rank table's orders (the same as the notebook view's, jupyter_dlc/widgets/ranktable.py). */
+/** The rank table's orders: the launcher's keys (`rank_sort`, RANK_ORDERS in
+ * launcher/store.py), labelled as in the notebook view (jupyter_dlc/widgets/ranktable.py). */
 export const RANK_SORTS: [RankOrder, string][] = [
   ['rank', 'by rank'],
   ['step', 'slowest step first'],
   ['heartbeat', 'oldest heartbeat first']
 ];
-export type RankOrder = 'rank' | 'step' | 'heartbeat';
+export type RankOrder = Schemas['RankPage']['sort'];
 export const RANK_PAGE_SIZE = 50;
 
-function num(v: number | null | undefined): number {
-  return typeof v === 'number' && isFinite(v) ? v : -Infinity;
+/** The pager's text: every rank counted, and where this page is. */
+export function rankPagerText(p: { total: number; page: number; pages: number }): string {
+  return `${p.total} ranks · page ${p.page + 1} of ${p.pages}`;
 }
 
-/** One page of the ranks in `order`: slowest step / oldest heartbeat first (none counts as
- * lowest), ties by rank. `page` is clamped to the pages there are. */
-export function rankPage(
-  ranks: Rank[],
-  order: RankOrder,
-  page: number,
-  size = RANK_PAGE_SIZE
-): { rows: Rank[]; page: number; pages: number } {
-  const pages = Math.max(1, Math.ceil(ranks.length / size));
-  const p = Math.min(Math.max(0, page), pages - 1);
-  const key = (r: Rank): [number, number] =>
-    order === 'step'
-      ? [num(r.last_step), r.rank]
-      : order === 'heartbeat'
-        ? [num(r.last_heartbeat), r.rank]
-        : [num(r.node), r.rank];
-  const sorted = [...ranks].sort((a, b) => {
-    const [a0, a1] = key(a);
-    const [b0, b1] = key(b);
-    return a0 - b0 || a1 - b1;
-  });
-  return { rows: sorted.slice(p * size, (p + 1) * size), page: p, pages };
+/** How many ranks are in each state, of all the job's ranks (not of the page shown). */
+export function rankStatesText(states: Record<string, number>): string {
+  return Object.entries(states)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([state, n]) => `${n} ${state}`)
+    .join(' · ');
 }

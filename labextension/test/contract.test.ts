@@ -9,6 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 
 import { JobMetrics } from '../src/bands';
+import { RankPager } from '../src/rankpager';
 import {
   JOB_STATES,
   JobDetail,
@@ -20,12 +21,21 @@ import {
   reduce,
   streamAction
 } from '../src/store';
-import { alertLine, checkpointLabel, diagnosisParts, logText, rankCells } from '../src/views';
+import {
+  alertLine,
+  checkpointLabel,
+  diagnosisParts,
+  logText,
+  rankCells,
+  rankPagerText,
+  rankStatesText
+} from '../src/views';
 
 interface Fixtures {
   jobs: Schemas['JobList'];
   job_succeeded: JobDetail;
   job_failed: JobDetail;
+  job_rank_page: JobDetail;
   stream_job: JobSummary;
   diagnosis_failed: Schemas['Diagnoses'];
   checkpoints: Schemas['Checkpoints'];
@@ -92,6 +102,32 @@ describe('real launcher payloads through the panel', () => {
     expect(failed[3]).toMatch(/^\d+$/); // pid
     expect(failed[4]).not.toBe(''); // state
     expect(failed[5]).toBe('1'); // exit code
+  });
+
+  // The job of 9 ranks read as `?rank_sort=step&rank_page=1&rank_page_size=4` (the second
+  // page of 4, all ranks at step 2): the launcher sorted and cut; the table shows its page.
+  it('a page of ranks the launcher sorted becomes the rank table and its pager', () => {
+    const pager = new RankPager(4);
+    pager.turn({ order: 'step' });
+    pager.turn({ by: +1 });
+    const ask = pager.ask();
+    expect(ask.query).toEqual({ rank_sort: 'step', rank_page: 1, rank_page_size: 4 });
+    const table = pager.take(ask, fx.job_rank_page);
+    expect(table?.ranks.map(r => r.rank)).toEqual([4, 5, 6, 7]);
+    expect(table?.ranks.map(r => rankCells(r, Date.now())[6])).toEqual(['2', '2', '2', '2']);
+    expect(rankPagerText(table!.page)).toBe('9 ranks · page 2 of 3');
+    expect(rankStatesText(table!.page.states)).toBe('9 exited');
+    expect(pager.page).toBe(1);
+  });
+
+  it('a detail without rank_page (a launcher older than paging) is one page of every rank', () => {
+    expect(fx.job_succeeded.rank_page).toBeUndefined();
+    const pager = new RankPager();
+    const ask = pager.ask();
+    const table = pager.take(ask, fx.job_succeeded);
+    expect(table?.ranks.map(r => r.rank)).toEqual([0, 1]);
+    expect(rankPagerText(table!.page)).toBe('2 ranks · page 1 of 1');
+    expect(rankStatesText(table!.page.states)).toBe('2 exited');
   });
 
   it('logs, alerts, checkpoints and metrics read their fields', () => {

@@ -497,12 +497,16 @@ def test_a_metrics_answer_carries_infinity_as_a_string_and_nan_as_null(tmp_path)
     store.insert_job("job-inf", "inf", {"script": "x"}, "token", str(tmp_path))
     store.record_report("job-inf", 1, {"rank": 0, "metrics": [
         {"t": 1.0, "step": 0, "values": {"loss": 0.5}}]})
-    finite = json.loads(metrics_answer(store, "job-inf", 0))
+    finite = json.loads(metrics_answer(store, "job-inf", 0)[0])
     assert [p["value"] for p in finite["points"]] == [0.5]
     store.record_report("job-inf", 1, {"rank": 0, "metrics": [
         {"t": 2.0, "step": 1, "values": {"loss": math.inf, "grad": math.nan}}]})
-    answer = json.loads(metrics_answer(store, "job-inf", finite["last_seq"]))
+    answer = json.loads(metrics_answer(store, "job-inf", finite["last_seq"])[0])
     assert {p["name"]: p["value"] for p in answer["points"]} == {"loss": "inf", "grad": None}
+    # the same in a band read (bands.py): an infinite sum, min or max is a string too
+    folded = json.loads(metrics_answer(store, "job-inf", finite["last_seq"], frozenset())[0])
+    assert folded["points"] == [] and [(r["name"], r["n"], r["sum"], r["hi"]) for r in folded["bands"]] == \
+        [("loss", 1, "inf", "inf")]
 
 
 def test_job_rows_leave_out_only_the_alert_state(tmp_path):

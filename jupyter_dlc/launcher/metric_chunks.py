@@ -301,9 +301,19 @@ def read_points(out: list, rows: Iterator[tuple], since: int, limit: int, fold: 
     keep go to the fold instead of `out`."""
     read = 0
     last = since
-    for seq, job_id, attempt, kind, device, _ranks, names, top, data in rows:
+    for seq, job_id, attempt, kind, device, ranks, names, top, data in rows:
         base = seq * CHUNK
         if base + top <= since:
+            continue
+        if fold is not None and kind == "train" and since < base and read + top < limit and \
+                data[:1] in (b"[", "[") and fold.keep.isdisjoint(ranks_of(ranks)):
+            # Most of a band read: a whole chunk, all of it read, none of it kept. Its entries
+            # go to the fold as posted, without the columns `decode` builds.
+            fold.fold_chunk(attempt, wirejson.loads(data))
+            read += top + 1
+            last = base + top
+            if read >= limit:
+                break
             continue
         t, s, n, v, idx, r, o = decode(names, data)
         start = bisect_right(idx, since - base) if since >= base else 0

@@ -67,26 +67,39 @@ class BandFold:
 
     def fold(self, attempt: Any, points: Iterable[tuple]) -> list[tuple]:
         """Fold points (index, t, step, name, value, rank, node) of one attempt; returns
-        those of the kept ranks. One loop, no call per point: a view of 4,096 ranks has the
-        launcher fold 80,000 points a second."""
+        those of the kept ranks (the few points of a band read that are not in whole chunks)."""
         kept = []
-        keep, groups = self.keep, self._groups
+        entries = []
         for point in points:
             _i, t, step, name, value, rank, _node = point
-            if rank in keep:
+            if rank in self.keep:
                 kept.append(point)
-            elif value is None or step is None or rank is None:
-                continue  # not drawn (NaN is stored as None): a view skips it too
-            else:
-                group = groups.get((attempt, name, step))
-                if group is None:
-                    groups[(attempt, name, step)] = [t, [rank], [value]]
-                    continue
-                if t is not None and (group[0] is None or t > group[0]):
-                    group[0] = t
-                group[1].append(rank)
-                group[2].append(value)
+            elif value is not None and rank is not None:  # NaN is stored as None: not drawn
+                entries.append([rank, None, [{"t": t, "step": step, "values": {name: value}}]])
+        self.fold_chunk(attempt, entries)
         return kept
+
+    def fold_chunk(self, attempt: Any, chunk: Iterable[list]) -> None:
+        """Fold a whole chunk's entries as posted ([rank, node, entries]...), none of them a
+        kept rank's: most of a band read, 80,000 points a second of a view of 4,096 ranks,
+        in one loop without a tuple or a call per point."""
+        groups = self._groups
+        for rank, _node, entries in chunk:
+            for entry in entries:
+                step = entry.get("step")
+                values = entry.get("values")
+                if step is None or not values:
+                    continue
+                t = entry.get("t")
+                for name, value in values.items():
+                    group = groups.get((attempt, name, step))
+                    if group is None:
+                        groups[(attempt, name, step)] = [t, [rank], [value]]
+                        continue
+                    if t is not None and (group[0] is None or t > group[0]):
+                        group[0] = t
+                    group[1].append(rank)
+                    group[2].append(value)
 
     def rows(self) -> list[dict]:
         out = []

@@ -126,6 +126,10 @@ def test_an_is_nan_rule_reads_each_ranks_last_point_of_a_new_chunk_and_every_poi
     assert store.metric_points("j", cut, [], ["loss"])[1] == [p for p in full if p[0] > cut]
     # Read in full by another rule: every point, as without `latest`.
     assert store.metric_points("j", 0, ["loss"], ["loss"])[1] == store.metric_points("j", 0, ["loss"])[1] == full
+    # Another name read in full in the same chunks: all of it, and still only the last loss
+    # (the chunk is walked entry by entry, not from each rank's last entry back).
+    both = store.metric_points("j", 0, ["samples_per_s"], ["loss"])[1]
+    assert sorted(both) == sorted(store.metric_points("j", 0, ["samples_per_s"])[1] + points)
 
 
 def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):

@@ -164,6 +164,33 @@ def test_a_band_waits_for_its_last_rank_then_draws_partially():
     assert data.outliers == []
 
 
+def test_band_lines_stay_in_step_order_and_a_drawn_step_is_not_drawn_again():
+    """Band rows (the launcher's, bands.py) may complete a later step first, and a promoted
+    rank's candidate values of pending steps join its line before an earlier one's: both
+    lines keep step order. A value for a step already drawn (a rank that logged it twice)
+    does not draw it again."""
+    data = TrainData(world_size=16, capacity=1000)
+
+    def row(step, n, outliers=()):
+        return {"attempt": 1, "name": "loss", "step": step, "t": float(step), "n": n,
+                "sum": float(n), "lo": 1.0, "hi": 1.0,
+                "outliers": [{"rank": rank, "value": value} for rank, value in outliers]}
+
+    for step in (7, 9):
+        data.add_band(row(step, 8, [(3, 10.0 + step)]))
+    data.add_band(row(5, 16, [(3, 15.0)]))  # drawn: rank 3 stands out, with its pending values
+    assert data.outliers == [3] and data.lines["loss"][3].x == [5, 7, 9]
+    data.add_band(row(8, 8, [(3, 18.0)]))  # its value of a step between
+    assert data.lines["loss"][3].x == [5, 7, 8, 9]
+    for step in (9, 7, 8):
+        data.add_band(row(step, 8))
+    mean = data.lines["loss"]["mean"]
+    assert mean.x == [5, 7, 8, 9] and mean.reset, "drawn in step order, the line re-sent"
+    data.add_band(row(8, 1))
+    data.add({"t": 8.0, "attempt": 1, "rank": 3, "step": 8, "kind": "train", "name": "loss", "value": 1.0})
+    assert mean.x == [5, 7, 8, 9] and not data._pending["loss"]
+
+
 def test_the_launcher_pages_and_sorts_the_rank_table(tmp_path):
     """A view of 4,096 ranks reads one page of the rank table, sorted by the launcher in
     SQL (real SQLite): by rank, slowest step first, oldest heartbeat first, a rank with no

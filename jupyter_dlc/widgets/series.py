@@ -16,11 +16,13 @@ Pure Python (no widgets, no bokeh) so that the reduction rules can be tested on 
   step, and the outlier ranks' own points, add up here, and a step's band is emitted once
   every rank is in it, or as a partial one when 64 newer steps wait on a rank that stopped
   logging. The step's outlier candidates (named by the launcher among the values it read)
-  become outliers at emission, farthest from the mean first.
+  become outliers at emission, farthest from the mean first. Band and outlier lines stay
+  in step order: a step a rank skipped is drawn after later ones, in its place.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 from ..bands import MAX_OUTLIERS, MAX_RANK_LINES, outlier_ranks  # noqa: F401 (outlier_ranks: tests)
@@ -61,6 +63,23 @@ class Line:
         for name in self.names:
             self.cols[name].append(row[name])
             self.new[name].append(row[name])
+        self._halve_when_full()
+
+    def put(self, x: float, y: float, **extra: float) -> None:
+        """`append`, but a point below the line's last x goes in its place, and the line is
+        re-sent: a band's step drawn after a later one (a rank skipped it, so it waited)."""
+        xs = self.cols["x"]
+        if not xs or x >= xs[-1]:
+            self.append(x, y, **extra)
+            return
+        at = bisect_right(xs, x)
+        row = dict(extra, x=x, y=y)
+        for name in self.names:
+            self.cols[name].insert(at, row[name])
+        self.reset = True
+        self._halve_when_full()
+
+    def _halve_when_full(self) -> None:
         if len(self.cols["x"]) >= self.capacity:
             self.cols = {n: v[::2] for n, v in self.cols.items()}
             self.stride *= 2
@@ -118,6 +137,10 @@ class TrainData:
         self.outliers: list[int] = []  # ranks with a line of their own, in the order found
         self.lines: dict[str, dict] = {}  # name -> {key: Line}
         self._pending: dict[str, dict[float, _Pending]] = {}  # name -> step -> its band so far
+        # name -> the highest step drawn: a later value of a step up to it that is not still
+        # pending is dropped (a rank that logged a step twice, or lagged past a partial draw:
+        # it would draw the step again, from that value alone)
+        self._drawn_through: dict[str, float] = {}
         self.attempt = 0
         self.last_step: dict[int, float] = {}  # rank -> last step (current attempt); -1: bands
         self.steps: deque = deque(maxlen=400)  # (t, step) of the lowest rank seen, this attempt
@@ -160,10 +183,12 @@ class TrainData:
                 self._line(name, rank).append(step, value)
         else:
             if rank in self.outliers:
-                self._line(name, rank).append(step, value)
+                self._line(name, rank).put(step, value)
             # the launcher left this rank out of its band rows (or sent every point)
-            self._pending_at(name, step).merge(1, value, value, value)
-            self._settle(name, step)
+            pending = self._pending_at(name, step)
+            if pending is not None:
+                pending.merge(1, value, value, value)
+                self._settle(name, step)
         self._note_step(rank, point["t"], step)
 
     def add_band(self, row: dict) -> None:
@@ -172,21 +197,26 @@ class TrainData:
         if self.by_rank or not self._current(int(row.get("attempt") or 1), step):
             return
         pending = self._pending_at(name, step)
-        pending.merge(row["n"], row["sum"], row["lo"], row["hi"])
+        if pending is not None:
+            pending.merge(row["n"], row["sum"], row["lo"], row["hi"])
         for outlier in row.get("outliers") or ():
             rank, value = outlier["rank"], outlier["value"]
             if rank in self.outliers:
-                self._line(name, rank).append(step, value)
-            else:
+                self._line(name, rank).put(step, value)
+            elif pending is not None:
                 pending.candidates[rank] = value
-        self._settle(name, step)
+        if pending is not None:
+            self._settle(name, step)
         if row.get("t") is not None:
             self._note_step(-1, row["t"], step)
 
-    def _pending_at(self, name: str, step: float) -> _Pending:
+    def _pending_at(self, name: str, step: float) -> _Pending | None:
+        """The band of `step` so far; None for a step already drawn."""
         steps = self._pending.setdefault(name, {})
         pending = steps.get(step)
         if pending is None:
+            if step <= self._drawn_through.get(name, float("-inf")):
+                return None
             pending = steps[step] = _Pending()
         return pending
 
@@ -201,8 +231,9 @@ class TrainData:
                 self._emit(name, old, pending.pop(old))
 
     def _emit(self, name: str, step: float, band: _Pending) -> None:
+        self._drawn_through[name] = max(step, self._drawn_through.get(name, step))
         mean = band.sum / band.n
-        self._line(name, "mean").append(step, mean, lo=band.lo, hi=band.hi)
+        self._line(name, "mean").put(step, mean, lo=band.lo, hi=band.hi)
         if name in SAMPLE_RATE_NAMES:
             self.sample_rates = {-1: mean * self.world_size}
         for rank, value in sorted(band.candidates.items(), key=lambda item: -abs(item[1] - mean)):
@@ -216,11 +247,11 @@ class TrainData:
         its candidate values of steps still pending (later points are added as they come)."""
         self.outliers.append(rank)
         self.keys.append(rank)
-        self._line(name, rank).append(step, value)
+        self._line(name, rank).put(step, value)
         for other, pending in self._pending.items():
             for s in sorted(pending):
                 if rank in pending[s].candidates and (other != name or s > step):
-                    self._line(other, rank).append(s, pending[s].candidates.pop(rank))
+                    self._line(other, rank).put(s, pending[s].candidates.pop(rank))
 
     def _note_step(self, rank: int, t: float, step: float) -> None:
         """The steps/s of the lowest rank seen (-1: the band rows, all ranks' latest)."""
@@ -237,6 +268,7 @@ class TrainData:
             for line in lines.values():
                 line.truncate_from(first_step)
         self._pending.clear()
+        self._drawn_through.clear()
         self.last_step.clear()
         self.steps.clear()
         self._rate_rank = None

@@ -36,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from . import shell
+
 FILE_NAME = "dlc_clusters.yaml"
 ENGINES = ("local", "slurm", "kubernetes", "ssh")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -144,7 +146,26 @@ def _validate(name: str, data: Any, where: str) -> Profile:
                                f"got {value!r}")
         if key == "env" and isinstance(value, dict):
             data[key] = {str(k): str(v) for k, v in value.items()}
+        _check_script_safe(name, key, value, where)
     return Profile(str(name), engine, {k: v for k, v in data.items() if k != "engine"})
+
+
+def _check_script_safe(name: str, key: str, value: Any, where: str) -> None:
+    """Options end up in scripts (`#SBATCH` lines, ssh command lines): a value with a
+    control character is refused, as is an ssh host that ssh would read as an option."""
+    items = value if isinstance(value, list) else [value]
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            continue
+        at = f"{name}.{key}" + (f"[{index}]" if isinstance(value, list) else "")
+        if key == "hosts":
+            error = shell.host_error(item)
+            if error:
+                raise ClusterError(f"{where}: {at}: {error}; give a host name or address")
+        try:
+            shell.refuse_control(item, at, "write it on one line")
+        except shell.UnsafeValue as error:
+            raise ClusterError(f"{where}: {error}") from None
 
 
 def _read(path: str) -> dict[str, Any]:

@@ -14,20 +14,21 @@
 ```
 
 Neither Jupyter nor the launcher is needed: run.sh is torchrun with a static rendezvous on
-the job's topology, and the environment the launcher would have given (the spec's env, the
-network profile, DLC_JOB_DIR, DLC_CHECKPOINT_DIR). Variables the launcher sets only to talk
-to itself (DLC_LAUNCHER_URL, DLC_TOKEN, DLC_JOB_ID) are left out on purpose.
+the job's topology, and the environment the launcher would have given (README, "The
+environment every rank gets": DLC_JOB_ID, DLC_JOB_DIR, DLC_CHECKPOINT_DIR..., the spec's env,
+the network profile). Only what talks to the launcher (DLC_LAUNCHER_URL, DLC_TOKEN) is left
+out. Every value is quoted through `shell`: nothing the spec holds runs as shell.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from typing import Any
 
 import yaml
 
+from . import shell
 from .spec import JobSpec, network_env
 
 RESERVED = ("script.py", "job.yaml", "run.sh", "job.sbatch", "files", "checkpoints")
@@ -53,35 +54,40 @@ def _check_extra_name(name: str) -> None:
                           f"than {', '.join(RESERVED)}")
 
 
-def _env_defaults(spec: JobSpec) -> dict[str, str]:
-    """The job's variables as shell words `"${K-default}"`: a value already in the caller's
-    environment (even empty) wins."""
+def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
+    """The environment every rank gets (README, "The environment every rank gets"), as the
+    `export` lines of run.sh and job.sbatch, less what talks to the launcher (its URL and
+    the token): "$HERE" is the bundle. Each is a default: a value already set (even empty)
+    in the caller's environment wins."""
+    lines = [
+        # DLC_JOB_DIR is this bundle, so pushed values load from files/.
+        'export DLC_JOB_DIR="$HERE"',
+        shell.export_default("DLC_JOB_ID", job_id or spec.name),
+        shell.export_default("DLC_JOB_NAME", spec.name),
+        shell.export("DLC_NNODES", str(spec.nodes)),
+        shell.export("DLC_NPROC_PER_NODE", str(spec.nproc_per_node)),
+        shell.export_default("DLC_ATTEMPT", "1"),
+        shell.export_default("DLC_CHECKPOINT_DIR", shell_word='"$HERE/checkpoints"', empty_wins=False),
+        shell.export_default("DLC_RESUME_PATH", ""),
+        shell.export_default("EASYCKPT_RESUME_PATH", shell_word='"$DLC_RESUME_PATH"'),
+        # No launcher to remove node-held checkpoint copies again: the ranks keep none.
+        shell.export("DLC_NODE_COPY", "0"),
+    ]
     env = dict(network_env(spec.network))
     env.update(spec.env)  # the user's --env wins, as in the launcher
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return {key: f'"${{{key}-{_dq(value)}}}"' for key, value in env.items()}
+    return lines + [shell.export_default(key, value) for key, value in env.items()]
 
 
-def _env_lines(spec: JobSpec) -> list[str]:
-    return [f"export {key}={word}" for key, word in _env_defaults(spec).items()]
-
-
-def _dq(value: str) -> str:
-    """Escape for a double-quoted bash word."""
-    return "".join("\\" + c if c in '"\\$`' else c for c in str(value))
-
-
-def render_run_sh(spec: JobSpec, uses_runtime: bool = False) -> str:
+def render_run_sh(spec: JobSpec, uses_runtime: bool = False, job_id: str | None = None) -> str:
     nodes, nproc = spec.nodes, spec.nproc_per_node
-    torchrun = (f"{shlex.quote(spec.python)} -m torch.distributed.run" if spec.python else "torchrun")
+    torchrun = [spec.python, "-m", "torch.distributed.run"] if spec.python else ["torchrun"]
     node_lines = "\n".join(
         f"#     MASTER_ADDR=<host of node 0> ./run.sh {k}" for k in range(min(nodes, 4)))
     if nodes > 4:
         node_lines += f"\n#     ... up to ./run.sh {nodes - 1}"
     needs = "torch" + (" and jupyter-dlc (the script imports jupyter_dlc)" if uses_runtime else "")
-    args = " ".join(shlex.quote(a) for a in spec.args)
-    workdir = _dq(spec.workdir) if spec.workdir else ""
-    env = "\n".join(_env_lines(spec))
+    env = "\n".join(bundle_env(spec, job_id))
     return f"""#!/usr/bin/env bash
 # Job {spec.name!r} exported by jupyter-dlc: {nodes} node(s) x {nproc} process(es) per node,
 # started with plain torchrun (static rendezvous). Needs {needs}.
@@ -97,18 +103,18 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NNODES={nodes}
 NPROC_PER_NODE={nproc}
-read -r -a TORCHRUN <<< "${{TORCHRUN:-{torchrun}}}"
-ARGS=({args})
+# TORCHRUN="..." ./run.sh runs another torchrun command (split on spaces).
+if [ -n "${{TORCHRUN:-}}" ]; then
+    read -r -a TORCHRUN <<< "$TORCHRUN"
+else
+    TORCHRUN=({shell.command(torchrun)})
+fi
+ARGS=({shell.command(spec.args)})
 
-# The launcher's environment: DLC_JOB_DIR is this bundle, so pushed values load from files/.
-export DLC_JOB_DIR="$HERE"
-export DLC_JOB_NAME="${{DLC_JOB_NAME-{_dq(spec.name)}}}"
-export DLC_NNODES="$NNODES"
-export DLC_ATTEMPT="${{DLC_ATTEMPT-1}}"
-export DLC_CHECKPOINT_DIR="${{DLC_CHECKPOINT_DIR:-$HERE/checkpoints}}"
+# The launcher's environment, less its URL and the job's token.
 {env}
 export MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
-DLC_WORKDIR="${{DLC_WORKDIR:-{workdir}}}"
+{shell.export_default("DLC_WORKDIR", spec.workdir or "", empty_wins=False, exported=False)}
 [ -n "$DLC_WORKDIR" ] && [ -d "$DLC_WORKDIR" ] || DLC_WORKDIR="$HERE"
 cd "$DLC_WORKDIR"
 mkdir -p "$DLC_CHECKPOINT_DIR"
@@ -171,8 +177,10 @@ DLC_NODE_RANK="$MODE" exec "${{TORCHRUN[@]}}" --nnodes "$NNODES" --nproc-per-nod
 
 def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: str,
                   files: dict[str, str] | None = None, extra: dict[str, str] | None = None,
-                  overwrite: bool = False) -> list[str]:
+                  overwrite: bool = False, job_id: str | None = None) -> list[str]:
     """Write the bundle into `dest_dir` and return the paths written.
+
+    `job_id` is the bundle's DLC_JOB_ID (the job's, when it ran; else the job's name).
 
     `files` (name -> path) are the pushed values to copy into files/; when None, the spec's
     own `files` are used. `extra` (relative name -> text) are backends' native forms.
@@ -214,13 +222,13 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
     header = ("# jupyter-dlc job spec, exported with its bundle. Paths are relative to this\n"
               "# directory; script.py is what the ranks ran (captured code + the cell).\n")
     write("job.yaml", header + yaml.safe_dump(record, sort_keys=False))
-    write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text), 0o755)
+    write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text, job_id=job_id), 0o755)
     from .backends.slurm import export_sbatch
 
-    write("job.sbatch", export_sbatch(job, _env_defaults(job)), 0o755)
+    write("job.sbatch", export_sbatch(job, bundle_env(job, job_id)), 0o755)
     from .backends.kubernetes import export_manifests
 
-    for rel, text in export_manifests(job, script_text, files).items():
+    for rel, text in export_manifests(job, script_text, files, job_id=job_id).items():
         write(rel, text)
     for name, text in (extra or {}).items():
         write(name, text)
@@ -236,4 +244,4 @@ def export_job(client, job_id: str, dest_dir: str) -> list[str]:
     job = client.job(job_id)
     recorded = client.script(job["id"])
     files = {name: os.path.join(job["job_dir"], "files", name) for name in recorded["files"]}
-    return export_bundle(job["spec"], recorded["script"], dest_dir, files=files)
+    return export_bundle(job["spec"], recorded["script"], dest_dir, files=files, job_id=job["id"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import node_reporter
+from . import node_reporter, shell
 from .spec import JobSpec
 
 KINDS = ("TrainJob", "PyTorchJob", "Job")
@@ -106,11 +106,11 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     module = "-m jupyter_dlc.runtime.bootstrap " if bootstrap else ""
     reporter = ""
     if bootstrap and node_reporter.wanted(spec.nproc_per_node):
-        reporter = node_reporter.shell_start("python", REPORTER_FILE)
+        reporter = node_reporter.shell_start("python", shell.quote(REPORTER_FILE))
     line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; ' + reporter +
             f"exec python -m torch.distributed.run --nproc-per-node={spec.nproc_per_node} "
             # --tee 3: each line in the pod log carries its rank's [default<local rank>]: prefix.
-            f'--max-restarts=0 --tee=3 {module}{JOB_DIR}/script.py "$@"')
+            f'--max-restarts=0 --tee=3 {module}{shell.quote(JOB_DIR + "/script.py")} "$@"')
     return ["/bin/sh", "-c", line, "dlc"] + list(spec.args)
 
 

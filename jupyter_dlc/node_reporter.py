@@ -63,7 +63,8 @@ def wanted(nproc_per_node: int) -> bool:
 def shell_start(python: str, path: str) -> str:
     """Shell text that starts the node's reporter in the background of the node's wrapper
     shell and points the node's ranks at it; goes before the torchrun agent's command.
-    `python` and `path` are shell words (quoted by the caller)."""
+    `python` and `path` are shell words, made by the caller with `jupyter_dlc.shell` (a
+    path may hold the node's variable, as "$node" in a Slurm task)."""
     return f"export {ENV}={path}; {python} -m jupyter_dlc.node_reporter & "
 
 

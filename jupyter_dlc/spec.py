@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import shell
+
 BACKENDS = ("local", "slurm", "kubernetes", "ssh")
 NETWORKS = ("tcp", "rdma", "debug")
 
@@ -179,6 +181,12 @@ def _path_rule(nullable: bool = True) -> FieldRule:
         value = check_text(value, name, MAX_PATH, "a path")
         if not value:
             raise SpecError(name, "is empty; give a path")
+        try:
+            # Paths are written into scripts (an #SBATCH --chdir line, run.sh), where a
+            # newline would end the line and run the rest as shell.
+            shell.refuse_control(value, name, "give a path without newlines or other control characters")
+        except shell.UnsafeValue as error:
+            raise SpecError(name, error.reason) from None
         return value
     return FieldRule(check, {"type": "string", "minLength": 1, "maxLength": MAX_PATH,
                              "description": "an absolute path (the client resolves relative ones)"},

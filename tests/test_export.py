@@ -199,8 +199,8 @@ def test_bundle_layout_spec_and_refusals(job, tmp_path):
         os.chdir(cwd)
 
     run_sh = (bundle / "run.sh").read_text()
-    assert 'export NCCL_IB_DISABLE="${NCCL_IB_DISABLE-1}"' in run_sh
-    assert 'export DEMO_FLAG="${DEMO_FLAG-on}"' in run_sh
+    assert '[ -n "${NCCL_IB_DISABLE+set}" ] || NCCL_IB_DISABLE=1; export NCCL_IB_DISABLE' in run_sh
+    assert '[ -n "${DEMO_FLAG+set}" ] || DEMO_FLAG=on; export DEMO_FLAG' in run_sh
     assert "DLC_TOKEN" not in run_sh and "DLC_LAUNCHER_URL" not in run_sh
     bad = subprocess.run([str(bundle / "run.sh"), "2"], env=clean_env(), capture_output=True, text=True)
     assert bad.returncode == 2 and "this job has 2 node(s): 0..1" in bad.stderr

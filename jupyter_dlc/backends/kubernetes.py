@@ -361,7 +361,8 @@ class KubernetesBackend(Backend):
         return {"ok": True, "detail": f"serves {', '.join(kinds)}"}
 
 
-def export_manifests(spec: JobSpec, script: str, files: dict[str, str]) -> dict[str, str]:
+def export_manifests(spec: JobSpec, script: str, files: dict[str, str],
+                     job_id: str | None = None) -> dict[str, str]:
     """`k8s/*.yaml` of an exported bundle, whichever engine ran the job: `kubectl apply -f k8s/`
     runs it with plain torchrun (no launcher: no token, no launcher URL). Options come from
     the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
@@ -371,8 +372,11 @@ def export_manifests(spec: JobSpec, script: str, files: dict[str, str]) -> dict[
 
     profile = profile_of(spec, lenient=True)
     options = dict(profile.options)
-    env = {"DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
+    # The environment every rank gets (README), less the launcher's URL and token; the pod
+    # command sets DLC_NODE_RANK, the manifests DLC_JOB_DIR and DLC_CHECKPOINT_DIR.
+    env = {"DLC_JOB_ID": job_id or spec.name, "DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
            "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
+           "DLC_RESUME_PATH": "", "EASYCKPT_RESUME_PATH": "", "DLC_NODE_COPY": "0",
            **network_env(spec.network, profile.get("interface"))}
     pushed = {}
     for name, path in files.items():

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal as signals
 import subprocess
 import sys
 import time
 from typing import Any
 
-from .. import layout, node_reporter
+from .. import layout, node_reporter, shell
 from ..shims import torch_private
 from ..spec import JobSpec
 from . import (
@@ -304,7 +303,7 @@ class LocalBackend(Backend):
                     for node in range(ctx.spec.nodes)]
         return {"backend": "local", "cwd": ctx.spec.workdir or ctx.job_dir, "env": ctx.env,
                 "commands": commands,
-                "shell": [" ".join(shlex.quote(arg) for arg in argv) for argv in commands]}
+                "shell": [shell.command(argv) for argv in commands]}
 
     def start_standby(self, ctx: AttemptContext) -> None:
         """Warm agents for attempt `ctx.attempt`, started while the attempt before it runs
@@ -346,12 +345,12 @@ class LocalBackend(Backend):
             exit_path = layout.node_exit(ctx.attempt_dir, node)
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
-            wrapper = f'{" ".join(shlex.quote(a) for a in argv)}; echo $? > {shlex.quote(exit_path)}'
+            wrapper = f'{shell.command(argv)}; echo $? > {shell.quote(exit_path)}'
             if node_reporter.wanted(ctx.spec.nproc_per_node):
                 # The node's ranks report through one node reporter, which leaves with this shell.
                 wrapper = node_reporter.shell_start(
-                    shlex.quote(argv[0]),
-                    shlex.quote(node_reporter.url_file(ctx.attempt_dir, node))) + wrapper
+                    shell.quote(argv[0]),
+                    shell.quote(node_reporter.url_file(ctx.attempt_dir, node))) + wrapper
             nodes.append({"node": node, "pid": _spawn(ctx, node, ["/bin/sh", "-c", wrapper])})
         return {"nodes": nodes}
 

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from .. import layout
-from . import AttemptContext
-from .local import CHILD_UMASK, _alive, _read_json, attempt_cgroup, torchrun_argv
+from . import AttemptContext, local
+from .local import _alive, _read_json, attempt_cgroup, torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
 # Room in each agent's exec'd environment for a job's markers (see pool_agent).
@@ -42,7 +42,9 @@ def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | N
             proc = subprocess.Popen([python or sys.executable, "-m", "jupyter_dlc.backends.pool_agent",
                                      pool_dir, str(node)], cwd=pool_dir, env=agent_env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, umask=CHILD_UMASK)
+                                    start_new_session=True,
+                                    # Read now: the launcher sets it after this module is imported.
+                                    umask=local.CHILD_UMASK)
         proc.returncode = 0  # reaped by the supervisor's waitpid sweep
         pids.append(proc.pid)
     return pids

@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import time
 from typing import Any
 
-from .. import layout, node_reporter
+from .. import layout, node_reporter, shell
 from ..spec import JobSpec, network_env
 from . import (
     AttemptContext,
@@ -39,11 +38,14 @@ from . import (
     rank_records,
     remove_preflight_markers,
 )
+from . import local
 from .local import _read_int, agent_summary_codes, torchrun_argv
 
 # How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
 # a rank's failure forces a fresh answer, so the engine's reason is never stale then.
 POLL_INTERVAL = 1.0
+# Profile options that become `#SBATCH --<option>=<value>` lines as they are.
+DIRECTIVE_OPTIONS = ("partition", "account", "qos", "time", "gres", "constraint")
 _TIMEOUT = 30
 SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
 ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
@@ -106,51 +108,63 @@ def _run(argv: list[str], env: dict[str, str], check: bool = False) -> subproces
 
 def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
                       workdir: str | None) -> list[str]:
-    """The #SBATCH lines for a spec on a profile: one task (one torchrun agent) per node."""
+    """The #SBATCH lines for a spec on a profile: one task (one torchrun agent) per node.
+
+    Every value goes through `shell.directive`: one with a newline or another control
+    character is refused (`shell.UnsafeValue`, naming the field), since sbatch would run
+    what follows it as shell on the node; one with spaces or quotes is quoted as sbatch reads it."""
     res = spec.resources
-    lines = [f"--job-name={job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
-             f"--cpus-per-task={res.get('cpus') or spec.nproc_per_node}", f"--output={output}"]
+    lines = [shell.directive("job-name", job_name, "name"), f"--nodes={spec.nodes}",
+             "--ntasks-per-node=1", f"--cpus-per-task={res.get('cpus') or spec.nproc_per_node}",
+             shell.directive("output", output, "output (the launcher's data dir)")]
     if workdir:
-        lines.append(f"--chdir={workdir}")
+        lines.append(shell.directive("chdir", workdir, "workdir"))
     if res.get("gpus"):
-        lines.append(f"--gres=gpu:{res['gpus']}")
+        lines.append(f"--gres=gpu:{int(res['gpus'])}")
     elif profile.get("gres"):
-        lines.append(f"--gres={profile.get('gres')}")
+        lines.append(shell.directive("gres", profile.get("gres"), f"{profile.name}.gres"))
     if res.get("memory_mb"):
-        lines.append(f"--mem={res['memory_mb']}M")
-    for key in ("partition", "account", "qos", "time", "constraint"):
-        if profile.get(key):
-            lines.append(f"--{key}={profile.get(key)}")
-    lines.extend(profile.get("sbatch_args") or [])
+        lines.append(f"--mem={int(res['memory_mb'])}M")
+    for key in DIRECTIVE_OPTIONS:
+        if key != "gres" and profile.get(key):
+            lines.append(shell.directive(key, profile.get(key), f"{profile.name}.{key}"))
+    lines.extend(shell.sbatch_line(str(item), f"{profile.name}.sbatch_args[{index}]")
+                 for index, item in enumerate(profile.get("sbatch_args") or []))
     return lines
 
 
-def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str], python: str,
-                  script: str, log_dir: str, port: str, preamble: str = "",
-                  bootstrap: bool = True, preflight: bool = False) -> str:
+def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], python: str,
+                  script: str, log_dir: str, port: str, slots: dict[str, str] | None = None,
+                  preamble: str = "", bootstrap: bool = True, preflight: bool = False,
+                  umask: int = -1) -> str:
     """A batch script that runs the job's torchrun agents, one per node.
 
-    `exports` values, `python`, `script`, `log_dir` and `port` are shell words (quoted by the
-    caller: the export uses "$HERE/..." forms, the engine absolute paths). Without
-    `bootstrap` the ranks run the script as plain torchrun would (no jupyter-dlc needed).
+    `python`, `script` and `log_dir` are values (quoted here, through `shell`), where
+    `shell.slot(NAME)` stands for the shell text `slots[NAME]` (the export's "$HERE"...);
+    `exports` are whole lines (`shell.export...`) and `port` a shell word of our own.
+    Without `bootstrap` the ranks run the script as plain torchrun would (no jupyter-dlc
+    needed). A `umask` of 0 or more is the one the ranks get (the user's, not the launcher's).
     """
-    node_log = layout.node_log(log_dir, "@NODE@").replace("@NODE@", "$node")
-    node_exit = layout.node_exit(log_dir, "@NODE@").replace("@NODE@", "$node")
-    argv = torchrun_argv(spec, "@NODE@", "@PORT@", "@SCRIPT@", "@PYTHON@", master_addr="@MASTER@")
+    slots = dict(slots or {}, NODE='"$node"', MASTER='"$MASTER_ADDR"', PORT='"$MASTER_PORT"')
+    node_log = shell.word(layout.node_log(log_dir, shell.slot("NODE")), slots)
+    node_exit = shell.word(layout.node_exit(log_dir, shell.slot("NODE")), slots)
+    argv = torchrun_argv(spec, shell.slot("NODE"), shell.slot("PORT"), script, python,
+                         master_addr=shell.slot("MASTER"))
     if not bootstrap:
         cut = argv.index("jupyter_dlc.runtime.bootstrap")
         argv = argv[:cut - 1] + argv[cut + 1:]
-    agent = " ".join(shlex.quote(a) for a in argv)
-    agent = (agent.replace("@NODE@", '"$node"').replace("@MASTER@", '"$MASTER_ADDR"')
-             .replace("@PORT@", '"$MASTER_PORT"').replace("@SCRIPT@", script)
-             .replace("@PYTHON@", python))
+    agent = shell.command(argv, slots)
+    python_word = shell.word(python, slots)
+    # Slurm gives each step the umask sbatch was called with (SLURM_UMASK): the launcher's
+    # 077, unless the script says otherwise; the ranks get the user's, as local ones do.
+    mask = "" if umask < 0 else f"umask {umask:04o}\n"
     reporter = ""
     if bootstrap and node_reporter.wanted(spec.nproc_per_node):
         # The node's ranks report through one node reporter, which leaves with this shell
         # (and Slurm ends it with the step in any case).
         reporter = node_reporter.shell_start(
-            python, node_reporter.url_file(log_dir, "@NODE@").replace("@NODE@", "$node"))
-    task = "\n".join([
+            python_word, shell.word(node_reporter.url_file(log_dir, shell.slot("NODE")), slots))
+    task = mask + "\n".join([
         'node="$SLURM_NODEID"',
         f"unset {' '.join(STEP_VARS)}",
         'export DLC_NODE_RANK="$node"',
@@ -167,11 +181,11 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: dict[str, str],
     if preflight:
         # Preflight where the ranks run: one task per node, before any agent; a node that
         # fails reports why (node_preflight event) and no agent starts anywhere.
-        node_check = "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
-                                f"exec {python} -m jupyter_dlc.runtime.node_preflight"])
+        node_check = mask + "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
+                                       f"exec {python_word} -m jupyter_dlc.runtime.node_preflight"])
         checks = (f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 "
-                  f"--kill-on-bad-exit=0 \\\n    /bin/bash -c {shlex.quote(node_check)} || exit 3\n")
-    export_lines = "\n".join(f"export {key}={value}" for key, value in exports.items())
+                  f"--kill-on-bad-exit=0 \\\n    /bin/bash -c {shell.quote(node_check)} || exit 3\n")
+    export_lines = "\n".join(exports)
     header = "\n".join(f"#SBATCH {line}" for line in directives)
     return f"""#!/bin/bash
 {header}
@@ -184,11 +198,11 @@ head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
 addr="$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n1)"
 export MASTER_ADDR="${{addr:-$head}}"
 export MASTER_PORT={port}
-mkdir -p {log_dir}
+mkdir -p {shell.word(log_dir, slots)}
 # The batch step's task counts must not leak into srun's own request.
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
 {checks}srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
-    /bin/bash -c {shlex.quote(task)}
+    /bin/bash -c {shell.quote(task)}
 """
 
 
@@ -225,6 +239,10 @@ class SlurmBackend(Backend):
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
+        try:  # what cannot go on an #SBATCH line is refused now, naming the field
+            sbatch_directives(spec, profile, spec.name, "slurm-%j.out", spec.workdir)
+        except shell.UnsafeValue as error:
+            return str(error)
         if not profile.get("shared_filesystem"):
             return (f"cluster {profile.name}: the Slurm engine needs the nodes to see the launcher's "
                     "job directory; mount it on the nodes and set shared_filesystem: true in the profile")
@@ -284,9 +302,10 @@ class SlurmBackend(Backend):
         directives = sbatch_directives(
             ctx.spec, profile, f"dlc-{ctx.job_id}-a{ctx.attempt}",
             os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
-        exports = {k: shlex.quote(v) for k, v in job_script_env(ctx, profile).items()}
-        script = render_sbatch(ctx.spec, directives, exports, shlex.quote(python), shlex.quote(ctx.script_path),
-                               shlex.quote(ctx.attempt_dir), str(ctx.port or 29500), preflight=True)
+        exports = [shell.export(k, v) for k, v in job_script_env(ctx, profile).items()]
+        script = render_sbatch(ctx.spec, directives, exports, python, ctx.script_path,
+                               ctx.attempt_dir, str(ctx.port or 29500), preflight=True,
+                               umask=local.CHILD_UMASK)
         return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
                 "script": script}
 
@@ -419,18 +438,20 @@ def _pooled():
     return slurm_pool
 
 
-def export_sbatch(spec: JobSpec, env: dict[str, str]) -> str:
+def export_sbatch(spec: JobSpec, exports: list[str]) -> str:
     """`job.sbatch` of an exported bundle, whichever engine ran the job: `sbatch job.sbatch`
     from the bundle's directory runs it with plain torchrun on a Slurm cluster. Options come
-    from the job's Slurm profile when it has one here; else edit the #SBATCH lines."""
+    from the job's Slurm profile when it has one here; else edit the #SBATCH lines.
+    `exports` are the bundle's environment lines (export.bundle_env), "$HERE" the bundle."""
     profile = _profile(spec, lenient=True)
     directives = sbatch_directives(spec, profile, spec.name, "slurm-%j.out", None)
-    exports = {"DLC_JOB_DIR": '"$HERE"', "DLC_JOB_NAME": shlex.quote(spec.name),
-               "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
-               "DLC_ATTEMPT": '"${DLC_ATTEMPT-1}"',
-               "DLC_CHECKPOINT_DIR": '"${DLC_CHECKPOINT_DIR:-$HERE/checkpoints}"', **env}
-    preamble = ('# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch\n'
-                'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"\n')
-    python = f'"${{PYTHON:-{spec.python or profile.get("python") or "python3"}}}"'
-    return render_sbatch(spec, directives, exports, python, '"$HERE/script.py"', '"$HERE/logs"',
-                         '"${MASTER_PORT:-29500}"', preamble=preamble, bootstrap=False)
+    python = spec.python or profile.get("python") or "python3"
+    preamble = "\n".join([
+        "# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch",
+        'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"',
+        "# PYTHON=... sbatch job.sbatch runs another Python.",
+        shell.export_default("PYTHON", python, empty_wins=False), ""])
+    slots = {"HERE": '"$HERE"', "PYTHON": '"$PYTHON"'}
+    return render_sbatch(spec, directives, exports, shell.slot("PYTHON"),
+                         shell.slot("HERE") + "/script.py", shell.slot("HERE") + "/logs",
+                         '"${MASTER_PORT:-29500}"', slots=slots, preamble=preamble, bootstrap=False)

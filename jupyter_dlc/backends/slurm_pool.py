@@ -12,14 +12,14 @@ cancels the allocation at once.
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import time
 
-from .. import layout
+from .. import layout, shell
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
+from . import local
 from .local import _read_int, _read_json
 from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
@@ -47,17 +47,22 @@ def start_allocation(pool_dir: str, cluster: str, nodes: int, nproc: int, env: d
     directives = sbatch_directives(spec, profile, f"dlc-pool-{os.path.basename(pool_dir)}",
                                    os.path.join(pool_dir, "slurm-%j.out"), pool_dir)
     python = python or profile.get("python") or sys.executable
+    pool_slots = {"NODE": '"$SLURM_NODEID"'}
+    agent = shell.command([python, "-m", "jupyter_dlc.backends.pool_agent", pool_dir, shell.slot("NODE")],
+                          pool_slots)
+    agent_log = shell.word(os.path.join(pool_dir, f"agent-{shell.slot('NODE')}.log"), pool_slots)
     task = "\n".join([
+        # The pool's node processes start the jobs' ranks: the user's umask, not the launcher's.
+        *([f"umask {local.CHILD_UMASK:04o}"] if local.CHILD_UMASK >= 0 else []),
         f"unset {' '.join(STEP_VARS)}",
         # Node names need not resolve: each agent records its node's NodeAddr (the head's is
         # the jobs' MASTER_ADDR).
         'export DLC_POOL_ADDR="$(scontrol show node "$SLURMD_NODENAME" | '
         "sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n1)\"",
-        f'exec {shlex.quote(python)} -m jupyter_dlc.backends.pool_agent {shlex.quote(pool_dir)} '
-        f'"$SLURM_NODEID" >> {shlex.quote(pool_dir)}/agent-"$SLURM_NODEID".log 2>&1',
+        f"exec {agent} >> {agent_log} 2>&1",
     ])
     script = POOL_SBATCH.format(header="\n".join(f"#SBATCH {line}" for line in directives),
-                                nodes=nodes, task=shlex.quote(task))
+                                nodes=nodes, task=shell.quote(task))
     path = os.path.join(pool_dir, "pool.sbatch")
     with open(path, "w") as f:
         f.write(script)

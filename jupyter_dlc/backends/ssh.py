@@ -37,7 +37,6 @@ import base64
 import json
 import os
 import re
-import shlex
 import signal as signals
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from .. import layout, node_reporter
+from .. import layout, node_reporter, shell
 from ..spec import JobSpec
 from . import (
     AttemptContext,
@@ -80,7 +79,7 @@ def _profile(spec: JobSpec):
 
 
 def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
-    """ssh to `host` running `remote` (each word quoted for the remote shell): never a
+    """ssh to `host` running `remote` (each word quoted for the remote shell, `shell.quote`): never a
     password or host-key prompt (BatchMode), keys only, a dead peer noticed in seconds."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
@@ -97,7 +96,12 @@ def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
         argv += ["-l", profile.get("user")]
     for option in profile.get("ssh_options") or []:
         argv += ["-o", option]
-    return argv + [host, "--", *(shlex.quote(word) for word in remote)]
+    # `--` before the host: ssh reads no option after it, so a host such as
+    # `-oProxyCommand=...` (refused by the profile's validation anyway) stays a host name.
+    error = shell.host_error(host)
+    if error:
+        raise ValueError(f"cluster {profile.name}: hosts: {error}; give a host name or address")
+    return argv + ["--", host, *(shell.quote(word) for word in remote)]
 
 
 def _staged_size(spec: JobSpec) -> int:

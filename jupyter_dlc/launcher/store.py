@@ -18,13 +18,15 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .. import layout
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from . import metric_chunks
 from .storage import DiskGuard, is_disk_full
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -138,7 +140,27 @@ class Store:
 
     def _failed(self, error: BaseException | None) -> None:
         if self.guard is not None and error is not None and is_disk_full(error):
-            self.guard.on_full()  # the next try of what failed finds the reserve's space
+            # The next try of what failed finds the reserve's space; remembered per thread,
+            # for whoever decides what a failure that freed nothing means (write_verdict).
+            self._local.freed = self.guard.on_full()
+
+    def spent(self, error: BaseException) -> bool:
+        """Whether `error`, this thread's last failed write, was for want of space that the
+        reserve could not give any more: the store cannot write at all now."""
+        return self.guard is not None and is_disk_full(error) and \
+            not getattr(self._local, "freed", False)
+
+    def write_verdict(self, write: Callable[[], T]) -> T:
+        """A write that ends or stops a job, on a disk that may be full: when it fails for
+        want of space and its failure freed nothing (the reserve was spent), the last
+        reserve is given up for it, and it is tried once more."""
+        try:
+            return write()
+        except sqlite3.OperationalError as error:
+            if not is_disk_full(error) or self.guard is None or \
+                    not (getattr(self._local, "freed", False) or self.guard.last_resort()):
+                raise
+        return write()
 
     @property
     def storage_problem(self) -> str | None:

@@ -515,8 +515,15 @@ class DiagnosisHandler(BaseHandler):
             if a["failure"]:
                 out.append(dict(json.loads(a["failure"]), attempt=a["attempt"],
                                 reason=a["reason"]))
+            elif a["outcome"] in FAILED_OUTCOMES:
+                # Failed on the launcher's verdict with no rank error to show (heartbeats
+                # missed, max runtime, the engine's word): the verdict is the explanation.
+                out.append({"class": "launcher_verdict", "line": a["reason"], "rank": None,
+                            "suggestion": None, "attempt": a["attempt"], "reason": a["reason"]})
         self.reply({"diagnoses": out})
 
+
+FAILED_OUTCOMES = ("failed", "timeout", "cancelled")
 
 
 class AlertsHandler(BaseHandler):

@@ -71,6 +71,11 @@ _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended",
                 "last_step", "last_loss")
 
 
+# The state an ended attempt keeps, from its outcome (SQL over the attempts row).
+_ATTEMPT_END = ("CASE outcome WHEN 'succeeded' THEN 'SUCCEEDED' WHEN 'preempted' THEN 'STOPPED'"
+                " WHEN 'stopped' THEN 'STOPPED' ELSE 'FAILED' END")
+
+
 def token_hash(token: str) -> str:
     """What the store keeps of a job token: a leaked database grants nothing."""
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
@@ -92,6 +97,11 @@ class Store:
         # Data dirs written before chunks: their one-row-per-point metrics become chunks.
         with self.tx() as db:
             metric_chunks.migrate_rows(db)
+        # Data dirs written before an ended attempt took its outcome's state: a restarted
+        # attempt read RESTARTING for ever after.
+        with self.tx() as db:
+            db.execute(f"UPDATE attempts SET state = {_ATTEMPT_END} WHERE state = 'RESTARTING' AND"
+                       " attempt < (SELECT attempt FROM jobs WHERE jobs.id = attempts.job_id)")
         # Data dirs written before tokens were hashed: hash what is stored in clear.
         with self.tx() as db:
             for row in db.execute("SELECT id, token FROM jobs WHERE token NOT LIKE 'sha256:%'").fetchall():
@@ -277,6 +287,10 @@ class Store:
             if row is None or row["state"] not in tuple(expect):
                 return None
             attempt = row["attempt"] + 1
+            # The attempt left behind reads as it ended (a restarted one is not RESTARTING).
+            db.execute(f"UPDATE attempts SET state = {_ATTEMPT_END} WHERE job_id = ? AND attempt = ?"
+                       f" AND state IN ({', '.join('?' * len(ACTIVE_STATES))})",
+                       (job_id, row["attempt"], *ACTIVE_STATES))
             db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, ?, 'QUEUED')",
                        (job_id, attempt))
             db.execute("UPDATE jobs SET attempt = ?, state = 'QUEUED', reason = ?, ended = NULL,"

@@ -428,9 +428,9 @@ class Supervisor(threading.Thread):
             last_end = max((rs.end or 0) for rs in status.ranks.values())
             if alive and now - last_end < EXIT_BARRIER_GRACE:
                 return
-            preempted = self.preempted(job_id, ctx.attempt)
-            self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
-                             "preempted: checkpoint committed, attempt ended cleanly" if preempted
+            note = self.stop_note(job_id, ctx.attempt)
+            self.end_attempt(row, ctx, handle, "preempted" if note else "succeeded",
+                             f"preempted: {note}; attempt ended cleanly" if note
                              else "every rank exited 0")
             return
         if not alive and not status.running:
@@ -457,10 +457,28 @@ class Supervisor(threading.Thread):
             return  # started once already (and then died or was used)
         backend.start_standby(nxt)
 
-    def preempted(self, job_id: str, attempt: int) -> bool:
-        """Whether a rank of the attempt reported a preemption, which the runtime does only
-        after the checkpoint its SIGTERM asked for committed."""
-        return any(e["attempt"] == attempt for e in self.store.events(job_id, types=("preempted",)))
+    def stop_note(self, job_id: str, attempt: int) -> str | None:
+        """What the attempt's ranks did with a stop or a preemption, as they reported it on
+        leaving at a step boundary (runtime/boundary.py: the save its SIGTERM asked for, and
+        whether it committed); None when no rank did."""
+        left = [e["data"] or {} for e in self.store.events(job_id, types=("preempted",))
+                if e["attempt"] == attempt]
+        if not left:
+            return None
+        said = [d for d in left if "checkpoint" in d]
+        if said:
+            committed = [d.get("step") for d in said if d["checkpoint"]]
+            tried = any(d.get("checkpointer") for d in said)
+        else:  # a runtime that did not say: the commits it reported at the steps it left
+            steps = {d.get("step") for d in left}
+            committed = [c["step"] for c in self.store.checkpoints(job_id)
+                         if c["attempt"] == attempt and c["step"] in steps]
+            tried = bool(committed)
+        if committed:
+            return f"checkpoint committed at step {max(committed)} before exit"
+        if tried:
+            return "its checkpoint did not commit before exit"
+        return "no checkpoint: the script has no runtime.Checkpointer"
 
     def sync_ranks(self, ctx, status, alive: bool) -> dict:
         """Copy what the engine knows of each rank into the store; returns the rank rows."""
@@ -785,10 +803,10 @@ class Supervisor(threading.Thread):
             self.wake.set()
             return
         self._seen_gone.discard(job_id)
-        preempted = self.preempted(job_id, ctx.attempt)
+        note = self.stop_note(job_id, ctx.attempt)
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)
-        note = "" if not preempted else "; a checkpoint committed before exit"
+        note = f"; {note}" if note else ""
         self.kill_leftovers(job_id)  # standby agents for a next attempt, before it reads ended
         self._swept.add(job_id)
         self.store.transition(job_id, "STOPPED", f"stopped{note}", expect="STOPPING")

@@ -72,6 +72,214 @@ def default_checkpoint_dir(job_dir_path):
     return os.path.join(job_dir_path, "checkpoints")
 
 
+# -- capped rank logs ---------------------------------------------------------------------
+#
+# A rank that prints without end must not fill the disk the launcher's store is on (issue
+# 26: a 50 MB print on a 16 MiB data dir stranded a job). Its log keeps its first half-cap
+# and a rolling last half-cap; the middle is punched out of the file (a hole: no blocks, the
+# file keeps its length), so every byte offset a reader holds (the logs route's cursors, the
+# alert rules', a tail) stays valid, and a marker line where the head ends says how much was
+# dropped. Readers skip the hole (`read_log_lines`). A file system without hole punching
+# keeps the tail in memory and writes it after the head when the log closes.
+
+LOG_CAP_ENV = "DLC_RANK_LOG_MIB"
+DEFAULT_LOG_MIB = 16
+_LOG_BLOCK = 1 << 16  # punches and the marker's room are whole blocks of this
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+# A log stops growing (and rolls within what it holds) once the disk has less free than
+# this: the launcher's store on the same disk needs room for state changes and verdicts.
+LOG_DISK_MARGIN = 4 << 20
+
+
+def log_cap(environ=None):
+    """Bytes a rank log may hold ($DLC_RANK_LOG_MIB, default 16 MiB; 0: no cap)."""
+    raw = (os.environ if environ is None else environ).get(LOG_CAP_ENV, "").strip()
+    try:
+        mib = float(raw) if raw else DEFAULT_LOG_MIB
+    except ValueError:
+        mib = DEFAULT_LOG_MIB
+    if mib <= 0:
+        return 0
+    return max(int(mib * (1 << 20)), 4 * _LOG_BLOCK)
+
+
+def _punch(fd, offset, length):
+    """Free the blocks of [offset, offset + length) keeping the file's size; False where the
+    file system cannot."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return libc.fallocate(fd, _FALLOC_PUNCH, offset, length) == 0
+
+
+class CappedLog:
+    """An append-only log of at most `cap` bytes on disk: the first half and a rolling last
+    half, with a marker line between saying how much was dropped. Writes never raise: what
+    the disk refuses is counted as dropped, and from then on the log rolls within what it
+    already holds, so the space a full disk gets back goes to the store, not to this log."""
+
+    def __init__(self, path, cap):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self.fd).st_size  # logical: every byte ever written counts
+        self.directory = os.path.dirname(path) or "."
+        self.refused = 0  # bytes the disk refused (not the middle cut out)
+        self.marked = False
+        self.frozen = False
+        self.pending = None  # the tail, in memory, where holes cannot be punched
+        self._next_look = 0
+        self._set_cap(cap)
+
+    def _set_cap(self, cap):
+        self.cap = cap
+        self.head = max(_LOG_BLOCK, (cap // 2) // _LOG_BLOCK * _LOG_BLOCK)
+        # The tail grows by up to `slack` between two cuts: the file holds at most head, the
+        # marker's block, tail and slack.
+        self.slack = max(_LOG_BLOCK, cap // 16 // _LOG_BLOCK * _LOG_BLOCK)
+        self.tail = max(_LOG_BLOCK, cap - self.head - _LOG_BLOCK - self.slack)
+        self.cut = self.head + _LOG_BLOCK  # [head + block, cut) is the hole
+
+    def write(self, data):
+        if self.cap and self.pending is not None:
+            self.pending += data
+            del self.pending[:max(0, len(self.pending) - self.tail)]
+            self.size += len(data)
+            return
+        if self.cap and not self.frozen and self.size >= self._next_look:
+            self._look_at_disk()
+        if self.cap and self.size + len(data) - self.cut > self.tail + self.slack:
+            self._cut(len(data))  # before the write: what it holds never exceeds the cap
+        if self.pending is not None:
+            self.write(data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.pwrite(self.fd, view, self.size)
+            except OSError:
+                # A full disk (or a file system gone): the rank must go on regardless.
+                self.refused += len(view)
+                self.size += len(view)
+                self._freeze()
+                return
+            self.size += written
+            view = view[written:]
+
+    def _look_at_disk(self):
+        self._next_look = self.size + (1 << 20)
+        try:
+            stat = os.statvfs(self.directory)
+        except OSError:
+            return
+        if stat.f_bavail * stat.f_frsize < LOG_DISK_MARGIN:
+            self._freeze()
+
+    def _freeze(self):
+        """Little or no room left on the disk: from now on roll within what this log holds."""
+        if self.frozen or not self.cap:
+            return
+        self.frozen = True
+        try:
+            held = os.fstat(self.fd).st_blocks * 512
+        except OSError:
+            return
+        if not self.marked:  # nothing cut yet: what it holds becomes its head and tail
+            self._set_cap(min(self.cap, max(held, 4 * _LOG_BLOCK)))
+        else:
+            self.tail = max(_LOG_BLOCK, min(self.tail, held - self.head - _LOG_BLOCK - self.slack))
+
+    def _cut(self, coming):
+        end = (self.size + coming - self.tail) // _LOG_BLOCK * _LOG_BLOCK
+        end = min(end, self.size // _LOG_BLOCK * _LOG_BLOCK)
+        if end <= self.cut:
+            return
+        try:
+            punched = _punch(self.fd, self.cut, end - self.cut)
+        except (OSError, AttributeError):
+            punched = False
+        if not punched:
+            self._keep_tail_in_memory()
+            return
+        self.cut = end
+        self._blank_partial_line(end)
+        self.marked = True
+        self._mark()
+
+    def _keep_tail_in_memory(self):
+        """Holes cannot be punched here: the file keeps its head, the tail is held here and
+        written after it when the log closes."""
+        try:
+            self.pending = bytearray(os.pread(self.fd, self.tail, max(self.head, self.size - self.tail)))
+            os.ftruncate(self.fd, self.head + _LOG_BLOCK)
+        except OSError:
+            self.pending = bytearray()
+
+    def _blank_partial_line(self, at):
+        """The kept tail starts inside a line: blank it up to its end (readers skip NULs)."""
+        try:
+            data = os.pread(self.fd, _LOG_BLOCK, at)
+            end = data.find(b"\n") + 1
+            if end:
+                os.pwrite(self.fd, b"\0" * end, at)
+        except OSError:
+            pass
+
+    def _mark(self):
+        text = (f"\n[jupyter-dlc] {_mib(self.cut - self.head)} of output dropped here: this log "
+                f"keeps its first {_mib(self.head)} and its last {_mib(self.tail)} "
+                f"(set {LOG_CAP_ENV} to keep more)")
+        if self.refused:
+            text += f"; the disk was full and refused {_mib(self.refused)}"
+        line = (text + "\n").encode()[:_LOG_BLOCK]
+        try:
+            os.pwrite(self.fd, line + b"\0" * (_LOG_BLOCK - len(line)), self.head)
+        except OSError:
+            pass
+
+    def close(self):
+        if self.pending is not None:
+            self.cut = self.size - len(self.pending)
+            self._mark()
+            start = self.pending.find(b"\n") + 1
+            try:
+                os.pwrite(self.fd, bytes(self.pending[start:]), self.head + _LOG_BLOCK)
+            except OSError:
+                pass
+        os.close(self.fd)
+
+
+def _mib(size):
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def read_log_lines(path, start=0, limit=2 << 20):
+    """Complete lines of a (capped) log from byte `start`, at most `limit` bytes' worth, the
+    dropped middle skipped; returns them and the offset after the last one."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = b""
+            for _ in range(3):  # the marker's padding, then the hole, then the tail
+                if start >= size:
+                    return [], start
+                try:
+                    start = os.lseek(f.fileno(), start, os.SEEK_DATA)
+                except OSError:
+                    pass  # no data after `start` (ENXIO), or no SEEK_DATA here: read as is
+                f.seek(start)
+                data = f.read(max(0, min(size - start, limit)))
+                blank = len(data) - len(data.lstrip(b"\0"))
+                start += blank
+                data = data[blank:]
+                if data or not blank:
+                    break
+    except OSError:
+        return [], start
+    cut = data.rfind(b"\n") + 1
+    text = data[:cut].replace(b"\0", b"")
+    return text.decode("utf-8", errors="replace").splitlines(), start + cut
+
+
 # -- the node-held copy of the newest committed step ---------------------------------------
 
 def node_copy_root():

@@ -508,3 +508,41 @@ def test_a_fast_printing_job_is_diagnosed_from_a_bounded_tail(tmp_path):
         tracemalloc.stop()
     assert result["line"] == "ValueError: late failure"
     assert peak < 8 * (1 << 20), f"diagnosis allocated {peak >> 20} MiB for a 50 MB log"
+
+
+# Attempt 1 goes wrong at step 4; attempt 2 runs to the end.
+RECOVERS = """
+import os, signal, time
+from jupyter_dlc import runtime
+runtime.init()
+for step in range(1, 9):
+    runtime.log(step, loss=1.0 / step)
+    time.sleep(0.05)
+    if step == 4 and os.environ["DLC_ATTEMPT"] == "1":
+        if HOW == "raises":
+            raise ValueError("bad batch at step 4")
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen: its heartbeats stop, it never exits
+"""
+
+
+@pytest.mark.parametrize("how, line, beats", [
+    ("raises", "ValueError: bad batch at step 4", {}),
+    # Judged on heartbeats alone (1 s, 3 missed): a loaded machine must not fail attempt 2.
+    ("freezes", "missed 3 heartbeats", {"heartbeat_interval": 1, "heartbeat_misses": 3}),
+])
+def test_why_after_a_recovered_failure_explains_the_failed_attempt(launcher, how, line, beats):
+    """Issue 26: after attempt 1 failed and attempt 2 succeeded, `why` said "no failed attempt
+    to explain" (a verdict with no rank error to diagnose: a frozen rank) and attempt 1 read
+    RESTARTING for ever. Now attempt 1 reads FAILED and `why` explains it."""
+    from jupyter_dlc.formatting import diagnosis_text
+
+    client = launcher.client
+    script = launcher.script(f"recovers_{how}.py", RECOVERS.replace("HOW", repr(how)))
+    job = client.submit({"script": script, "name": f"recovers-{how}", "max_restarts": 2, **beats})
+    done = client.wait(job["id"], timeout=120)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] >= 2, done["reason"]
+    text = diagnosis_text(client.diagnosis(job["id"]), client.job(job["id"]))
+    assert text.startswith("attempt 1: ") and line in text, text
+    first, *_, last = client.job(job["id"])["attempts"]
+    assert (first["state"], first["outcome"]) == ("FAILED", "failed")
+    assert (last["state"], last["outcome"]) == ("SUCCEEDED", "succeeded")

@@ -127,3 +127,114 @@ def test_whichever_process_meets_the_full_disk_the_other_sees_it(tmp_path):
         worker.check()  # the first to look takes the reserve again; the other follows
         launcher.check()
         assert not worker.full and not launcher.full and os.path.exists(worker.reserve)
+
+
+# About 50 MB of output, as fast as a rank can print it, then one last line.
+PRINTER = """
+import sys
+block = "".join(f"line {i} " + "x" * 80 + "\\n" for i in range(1000))
+for n in range(560):
+    sys.stdout.write(block.replace("line ", f"line {n}:", 1000))
+print("LAST LINE", flush=True)
+"""
+
+# A rank that says something every 50 ms until it is stopped.
+TALKER = """
+import time
+i = 0
+while True:
+    print(f"tick {i}", flush=True)
+    i += 1
+    time.sleep(0.05)
+"""
+
+
+def whole_log(client, job_id: str, rank: int = 0) -> list[str]:
+    """Every line of a rank's log through the logs route, page by page with its cursor."""
+    lines: list[str] = []
+    cursor = None
+    while True:
+        page = client.logs(job_id, rank=rank, cursor=cursor)
+        if not page["lines"]:
+            return lines
+        lines += [line["text"] for line in page["lines"]]
+        cursor = page["cursor"]
+
+
+def stop_status(client, job_id: str) -> int:
+    """What a stop answers: its status, the refusals included."""
+    try:
+        return client.request("POST", f"/api/jobs/{job_id}/stop", body={"grace": 0})[0]
+    except LauncherError as error:
+        assert error.status != 500, f"stop answered 500: {error}"
+        return error.status or 0
+
+
+def test_a_rank_printing_50_mb_on_a_16_mib_data_dir_keeps_its_logs_head_and_tail(tmp_path):
+    """Issue 26: the print filled the disk, the rank died of ENOSPC, and the restart sat in
+    STARTING. Now the rank's log is capped (its head, a marker, a rolling tail), stops growing
+    while the disk is low, and the job simply succeeds; the logs route and its cursor read
+    the capped log from its first line to its last."""
+    with tmpfs(tmp_path / "disk", "16m") as mount:
+        launcher = LauncherEnv(str(mount))
+        try:
+            client = launcher.client
+            job = client.submit({"script": launcher.script("printer.py", PRINTER), "name": "printer",
+                                 "max_restarts": 1})
+            done = client.wait(job["id"], timeout=180)
+            assert done["state"] == "SUCCEEDED" and done["attempt"] == 1, done["reason"]
+            assert done["storage"] is None  # the store never went without room
+            log = os.path.join(done["job_dir"], "attempt-1", "rank-0.log")
+            held = os.stat(log).st_blocks * 512
+            assert held < 12 << 20 and os.path.getsize(log) > 50 * 10**6
+            lines = whole_log(client, job["id"])
+            assert lines[0].startswith("line 0:0 ") and lines[-1] == "LAST LINE"
+            [marker] = [line for line in lines if line.startswith("[jupyter-dlc]")]
+            assert "MiB of output dropped here" in marker and "DLC_RANK_LOG_MIB" in marker
+            # Whole lines on either side of the cut: the tail's first line is not a fragment.
+            assert all(line.startswith("line ") for line in lines if line not in (marker, "LAST LINE"))
+            assert client.logs(job["id"], rank=0, tail=2)["lines"][-1]["text"] == "LAST LINE"
+            assert launcher.own_processes() == []
+        finally:
+            launcher.close()
+
+
+def test_a_store_that_cannot_write_ends_its_jobs_with_the_reason_and_stop_still_answers(tmp_path):
+    """Issue 26: with the reserve spent, a restart sat in STARTING with nothing alive, the
+    supervisor logged `database or disk is full` every tick and stop answered 500. Now no
+    attempt starts on a full disk, a job the store can no longer follow ends FAILED with the
+    condition (written with the last reserve), and stop answers."""
+    with tmpfs(tmp_path / "disk", "16m") as mount:
+        launcher = LauncherEnv(str(mount))
+        try:
+            client = launcher.client
+            script = launcher.script("talker.py", TALKER)
+            restarting = client.submit({"script": script, "name": "restarting", "max_restarts": 3})
+            stopped = client.submit({"script": script, "name": "stopped"})
+            for job in (restarting, stopped):
+                wait_for(lambda job=job: client.job(job["id"])["state"] == "RUNNING", timeout=90,
+                         what="RUNNING")
+            filler = os.path.join(launcher.root, "filler")
+            fill(filler)
+            wait_for(lambda: client.job(stopped["id"])["storage"], timeout=10, what="the condition")
+            fill(filler)  # what the reserve freed is taken too: the store cannot write at all
+            assert stop_status(client, stopped["id"]) in (200, 202, 409)
+            [rank] = client.job(restarting["id"])["ranks"]
+            if rank["pid"]:
+                try:
+                    os.kill(rank["pid"], signal.SIGKILL)  # its attempt fails: no restart now
+                except ProcessLookupError:
+                    pass  # ended already: the store could not follow it
+            ended = {job["id"]: client.wait(job["id"], timeout=60) for job in (restarting, stopped)}
+            again = ended[restarting["id"]]
+            assert again["state"] == "FAILED" and again["attempt"] == 1, again["reason"]
+            assert again["reason"].startswith(f"disk full: no space left in {launcher.data_dir}; ")
+            assert "\n" not in again["reason"]
+            assert not [e for e in client.events(restarting["id"]) if e["attempt"] == 2]
+            halted = ended[stopped["id"]]
+            assert halted["state"] == "STOPPED" or halted["reason"].startswith("disk full: "), halted
+            for job in (restarting, stopped):
+                assert stop_status(client, job["id"]) == 409
+            wait_for(lambda: launcher.own_processes() == [], timeout=30, what="nothing left running")
+        finally:
+            launcher.close()

@@ -230,3 +230,37 @@ def test_launcher_connection_file_is_private(launcher):
     with open(path) as f:
         info = json.load(f)
     assert info["url"].startswith("http://127.0.0.1:") and info["token"] == launcher.client.token
+
+
+CHECKPOINTED_STEPS = """
+import time
+import torch
+from jupyter_dlc import runtime
+info = runtime.init()
+model = torch.nn.Linear(2, 2)
+ckpt = runtime.Checkpointer(model=model)
+for step in range(1, 200):
+    time.sleep(0.2)
+    runtime.log(step, loss=1.0 / step)
+"""
+
+
+@pytest.mark.parametrize("script, note", [
+    (STEPS, "stopped; no checkpoint: the script has no runtime.Checkpointer"),
+    (CHECKPOINTED_STEPS, "before exit"),
+])
+def test_a_stop_says_what_was_saved(launcher, script, note):
+    """Issue 26: a stop of a job without a Checkpointer said "a checkpoint committed before
+    exit". The reason now says what the ranks did: no checkpoint, or the step committed."""
+    client = launcher.client
+    job = client.submit({"script": launcher.script("steps.py", script), "name": "saver"})
+    wait_for(lambda: (client.job(job["id"])["last_step"] or 0) >= 2, 90, what="step 2")
+    client.stop(job["id"])
+    done = client.wait(job["id"], timeout=60)
+    assert done["state"] == "STOPPED"
+    assert note in done["reason"], done["reason"]
+    committed = [c["step"] for c in client.checkpoints(job["id"])]
+    if script is STEPS:
+        assert committed == [] and "committed" not in done["reason"]
+    else:
+        assert f"checkpoint committed at step {committed[-1]} before exit" in done["reason"]

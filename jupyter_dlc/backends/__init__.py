@@ -173,14 +173,7 @@ class Backend:
 
         path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
                 else layout.node_log(ctx.attempt_dir, 0))
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except OSError:
-            return [], offset
-        complete = data[:data.rfind(b"\n") + 1]
-        return complete.decode(errors="replace").splitlines(), offset + len(complete)
+        return layout.read_log_lines(path, offset, 1 << 62)
 
 
 def reported_records(events: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, dict]]:

@@ -63,18 +63,13 @@ def _new_log_lines(attempt_dir: str, world: int, offsets: dict[str, int],
         path = layout.rank_log(attempt_dir, rank)
         start = offsets.get(str(rank), 0)
         try:
-            size = os.path.getsize(path)
-            if size <= start:
+            if os.path.getsize(path) <= start:
                 continue
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(min(size - start, _LOG_READ_LIMIT))
         except OSError:
             continue
-        cut = data.rfind(b"\n") + 1
-        offsets[str(rank)] = start + cut
+        new, offsets[str(rank)] = layout.read_log_lines(path, start, _LOG_READ_LIMIT)
         now = time.time()
-        lines += [(now, rank, text) for text in data[:cut].decode(errors="replace").splitlines()]
+        lines += [(now, rank, text) for text in new]
     return lines
 
 

@@ -430,7 +430,8 @@ CURSOR = {"type": "object", "additionalProperties": False, "properties": {
 
 
 def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> tuple[list[str], int]:
-    """Complete lines from `start` (or the last `tail` lines); returns them and the new offset."""
+    """Complete lines from `start` (or the last `tail` lines); returns them and the new offset.
+    A capped log's dropped middle is skipped (layout.CappedLog)."""
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -439,14 +440,10 @@ def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> t
         start = 0
     if tail is not None:
         start = max(start, size - max(tail, 1) * 400 - 4096)
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(min(size - start, limit))
-    cut = data.rfind(b"\n") + 1
-    text = data[:cut].decode("utf-8", errors="replace").splitlines()
+    text, end = layout.read_log_lines(path, start, limit)
     if tail is not None:
         text = text[-tail:] if tail > 0 else []
-    return text, start + cut
+    return text, end
 
 
 class MetricsHandler(BaseHandler):
@@ -518,7 +515,15 @@ class DiagnosisHandler(BaseHandler):
             if a["failure"]:
                 out.append(dict(json.loads(a["failure"]), attempt=a["attempt"],
                                 reason=a["reason"]))
+            elif a["outcome"] in FAILED_OUTCOMES:
+                # Failed on the launcher's verdict with no rank error to show (heartbeats
+                # missed, max runtime, the engine's word): the verdict is the explanation.
+                out.append({"class": "launcher_verdict", "line": a["reason"], "rank": None,
+                            "suggestion": None, "attempt": a["attempt"], "reason": a["reason"]})
         self.reply({"diagnoses": out})
+
+
+FAILED_OUTCOMES = ("failed", "timeout", "cancelled")
 
 
 class AlertsHandler(BaseHandler):

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import layout
 from ..backends import reported_records
 from ..shims import torch_private
 from .source_origin import SourceOrigin, source_origin
@@ -112,15 +113,13 @@ def _read_json(path: str) -> dict | None:
 
 
 def _read_lines(path: str, limit: int = TAIL_BYTES) -> list[str]:
-    """The last `limit` bytes of a log as lines (a cut first line dropped)."""
+    """The last `limit` bytes of a log as lines (a cut first line dropped; a capped log's
+    dropped middle skipped, layout.read_log_lines)."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - limit))
-            data = f.read(limit)
+        size = os.path.getsize(path)
     except OSError:
         return []
-    lines = data.decode(errors="replace").splitlines()
+    lines, _ = layout.read_log_lines(path, max(0, size - limit), limit)
     return lines[1:] if size > limit and lines else lines
 
 

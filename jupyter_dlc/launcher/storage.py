@@ -4,8 +4,12 @@ The launcher keeps a reserve file in the data dir. When the disk fills (ranks ch
 or logging there, or anything else), a write of the store fails; the reserve is then given
 up so that what matters most still gets written: state changes, a failed attempt's verdict,
 heartbeats. While the disk is full, metrics are not stored, submits are refused with a
-one-line reason, and every job summary carries the condition for the views. Once space is
-back, the reserve is taken again.
+one-line reason, no attempt starts, and every job summary carries the condition for the
+views. Once space is back, the reserve is taken again.
+
+When the disk stays full (what the reserve freed got eaten too), the store cannot write at
+all, and a job can no longer be supervised: it is ended (launcher/supervisor.py) with the
+condition as its reason, written with a last, smaller reserve kept for exactly that.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import os
 import sqlite3
 
 RESERVE_BYTES = 4 << 20
+# The last reserve: given up only for the verdicts that end jobs once the first is spent.
+LAST_RESERVE_BYTES = 1 << 20
 # Below this much free space the disk counts as full even before a write failed.
 LOW_WATER = 1 << 20
 
@@ -29,6 +35,7 @@ class DiskGuard:
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self.reserve = os.path.join(data_dir, "launcher.reserve")
+        self.last_reserve = os.path.join(data_dir, "launcher.reserve.last")
         self.full = False
         self.take_reserve()
         self.check()
@@ -42,30 +49,25 @@ class DiskGuard:
         stat = os.statvfs(self.data_dir)
         return stat.f_bavail * stat.f_frsize
 
-    def take_reserve(self) -> bool:
-        if os.path.exists(self.reserve):
-            return True
-        try:
-            fd = os.open(self.reserve, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, RESERVE_BYTES)
-            finally:
-                os.close(fd)
-            return True
-        except OSError:
-            try:
-                os.unlink(self.reserve)
-            except OSError:
-                pass
-            return False
+    def reason(self, what: str) -> str:
+        """A job's reason when the disk ends it: the condition, then `what` was not done."""
+        return f"disk full: no space left in {self.data_dir}; {what}"
 
-    def on_full(self) -> None:
-        """A write failed for want of space: give up the reserve for the writes that matter."""
+    def take_reserve(self) -> bool:
+        # The last reserve first: it is the one that must be there when all else is spent.
+        return _take(self.last_reserve, LAST_RESERVE_BYTES) and _take(self.reserve, RESERVE_BYTES)
+
+    def on_full(self) -> bool:
+        """A write failed for want of space: give up the reserve for the writes that matter.
+        Returns whether that freed anything (False: the reserve was spent already)."""
         self.full = True
-        try:
-            os.unlink(self.reserve)
-        except OSError:
-            pass
+        return _give_up(self.reserve)
+
+    def last_resort(self) -> bool:
+        """The first reserve is spent and a verdict still cannot be written: give up the last
+        one for it. Returns whether that freed anything."""
+        self.full = True
+        return _give_up(self.last_reserve)
 
     def check(self) -> None:
         """Each supervisor tick: notice a filling disk, and space coming back."""
@@ -86,3 +88,26 @@ class DiskGuard:
             # The launcher and its ingest worker share the reserve: the one whose write failed
             # first gave it up, which freed enough that the other's free space looks fine.
             self.full = True
+
+
+def _take(path: str, size: int) -> bool:
+    if os.path.exists(path):
+        return True
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        _give_up(path)
+        return False
+
+
+def _give_up(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False

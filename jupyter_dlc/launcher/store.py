@@ -18,13 +18,15 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .. import layout
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from . import metric_chunks
 from .storage import DiskGuard, is_disk_full
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -69,6 +71,11 @@ _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended",
                 "last_step", "last_loss")
 
 
+# The state an ended attempt keeps, from its outcome (SQL over the attempts row).
+_ATTEMPT_END = ("CASE outcome WHEN 'succeeded' THEN 'SUCCEEDED' WHEN 'preempted' THEN 'STOPPED'"
+                " WHEN 'stopped' THEN 'STOPPED' ELSE 'FAILED' END")
+
+
 def token_hash(token: str) -> str:
     """What the store keeps of a job token: a leaked database grants nothing."""
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
@@ -90,6 +97,11 @@ class Store:
         # Data dirs written before chunks: their one-row-per-point metrics become chunks.
         with self.tx() as db:
             metric_chunks.migrate_rows(db)
+        # Data dirs written before an ended attempt took its outcome's state: a restarted
+        # attempt read RESTARTING for ever after.
+        with self.tx() as db:
+            db.execute(f"UPDATE attempts SET state = {_ATTEMPT_END} WHERE state = 'RESTARTING' AND"
+                       " attempt < (SELECT attempt FROM jobs WHERE jobs.id = attempts.job_id)")
         # Data dirs written before tokens were hashed: hash what is stored in clear.
         with self.tx() as db:
             for row in db.execute("SELECT id, token FROM jobs WHERE token NOT LIKE 'sha256:%'").fetchall():
@@ -138,7 +150,27 @@ class Store:
 
     def _failed(self, error: BaseException | None) -> None:
         if self.guard is not None and error is not None and is_disk_full(error):
-            self.guard.on_full()  # the next try of what failed finds the reserve's space
+            # The next try of what failed finds the reserve's space; remembered per thread,
+            # for whoever decides what a failure that freed nothing means (write_verdict).
+            self._local.freed = self.guard.on_full()
+
+    def spent(self, error: BaseException) -> bool:
+        """Whether `error`, this thread's last failed write, was for want of space that the
+        reserve could not give any more: the store cannot write at all now."""
+        return self.guard is not None and is_disk_full(error) and \
+            not getattr(self._local, "freed", False)
+
+    def write_verdict(self, write: Callable[[], T]) -> T:
+        """A write that ends or stops a job, on a disk that may be full: when it fails for
+        want of space and its failure freed nothing (the reserve was spent), the last
+        reserve is given up for it, and it is tried once more."""
+        try:
+            return write()
+        except sqlite3.OperationalError as error:
+            if not is_disk_full(error) or self.guard is None or \
+                    not (getattr(self._local, "freed", False) or self.guard.last_resort()):
+                raise
+        return write()
 
     @property
     def storage_problem(self) -> str | None:
@@ -255,6 +287,10 @@ class Store:
             if row is None or row["state"] not in tuple(expect):
                 return None
             attempt = row["attempt"] + 1
+            # The attempt left behind reads as it ended (a restarted one is not RESTARTING).
+            db.execute(f"UPDATE attempts SET state = {_ATTEMPT_END} WHERE job_id = ? AND attempt = ?"
+                       f" AND state IN ({', '.join('?' * len(ACTIVE_STATES))})",
+                       (job_id, row["attempt"], *ACTIVE_STATES))
             db.execute("INSERT INTO attempts (job_id, attempt, state) VALUES (?, ?, 'QUEUED')",
                        (job_id, attempt))
             db.execute("UPDATE jobs SET attempt = ?, state = 'QUEUED', reason = ?, ended = NULL,"

@@ -42,6 +42,7 @@ from ..backends.local import process_slots
 from ..spec import JobSpec, network_env
 from .pools import Pools
 from .preflight import run_preflight
+from .storage import is_disk_full
 from .store import ACTIVE_STATES, TERMINAL_STATES, Store
 
 log = logging.getLogger("jupyter_dlc.launcher")
@@ -124,6 +125,8 @@ class Supervisor(threading.Thread):
         self._swept: set[str] = set()
         self._watched: dict[str, tuple[float, int]] = {}  # job -> (last watched, its ranks)
         self._last_sweep = 0.0
+        # Jobs whose end for a full disk could not even be stored (logged once each).
+        self._unwritable: set[str] = set()
         # Admission: ranks that may run at once (fixed at start: free memory falls as jobs run).
         self.slots = process_slots()[0]
         # Warm pools (launcher/pools.py): an attempt starts on its shape's pool when one is free.
@@ -163,8 +166,11 @@ class Supervisor(threading.Thread):
                     if row["id"] not in self._swept:
                         self.kill_leftovers(row["id"])
                     self.release(row["id"])
-            except Exception:  # noqa: BLE001 - nor one job's error the others'
-                log.error("job %s: %s", row["id"], traceback.format_exc())
+            except Exception as error:  # noqa: BLE001 - nor one job's error the others'
+                if self.store.spent(error):
+                    self.end_for_disk(row["id"])
+                else:
+                    log.error("job %s: %s", row["id"], traceback.format_exc())
         if now - self._last_sweep >= SWEEP_EVERY:
             self._last_sweep = now
             self.sweep_ended()
@@ -303,8 +309,17 @@ class Supervisor(threading.Thread):
             self.start_attempt(row)
 
     # -- starting -----------------------------------------------------------------------
+    def disk_full(self) -> bool:
+        return self.store.guard is not None and self.store.guard.full
+
     def start_attempt(self, row) -> None:
         job_id = row["id"]
+        if self.disk_full() and not row["stop_requested"]:
+            # An attempt's ranks write logs and records into the job directory, and the
+            # store must record their start and their end: on a full disk nothing starts.
+            self.fail_for_disk(job_id, f"attempt {row['attempt']} not started; free space, "
+                               "then resume the job", expect=("QUEUED", "PREFLIGHT"))
+            return
         with self.lifecycle:
             row = self.store.job_row(job_id)
             if row is None or row["state"] not in ("QUEUED", "PREFLIGHT"):
@@ -413,9 +428,9 @@ class Supervisor(threading.Thread):
             last_end = max((rs.end or 0) for rs in status.ranks.values())
             if alive and now - last_end < EXIT_BARRIER_GRACE:
                 return
-            preempted = self.preempted(job_id, ctx.attempt)
-            self.end_attempt(row, ctx, handle, "preempted" if preempted else "succeeded",
-                             "preempted: checkpoint committed, attempt ended cleanly" if preempted
+            note = self.stop_note(job_id, ctx.attempt)
+            self.end_attempt(row, ctx, handle, "preempted" if note else "succeeded",
+                             f"preempted: {note}; attempt ended cleanly" if note
                              else "every rank exited 0")
             return
         if not alive and not status.running:
@@ -442,10 +457,28 @@ class Supervisor(threading.Thread):
             return  # started once already (and then died or was used)
         backend.start_standby(nxt)
 
-    def preempted(self, job_id: str, attempt: int) -> bool:
-        """Whether a rank of the attempt reported a preemption, which the runtime does only
-        after the checkpoint its SIGTERM asked for committed."""
-        return any(e["attempt"] == attempt for e in self.store.events(job_id, types=("preempted",)))
+    def stop_note(self, job_id: str, attempt: int) -> str | None:
+        """What the attempt's ranks did with a stop or a preemption, as they reported it on
+        leaving at a step boundary (runtime/boundary.py: the save its SIGTERM asked for, and
+        whether it committed); None when no rank did."""
+        left = [e["data"] or {} for e in self.store.events(job_id, types=("preempted",))
+                if e["attempt"] == attempt]
+        if not left:
+            return None
+        said = [d for d in left if "checkpoint" in d]
+        if said:
+            committed = [d.get("step") for d in said if d["checkpoint"]]
+            tried = any(d.get("checkpointer") for d in said)
+        else:  # a runtime that did not say: the commits it reported at the steps it left
+            steps = {d.get("step") for d in left}
+            committed = [c["step"] for c in self.store.checkpoints(job_id)
+                         if c["attempt"] == attempt and c["step"] in steps]
+            tried = bool(committed)
+        if committed:
+            return f"checkpoint committed at step {max(committed)} before exit"
+        if tried:
+            return "its checkpoint did not commit before exit"
+        return "no checkpoint: the script has no runtime.Checkpointer"
 
     def sync_ranks(self, ctx, status, alive: bool) -> dict:
         """Copy what the engine knows of each rank into the store; returns the rank rows."""
@@ -577,6 +610,57 @@ class Supervisor(threading.Thread):
         # once rather than a tick later (recovery time is what users feel).
         self.wake.set()
 
+    def fail_for_disk(self, job_id: str, what: str, expect: tuple[str, ...]) -> bool:
+        """End a job FAILED for the full disk, `what` saying what was not done, written even
+        when the store's reserve is spent (its last one); False where even that could not."""
+        assert self.store.guard is not None
+        reason = self.store.guard.reason(what)
+        try:
+            moved = self.store.write_verdict(lambda: self.store.transition(job_id, "FAILED", reason,
+                                                                           expect=expect))
+        except Exception as error:  # noqa: BLE001 - nothing can be written: said once
+            if job_id not in self._unwritable:
+                self._unwritable.add(job_id)
+                log.error("job %s: %s, and not even that could be stored: %s", job_id, reason, error)
+            return False
+        self._unwritable.discard(job_id)
+        if moved:
+            log.warning("job %s: %s", job_id, reason)
+            self.kill_leftovers(job_id)
+            self._swept.add(job_id)
+        return moved
+
+    def end_for_disk(self, job_id: str) -> None:
+        """The store cannot write (the disk is full and the reserve spent): no rank exit,
+        heartbeat or verdict of this job would be kept, so it can no longer be supervised.
+        What of it runs is killed, and it ends with the condition as its reason."""
+        row = self.store.job_row(job_id)
+        if row is None or row["state"] in TERMINAL_STATES:
+            return
+        ctx = self.context(row)
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        try:  # the handle as stored: finding one again (handle_of) would write
+            get_backend(ctx.spec.backend).kill(ctx, json.loads(arow["handle"] or "{}") if arow else {})
+        except Exception:  # noqa: BLE001 - the leftovers' kill below reaches what this missed
+            log.error("job %s: kill on a full disk failed:\n%s", job_id, traceback.format_exc())
+        self.kill_leftovers(job_id)
+        what = (f"attempt {row['attempt']} could not be watched ({row['state']}): what of it "
+                "ran was killed; free space, then resume the job")
+        if self.fail_for_disk(job_id, what, expect=tuple(s for s in ACTIVE_STATES if s != "STOPPING")):
+            try:
+                self.store.update_attempt(job_id, row["attempt"], outcome="failed", ended=time.time(),
+                                          reason=self.store.guard.reason(what))
+            except Exception:  # noqa: BLE001 - the job's own row says it; this is the detail
+                pass
+            return
+        if row["state"] == "STOPPING":  # a stop asked for: it ends as the user meant
+            reason = f"stopped by the user; {self.store.guard.reason('what was left was killed at once')}"
+            try:
+                self.store.write_verdict(lambda: self.store.transition(job_id, "STOPPED", reason,
+                                                                       expect="STOPPING"))
+            except Exception:  # noqa: BLE001 - nothing can be written: the next tick tries again
+                pass
+
     def diagnose(self, ctx) -> dict | None:
         try:
             from .diagnosis import diagnose
@@ -625,6 +709,11 @@ class Supervisor(threading.Thread):
             MAX_BACKOFF, spec.restart_backoff * 2 ** (restarts - 1))
         if now - (arow["ended"] or now) < backoff:
             return
+        if self.disk_full():
+            self.fail_for_disk(job_id, f"not restarting after attempt {row['attempt']} "
+                               f"({arow['reason']}); free space, then resume the job",
+                               expect=("RESTARTING",))
+            return
         attempt = self.store.new_attempt(job_id, f"restart after attempt {row['attempt']}: "
                                          f"{arow['reason']}", expect=("RESTARTING",))
         if attempt is None:
@@ -638,7 +727,19 @@ class Supervisor(threading.Thread):
 
         A job with nothing of its attempt running (QUEUED, PREFLIGHT, RESTARTING) is STOPPED
         at once, and one still PENDING or STARTING gets no grace: its script has not begun to train.
+        On a full disk the state change is written with the store's last reserve; where even
+        that cannot hold it, the signals still went and the stop counts as done (the job's
+        end is then the supervisor's, end_for_disk).
         """
+        try:
+            return self.store.write_verdict(lambda: self._request_stop(job_id, grace, reason))
+        except Exception as error:
+            if not is_disk_full(error):
+                raise
+            log.error("job %s: stop carried out, but not stored: %s", job_id, error)
+            return True
+
+    def _request_stop(self, job_id: str, grace: float | None, reason: str) -> bool:
         with self.lifecycle:
             for _ in range(10):  # lost a race with the supervisor's own move: look again
                 row = self.store.job_row(job_id)
@@ -702,10 +803,10 @@ class Supervisor(threading.Thread):
             self.wake.set()
             return
         self._seen_gone.discard(job_id)
-        preempted = self.preempted(job_id, ctx.attempt)
+        note = self.stop_note(job_id, ctx.attempt)
         self.store.update_attempt(job_id, ctx.attempt, outcome="stopped", ended=now)
         self.pending.pop(job_id, None)
-        note = "" if not preempted else "; a checkpoint committed before exit"
+        note = f"; {note}" if note else ""
         self.kill_leftovers(job_id)  # standby agents for a next attempt, before it reads ended
         self._swept.add(job_id)
         self.store.transition(job_id, "STOPPED", f"stopped{note}", expect="STOPPING")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -30,6 +31,8 @@ FAILED_EXIT_HANDLERS_SECONDS = 5.0
 # record is also on disk, longer where the report route is its only way.
 SEND_SECONDS = 2.0
 REPORT_ONLY_SEND_SECONDS = 15.0
+# How long a leaving rank waits for its log keeper to write its last output.
+LOG_DRAIN_SECONDS = 2.0
 
 
 def _run_exit_handlers() -> None:
@@ -41,18 +44,89 @@ def _run_exit_handlers() -> None:
 
 def _write_json(path: str, data: dict) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        # A full disk: the record still goes over the report route, and the rank (or its
+        # exit code) must not change for want of a file.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
-def _redirect_output(log_path: str) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _redirect_output(log_path: str) -> int | None:
+    """The rank's stdout and stderr (by file descriptor: C code and child processes too) go
+    to its log: through a pipe to a log keeper, a forked process that caps the log
+    (layout.CappedLog: its head and a rolling tail), or straight to the file without a cap.
+    Returns the keeper's pid."""
+    cap = layout.log_cap()
+    if not cap:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _point_output_at(fd)
+        return None
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the keeper: nothing here but reading the pipe and writing the log
+        try:
+            _keep_log(read_end, write_end, log_path, cap)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    _point_output_at(write_end)
+    return pid
+
+
+def _point_output_at(fd: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def _keep_log(read_end: int, write_end: int, log_path: str, cap: int) -> None:
+    # A stop's SIGTERM is for the rank: the keeper leaves when the last writer is gone (the
+    # rank and whatever it started), having written all they said.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    os.close(write_end)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    # Nothing else the rank holds stays open here (an agent's pipe must see its EOF).
+    os.closerange(3, read_end)
+    os.closerange(read_end + 1, 1 << 16)
+    log = layout.CappedLog(log_path, cap)
+    while True:
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            break
+        log.write(chunk)
+    log.close()
+
+
+def _log_written(keeper: int | None) -> None:
+    """Before the rank's end is recorded (after which the launcher may read its log, or kill
+    what is left): hand the keeper the last output and let it write it, briefly."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if keeper is None:
+            return
+        _point_output_at(os.open(os.devnull, os.O_WRONLY))
+        deadline = time.monotonic() + LOG_DRAIN_SECONDS
+        while time.monotonic() < deadline:
+            # Still running while a child of the rank holds the pipe: it goes on without us.
+            if os.waitpid(keeper, os.WNOHANG)[0]:
+                return
+            time.sleep(0.005)
+    except (OSError, ValueError):
+        pass
 
 
 def _destroy_process_group() -> None:
@@ -139,11 +213,10 @@ def main(argv: list[str]) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))
     attempt_dir = os.environ.get("DLC_ATTEMPT_DIR")
-    if attempt_dir:
-        _redirect_output(os.path.join(attempt_dir, f"rank-{rank}.log"))
+    keeper = _redirect_output(layout.rank_log(attempt_dir, rank)) if attempt_dir else None
     records = _Records(rank, attempt_dir)
     records.started()
-    _record_os_exit(records)
+    _record_os_exit(records, keeper)
 
     script = argv[0]
     sys.argv = list(argv)
@@ -169,16 +242,15 @@ def main(argv: list[str]) -> int:
     runner.join(EXIT_HANDLERS_SECONDS if exit_code == 0 else FAILED_EXIT_HANDLERS_SECONDS)
     if exit_code == 0:
         _destroy_process_group()
+    _log_written(keeper)
     records.ended(exit_code)
-    sys.stdout.flush()
-    sys.stderr.flush()
     _REAL_OS_EXIT(exit_code)
 
 
 _REAL_OS_EXIT = os._exit
 
 
-def _record_os_exit(records: _Records) -> None:
+def _record_os_exit(records: _Records, keeper: int | None = None) -> None:
     """A script that leaves with `os._exit(code)` (as multi-node gloo scripts must, see
     FIELD-NOTES) skips everything after it: record its exit code first. Otherwise the
     launcher sees a rank gone without a record and has to guess between a clean exit and a
@@ -186,6 +258,7 @@ def _record_os_exit(records: _Records) -> None:
     def recorded_exit(status: int) -> NoReturn:
         if os.getpid() == records.record["pid"]:  # not a forked child (a DataLoader worker)
             try:
+                _log_written(keeper)
                 records.ended(int(status))
             except (OSError, TypeError, ValueError):
                 pass

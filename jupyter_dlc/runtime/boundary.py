@@ -108,11 +108,12 @@ def should_stop(step=None, exit=True):
         checkpointer.save(step)
     if control.STOP not in kinds:
         return False
-    if checkpointer is not None:
-        checkpointer.wait()
+    committed = checkpointer.wait() if checkpointer is not None else False
     reporter = get_reporter()
     if reporter:
-        reporter.event("preempted", step=step,
+        # What was saved, said as it is: the launcher's stop reason repeats it.
+        reporter.event("preempted", step=step, checkpointer=checkpointer is not None,
+                       checkpoint=committed,
                        reason=requests.get(control.STOP, "stop requested on another rank"))
         reporter.flush(EXIT_FLUSH_SECONDS)
     if exit:

@@ -251,16 +251,24 @@ class Supervisor(threading.Thread):
     def handle_of(self, ctx: AttemptContext, arow) -> dict:
         """The attempt's engine handle as stored; where none is (a launcher killed between
         submit and storing it, a store restored from a copy) the engine re-adopts the attempt
-        by what it can search itself (Kubernetes labels), and the handle is stored again."""
+        by what it can search itself (its name, labels), and the handle is stored again."""
         handle = json.loads(arow["handle"] or "{}") if arow else {}
         if not handle and arow and arow["started"]:
-            found = get_backend(ctx.spec.backend).adopt(ctx)
+            try:
+                found = get_backend(ctx.spec.backend).adopt(ctx)
+            except (SubmitError, RuntimeError, OSError) as error:
+                # The engine cannot be asked now (slurmctld down): no handle this tick.
+                log.warning("job %s: looking for %s failed: %s", ctx.job_id, ctx.engine_name, error)
+                return handle
             if found:
-                self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(found))
-                self.store.add_event(ctx.job_id, ctx.attempt, "adopted",
-                                     f"re-adopted {found.get('engine_id')} ({ctx.engine_name})", found)
+                self.store_adopted(ctx, found, f"re-adopted {found.get('engine_id')} ({ctx.engine_name})")
                 handle = found
         return handle
+
+    def store_adopted(self, ctx: AttemptContext, handle: dict, why: str) -> None:
+        """An engine job found by adoption becomes the attempt's, with an `adopted` event."""
+        self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(handle))
+        self.store.add_event(ctx.job_id, ctx.attempt, "adopted", why, handle)
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
@@ -356,11 +364,8 @@ class Supervisor(threading.Thread):
             return True
         if not found:
             return False
-        handle = dict(found, start=intent.get("start"))
-        self.store.update_attempt(row["id"], ctx.attempt, handle=json.dumps(handle))
         what = f"{backend.name} job {found.get('engine_id')} ({intent.get('name')})"
-        self.store.add_event(row["id"], ctx.attempt, "adopted",
-                             f"adopted {what}, submitted before the handle was stored", found)
+        self.store_adopted(ctx, found, f"adopted {what}, submitted before the handle was stored")
         self.store.transition(row["id"], "STARTING", f"attempt {ctx.attempt}: adopted {what}",
                               expect="PREFLIGHT")
         return True

@@ -574,3 +574,45 @@ def test_a_pods_command_starts_its_node_reporter_and_its_ranks_report_through_it
              what="the node reporter gone")
     cluster.finish(name)
     wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+
+
+def test_a_second_submit_of_an_attempt_makes_no_second_workload_and_hands_the_new_token(cluster, tmp_path):
+    """A launcher killed mid-submit tries again with a fresh token: the workload's name is
+    fixed per attempt, so the API refuses a second one (409) and adoption finds the one; the
+    token Secret of the first try is replaced, or the pods' reports would be refused."""
+    engine, ctx = _engine(), _ctx(tmp_path)
+    engine.submit(ctx)
+    ctx.env["DLC_TOKEN"] = "tok-456"
+    handle = engine.submit(ctx)
+    assert [w["engine_id"] for w in engine.workloads(ctx.spec, ctx.job_id)] == [handle["engine_id"]]
+    assert engine.adopt(ctx)["engine_id"] == handle["engine_id"]
+    assert cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]["stringData"] == {"token": "tok-456"}
+
+
+def test_an_api_server_that_does_not_answer_is_a_transient_refusal(cluster, tmp_path):
+    from jupyter_dlc.backends import SubmitError
+
+    clusters.put_profile("my-k8s", {"engine": "kubernetes", "namespace": "ml", "launcher_url": "http://launcher:8787",
+                                    "kubeconfig": _dead_kubeconfig(cluster, tmp_path)})
+    engine, ctx = _engine(), _ctx(tmp_path)
+    engine.kind_for = lambda spec: "Job"  # type: ignore[method-assign]  # no discovery: nothing answers
+    with pytest.raises(SubmitError) as refused:
+        engine.submit(ctx)
+    assert not refused.value.permanent and "unreachable" in refused.value.message
+
+
+def _dead_kubeconfig(cluster, tmp_path) -> str:
+    import socket
+
+    import yaml
+
+    path = cluster.kubeconfig(str(tmp_path / "dead-kubeconfig"))
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    config["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return path

@@ -602,3 +602,44 @@ def test_a_tls_launcher_serves_the_hosts_over_https_through_node_reporters(tls_l
     with open(os.path.join(tls_launcher.data_dir, "launcher.log")) as f:
         log = f.read()
     assert "without TLS" not in log and f"launcher serving https://{BRIDGE}:" in log
+
+
+def test_adopt_finds_a_whole_set_of_keepers_by_their_environment_and_kills_a_partial_one(tmp_path, monkeypatch):
+    """A launcher killed between starting the keepers and storing their pids: the next one
+    finds them by the job id and attempt in their environment and the node in their request
+    path (real processes, the real /proc scan); keepers of only some nodes are killed, so the
+    attempt is submitted again with no second keeper of a node beside a first."""
+    from jupyter_dlc.backends import AttemptContext
+    from jupyter_dlc.backends.ssh import SSHBackend
+    from jupyter_dlc.spec import JobSpec
+
+    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
+    clusters.put_profile("adopt-hosts", {"engine": "ssh", "hosts": ["10.9.0.1", "10.9.0.2"], "interface": "lo"})
+    spec = JobSpec(name="t", code="x", nodes=2, nproc_per_node=1, cluster="adopt-hosts", backend="ssh")
+    ctx = AttemptContext("adopt-job", 3, spec, str(tmp_path), str(tmp_path / "attempt-3"), "", {}, 0)
+
+    def keeper(node: int, attempt: int = 3) -> subprocess.Popen:
+        # Not a real keeper: a process whose command line and environment read as one.
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "-m",
+                                 "jupyter_dlc.backends.ssh_node", "keep", f"{ctx.attempt_dir}/node-{node}.ssh.json"],
+                                stdin=subprocess.PIPE, start_new_session=True,
+                                env=dict(os.environ, DLC_JOB_ID="adopt-job", DLC_ATTEMPT=str(attempt)))
+
+    engine = SSHBackend()
+    assert engine.adopt(ctx) is None  # nothing there
+    both = [keeper(0), keeper(1), keeper(0, attempt=2)]  # another attempt's is not this one's
+    try:
+        handle = engine.adopt(ctx)
+        assert handle == {"engine_id": "10.9.0.1,10.9.0.2",
+                          "nodes": [{"node": 0, "host": "10.9.0.1", "pid": both[0].pid},
+                                    {"node": 1, "host": "10.9.0.2", "pid": both[1].pid}]}
+    finally:
+        for proc in both:
+            proc.kill()
+            proc.wait()
+    lone = keeper(1)
+    try:
+        assert engine.adopt(ctx) is None
+        assert lone.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        lone.kill()

@@ -9,6 +9,7 @@ test_recovery.py) and on a real Slurm cluster (test_slurm.py). The store is real
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -21,7 +22,9 @@ from jupyter_dlc.backends import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    SubmitError,
 )
+from jupyter_dlc.launcher import supervisor as supervisor_module
 from jupyter_dlc.launcher.store import Store
 from jupyter_dlc.launcher.supervisor import Supervisor, create_job_dir
 from jupyter_dlc.spec import JobSpec
@@ -39,13 +42,31 @@ class ScriptedEngine(Backend):
         self.answer = AttemptStatus(phase="PENDING", reason="Priority", alive=True)
         self.store = None
         self.states_at_kill: list[str | None] = []
+        # What the next submits do instead of succeeding: SubmitErrors to raise, or "crash"
+        # (the job is submitted, then the launcher dies before it hears back).
+        self.refusals: list = []
+        self.jobs: dict[str, str] = {}  # engine job name -> its id: what adopt searches
+        self.intents: list = []  # the attempt's stored intent as each submit began
 
     def capabilities(self, spec):
         return Capabilities(standby_agents=False, shared_filesystem=True)
 
     def submit(self, ctx):
         self.calls.append(("submit", ctx.attempt))
+        if self.store is not None:
+            self.intents.append(self.store.attempt_row(ctx.job_id, ctx.attempt)["intent"])
+        refusal = self.refusals.pop(0) if self.refusals else None
+        if isinstance(refusal, SubmitError):
+            raise refusal
+        self.jobs[ctx.engine_name] = f"e{ctx.attempt}"
+        if refusal == "crash":
+            raise LauncherKilled()
         return {"engine_id": f"e{ctx.attempt}"}
+
+    def adopt(self, ctx):
+        self.calls.append(("adopt", ctx.attempt))
+        found = self.jobs.get(ctx.engine_name)
+        return {"engine_id": found} if found else None
 
     def describe(self, ctx, handle):
         return self.answer
@@ -72,6 +93,10 @@ class ScriptedEngine(Backend):
         if self.store is not None:  # the job's state as its leftovers are killed
             row = self.store.job_row(job_id)
             self.states_at_kill.append(row["state"] if row else None)
+
+
+class LauncherKilled(BaseException):
+    """kill -9 of the launcher right after the engine took the job: nothing after runs."""
 
 
 def running(codes=(None, None), alive=True, phase="RUNNING", reason=None):
@@ -258,3 +283,120 @@ def test_rendezvous_ports_come_from_below_the_ephemeral_range_and_are_free():
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
+
+
+# -- a submit has an outcome, and happens once ----------------------------------------------
+def test_a_permanent_refusal_ends_the_job_failed_with_the_engines_words(world):
+    message = "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    world.engine.refusals = [SubmitError(message, permanent=True)]
+    world.submit()
+    world.supervisor.tick()
+    job = world.job()
+    assert job["state"] == "FAILED"
+    assert job["reason"] == f"scripted submit refused: {message}"
+    world.supervisor.tick()
+    assert world.engine.calls.count(("submit", 1)) == 1  # never asked again
+
+
+def test_a_transient_refusal_is_retried_with_backoff_shown_in_the_reason(world, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "SUBMIT_BACKOFF", 4.0)
+    timeout = "Batch job submission failed: Socket timed out on send/recv operation"
+    world.engine.refusals = [SubmitError(timeout, permanent=False)] * 2
+    world.submit()
+    world.supervisor.tick()
+    assert world.job()["state"] == "PREFLIGHT"
+    assert world.job()["reason"] == f"scripted submit refused: retry 1 of 5 in 4 s: {timeout}"
+    world.supervisor.tick()  # within the backoff: not asked again, the reason stays
+    assert world.engine.calls.count(("submit", 1)) == 1
+    assert world.job()["reason"].startswith("scripted submit refused: retry 1 of 5")
+
+    def backoff_over():
+        arow = world.store.attempt_row("job-1", 1)
+        intent = json.loads(arow["intent"])
+        world.store.update_attempt("job-1", 1, intent=json.dumps(dict(intent, retry_at=0)))
+
+    backoff_over()
+    world.supervisor.tick()
+    assert world.job()["reason"] == f"scripted submit refused: retry 2 of 5 in 8 s: {timeout}"
+    backoff_over()
+    world.supervisor.tick()
+    job = world.job()
+    assert job["state"] == "STARTING" and "as scripted job e1" in job["reason"]
+    # Before each retry the engine was asked whether an earlier try got through after all.
+    assert world.engine.calls == [("submit", 1), ("adopt", 1), ("submit", 1), ("adopt", 1), ("submit", 1)]
+    retries = [e["reason"] for e in world.store.events("job-1") if "retry" in (e["reason"] or "")]
+    assert len(retries) == 2  # each retry is in the job's history
+
+
+def test_transient_refusals_are_bounded(world, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "SUBMIT_RETRIES", 2)
+    world.engine.refusals = [SubmitError("slurmctld: Connection refused", permanent=False)] * 3
+    world.submit()
+    for _ in range(3):
+        world.supervisor.tick()
+        arow = world.store.attempt_row("job-1", 1)
+        world.store.update_attempt("job-1", 1, intent=json.dumps(dict(json.loads(arow["intent"]), retry_at=0)))
+    job = world.job()
+    assert job["state"] == "FAILED"
+    assert job["reason"] == "scripted submit refused 3 times: slurmctld: Connection refused; giving up"
+
+
+def test_an_unforeseen_engine_error_is_retried_not_left_in_preflight_forever(world, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "SUBMIT_RETRIES", 0)
+    world.engine.submit = lambda ctx: (_ for _ in ()).throw(OSError("E2BIG"))  # type: ignore[method-assign]
+    world.submit()
+    world.supervisor.tick()
+    job = world.job()
+    assert job["state"] == "FAILED" and "OSError: E2BIG" in job["reason"]
+
+
+def test_a_launcher_killed_after_the_submit_adopts_the_job_by_its_name_and_never_submits_twice(world):
+    world.engine.refusals = ["crash"]
+    world.submit()
+    with pytest.raises(LauncherKilled):
+        world.supervisor.tick()
+    # The intent was stored before the engine was asked: the name the engine job carries.
+    assert json.loads(world.engine.intents[0])["name"] == "dlc-job-1-a1"
+    assert world.job()["state"] == "PREFLIGHT" and world.store.attempt_row("job-1", 1)["handle"] is None
+    restarted = Supervisor(world.store, world.supervisor.data_dir, "http://127.0.0.1:1")
+    restarted.tick()
+    job = world.job()
+    assert job["state"] == "STARTING" and "adopted scripted job e1 (dlc-job-1-a1)" in job["reason"]
+    assert world.engine.calls.count(("submit", 1)) == 1
+    assert json.loads(world.store.attempt_row("job-1", 1)["handle"])["engine_id"] == "e1"
+    assert [e["type"] for e in world.store.events("job-1")].count("adopted") == 1
+    world.engine.answer = running(codes=(0, 0), alive=False, phase="ENDED")
+    restarted.tick()
+    assert world.job()["state"] == "SUCCEEDED"
+
+
+def test_an_intent_the_engine_never_received_is_submitted_again(world):
+    world.engine.refusals = ["crash"]
+    world.submit()
+    with pytest.raises(LauncherKilled):
+        world.supervisor.tick()
+    world.engine.jobs.clear()  # the engine never took it (killed before sbatch reached slurmctld)
+    Supervisor(world.store, world.supervisor.data_dir, "http://127.0.0.1:1").tick()
+    assert world.engine.calls[-2:] == [("adopt", 1), ("submit", 1)]
+    assert world.job()["state"] == "STARTING"
+
+
+def test_a_store_of_an_older_launcher_gains_the_intent_column_and_keeps_its_rows(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "old.sqlite")
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE attempts (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
+            started REAL, ended REAL, reason TEXT, outcome TEXT, resume_path TEXT, port INTEGER,
+            handle TEXT, failure TEXT, restarts INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (job_id, attempt));
+        INSERT INTO attempts (job_id, attempt, state, handle) VALUES ('j', 1, 'RUNNING', '{"engine_id": "7"}');
+    """)
+    old.commit()
+    old.close()
+    store = Store(path)
+    row = store.attempt_row("j", 1)
+    assert row["handle"] == '{"engine_id": "7"}' and row["state"] == "RUNNING" and row["intent"] is None
+    store.update_attempt("j", 1, intent='{"name": "dlc-j-a1"}')
+    assert Store(path).attempt_row("j", 1)["intent"] == '{"name": "dlc-j-a1"}'  # and opens again

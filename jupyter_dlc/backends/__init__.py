@@ -4,10 +4,13 @@
     dry_run(ctx)              the engine's native request (argv per node, an sbatch script,
                               manifests), without starting anything: what `export` writes
     submit(ctx) -> handle     start one attempt; the JSON-able handle (pids, a Slurm job id)
-                              is stored, so a restarted launcher re-adopts the attempt
+                              is stored, so a restarted launcher re-adopts the attempt. The
+                              engine job is named `engine_job_name(ctx)` (the supervisor stored
+                              that intent first); a refusal raises SubmitError, permanent or not
     adopt(ctx) -> handle      find an attempt whose handle was never stored (a launcher killed
-                              between submit and store) by what the engine can search (labels);
-                              None where the engine cannot, or nothing is there
+                              between submit and store) by that name (squeue --name, labels,
+                              the keepers' environment): one that runs is adopted and any
+                              duplicate cancelled; None where nothing of it is there
     describe(ctx, handle)     phase PENDING | RUNNING | ENDED, the engine's own reason (Slurm's
                               pending reason, "CANCELLED"), per-node and per-rank exits, and
                               whether anything of the attempt is still alive
@@ -39,6 +42,25 @@ from typing import Any
 from ..spec import JobSpec
 
 
+class SubmitError(RuntimeError):
+    """An engine refused to start an attempt, in its own words. `permanent`: the same
+    request can never succeed (an unknown partition, more nodes than there are), so the job
+    ends FAILED; otherwise (a timeout, a controller or API server that does not answer) the
+    supervisor retries with backoff, a bounded number of times."""
+
+    def __init__(self, message: str, permanent: bool):
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+def engine_job_name(job_id: str, attempt: int) -> str:
+    """The name an attempt's engine job gets (a Slurm job name): recorded as the attempt's
+    intent before the submit, so that a launcher killed between the submit and storing the
+    handle finds the job by it instead of submitting a second one."""
+    return f"dlc-{job_id}-a{attempt}"
+
+
 @dataclass
 class AttemptContext:
     """Everything an engine needs to start one attempt of a job."""
@@ -54,6 +76,10 @@ class AttemptContext:
     # What the attempt's ranks reported about themselves over the report route (events of
     # `layout.RECORD_EVENTS`, oldest first); the supervisor fills it before each describe.
     reported: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def engine_name(self) -> str:
+        return engine_job_name(self.job_id, self.attempt)
 
 
 @dataclass

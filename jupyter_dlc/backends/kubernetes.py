@@ -22,6 +22,7 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    SubmitError,
     reported_records,
 )
 from . import k8s_logs
@@ -32,6 +33,15 @@ API_VERSIONS = {"TrainJob": "trainer.kubeflow.org/v1alpha1", "PyTorchJob": "kube
 # What each workload's terminal condition is called.
 ENDED = {"Complete", "Succeeded", "Failed"}
 _RANK_PREFIX = re.compile(r"^\[default(\d+)\]:")
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What the client raises when the API server does not answer (urllib3's own errors)."""
+    try:
+        import urllib3.exceptions
+    except ImportError:
+        return ()
+    return (urllib3.exceptions.HTTPError,)
 
 
 def profile_of(spec: JobSpec, lenient: bool = False):
@@ -177,10 +187,23 @@ class KubernetesBackend(Backend):
                   "stringData": {"token": ctx.env["DLC_TOKEN"]}}
         for manifest in [secret, *manifests]:
             try:
-                api.create(manifest)
+                try:
+                    api.create(manifest)
+                except ApiError as error:
+                    if error.status != 409:
+                        raise
+                    # 409: made by an earlier try of this same attempt, under a fixed name,
+                    # so no second workload can exist; but the Secret holds that try's
+                    # token, which the store no longer accepts: it is replaced.
+                    if manifest is secret:
+                        api.delete("v1", "Secret", meta["namespace"], secret["metadata"]["name"])
+                        api.create(secret)
             except ApiError as error:
-                if error.status != 409:  # 409: created by an earlier try of this same attempt
-                    raise
+                # 5xx and 429: the API server could not take it now; any other 4xx is about
+                # the request itself (an unknown kind, a quota, no right) and would be again.
+                raise SubmitError(str(error), permanent=not (error.status >= 500 or error.status == 429)) from None
+            except (OSError, *_connection_errors()) as error:  # no answer from the API server
+                raise SubmitError(f"Kubernetes API unreachable: {error}", permanent=False) from None
         return {"engine_id": f"{kind}/{meta['name']}", "kind": kind, "name": meta["name"],
                 "namespace": meta["namespace"], "submitted": time.time()}
 

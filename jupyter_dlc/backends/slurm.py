@@ -11,7 +11,10 @@ Facts and where they come from:
   the attempt directory (`slurm-state.json`), and a job Slurm no longer knows has ended.
 
 The handle stores the Slurm job id (`engine_id`), so a launcher killed with -9 re-adopts the
-job: it only ever asks Slurm about that id. The batch script is standalone (`dry_run`), and
+job: it only ever asks Slurm about that id. A launcher killed before it stored the id finds
+the job by its name (`adopt`, `dlc-<job>-a<N>`, which the supervisor recorded as the
+attempt's intent before sbatch ran), and only that job's node exits count (each carries its
+Slurm job id). The batch script is standalone (`dry_run`), and
 `render_sbatch` also writes the `job.sbatch` of every exported bundle.
 """
 
@@ -34,12 +37,13 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    SubmitError,
     failed_preflight,
     rank_records,
     remove_preflight_markers,
 )
 from . import local
-from .local import _read_int, agent_summary_codes, torchrun_argv
+from .local import agent_summary_codes, torchrun_argv
 
 # How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
 # a rank's failure forces a fresh answer, so the engine's reason is never stale then.
@@ -104,6 +108,59 @@ def _run(argv: list[str], env: dict[str, str], check: bool = False) -> subproces
         first = (result.stderr or result.stdout).strip().splitlines()
         raise RuntimeError(f"{' '.join(argv[:2])}: {first[-1] if first else 'exit ' + str(result.returncode)}")
     return result
+
+
+# sbatch's words for a controller that did not answer or could not take the job right now
+# (Slurm's own messages); every other refusal is about the request (an unknown partition,
+# account or QOS, more nodes than there are) and would be refused again.
+TRANSIENT = ("Socket timed out", "Unable to contact slurm controller", "Connection refused",
+             "Connection timed out", "Zero Bytes were transmitted", "temporarily unable",
+             "Resource temporarily unavailable", "Slurm backup controller in standby mode",
+             "Communication connection failure", "Transport endpoint", "try again later")
+
+
+def submit_error(stderr: str, code: int) -> SubmitError:
+    """sbatch's refusal as the contract's SubmitError, with sbatch's own last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    message = lines[-1] if lines else f"sbatch exited with code {code}"
+    transient = any(word.lower() in stderr.lower() for word in TRANSIENT)
+    return SubmitError(message, permanent=not transient)
+
+
+def sbatch(argv: list[str], env: dict[str, str]) -> str:
+    """Run sbatch; its output, or a SubmitError saying whether a retry may help."""
+    try:
+        result = subprocess.run(argv, check=False, env=env, capture_output=True, text=True,
+                                timeout=_TIMEOUT)
+    except FileNotFoundError:
+        raise SubmitError("sbatch is not installed on the launcher's host; install the Slurm "
+                          "client (Debian: slurm-client) or run the launcher on a login node",
+                          permanent=True) from None
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"sbatch did not answer in {_TIMEOUT}s; is slurmctld up?",
+                          permanent=False) from None
+    if result.returncode != 0:
+        raise submit_error(result.stderr or result.stdout, result.returncode)
+    return result.stdout
+
+
+def read_owned_exit(path: str, engine_id: str) -> int | None:
+    """A node's exit code as its task recorded it (`<code> <Slurm job id>`), honoured only
+    when the Slurm job that wrote it is the attempt's own: a duplicate submission of the
+    same attempt (a launcher killed before it stored the id) writes into the same attempt
+    directory, and its exit says nothing about the job the attempt owns. A record without
+    an id was written by a batch script of an earlier version, which named no other job."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    if not words or (len(words) > 1 and words[1] != engine_id):
+        return None
+    try:
+        return int(words[0])
+    except ValueError:
+        return None
 
 
 def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
@@ -174,7 +231,9 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
         "trap : TERM",
         f'{reporter}{agent} >> {node_log} 2>&1',
         "rc=$?",
-        f'echo "$rc" > {node_exit}',
+        # The launcher's exit record names the Slurm job that wrote it (read_owned_exit):
+        # only the attempt's own counts. An exported bundle's is the bare code.
+        f'echo "$rc{" $SLURM_JOB_ID" if bootstrap else ""}" > {node_exit}',
         'exit "$rc"',
     ])
     checks = ""
@@ -320,9 +379,29 @@ class SlurmBackend(Backend):
                    DLC_LAUNCHER_URL=ctx.env["DLC_LAUNCHER_URL"])
         # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
         # stays out of the script file.
-        out = _run(["sbatch", "--parsable", "--export=ALL", path], env, check=True).stdout
+        out = sbatch(["sbatch", "--parsable", "--export=ALL", path], env)
         job_id = out.strip().split(";")[0]
         return {"engine_id": job_id, "script": path, "submitted": time.time()}
+
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        """The Slurm job of the attempt, found by its name (a launcher killed between sbatch
+        and storing the id): the first one submitted that Slurm still runs or queues is
+        the attempt's, any other running under the name is cancelled; else the newest that
+        ended (its outcome stands); None when Slurm has none of that name."""
+        env = client_env(_profile(ctx.spec))
+        result = _run(["squeue", "-h", "--states=all", f"--name={ctx.engine_name}", "-o", "%i|%T"], env)
+        if result.returncode != 0:
+            raise SubmitError(f"squeue: {(result.stderr or result.stdout).strip()}", permanent=False)
+        jobs = sorted(((int(i), state) for i, _, state in
+                       (line.partition("|") for line in result.stdout.split()) if i.isdigit()))
+        active = [str(i) for i, state in jobs if state in ACTIVE]
+        for duplicate in active[1:]:
+            _run(["scancel", duplicate], env)
+        chosen = active[0] if active else (str(jobs[-1][0]) if jobs else None)
+        if chosen is None:
+            return None
+        return {"engine_id": chosen, "script": os.path.join(ctx.attempt_dir, "job.sbatch"),
+                "submitted": time.time(), "cancelled": active[1:]}
 
     # -- describe -------------------------------------------------------------------------
     def _slurm_state(self, ctx: AttemptContext, job_id: str, fresh: bool) -> dict | None:
@@ -338,6 +417,7 @@ class SlurmBackend(Backend):
             result = _run(["squeue", "--json", f"--jobs={job_id}"], client_env(_profile(ctx.spec)))
             jobs = json.loads(result.stdout).get("jobs", []) if result.returncode == 0 else []
             match = [j for j in jobs if str(j.get("job_id")) == job_id]
+            self._cancel_duplicates(ctx, job_id, jobs)
             if result.returncode != 0 and "Invalid job id" not in result.stderr:
                 return known or {"job_state": "RUNNING", "unreachable": result.stderr.strip()}
             known = {"job_state": match[0].get("job_state"), "reason": match[0].get("state_reason"),
@@ -349,12 +429,21 @@ class SlurmBackend(Backend):
             self._seen.pop(job_id, None)
         return known
 
+    def _cancel_duplicates(self, ctx: AttemptContext, job_id: str, jobs: list[dict]) -> None:
+        """Another Slurm job of the attempt's name (a second submission a launcher made
+        before it knew of the first) must not run beside the attempt's own: cancelled. Seen
+        where squeue answers more than the job asked of (22.05's --json answers all)."""
+        for job in jobs:
+            other = str(job.get("job_id"))
+            if job.get("name") == ctx.engine_name and other != job_id and job.get("job_state") in ACTIVE:
+                _run(["scancel", other], client_env(_profile(ctx.spec)))
+
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
         if handle.get("pool"):  # ran on a warm pool's agents (backends/slurm_pool.py)
             return _pooled().describe_job(ctx, handle)
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
-        exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(ctx.spec.nodes)}
+        exits = {n: read_owned_exit(layout.node_exit(ctx.attempt_dir, n), job_id) for n in range(ctx.spec.nodes)}
         records = rank_records(ctx)  # reported over the route: the ranks write no files
         failing = any(c not in (None, 0) for c in exits.values()) or \
             any(r.get("exit_code") not in (None, 0) for r in records.values())

@@ -138,6 +138,21 @@ def _loopback(host: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
+def _keeper_node(pid: int) -> int | None:
+    """The node a keeper process serves (`ssh_node keep <attempt dir>/node-K.ssh.json`), or
+    None for any other process (its ssh client, a rank)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if "jupyter_dlc.backends.ssh_node" not in argv or "keep" not in argv:
+        return None
+    name = os.path.basename(argv[argv.index("keep") + 1]) if argv.index("keep") + 1 < len(argv) else ""
+    number = name.removeprefix("node-").removesuffix(".ssh.json")
+    return int(number) if number.isdigit() else None
+
+
 def _hosts(profile) -> list[str]:
     return [str(h) for h in profile.get("hosts") or []]
 
@@ -312,6 +327,32 @@ class SSHBackend(Backend):
             pid = _spawn(ctx, node, [sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", path])
             nodes.append({"node": node, "host": host, "pid": pid})
         return {"engine_id": ",".join(request["hosts"]), "nodes": nodes}
+
+    def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        """The attempt's keepers, found by the job id and attempt in their environment and
+        the node in their request path (a launcher killed between starting them and storing
+        their pids). Only a whole set is adopted: keepers of some nodes but not all (killed
+        mid-submit) could never pass the preflight gate, so they are killed and the attempt
+        is submitted again; no second keeper of a node ever runs beside a first."""
+        from .local import job_processes
+
+        keepers: dict[int, int] = {}
+        for pid in job_processes().get((ctx.job_id, ctx.attempt), []):
+            node = _keeper_node(pid)
+            if node is not None:
+                keepers[node] = pid
+        if not keepers:
+            return None
+        hosts = _hosts(_profile(ctx.spec))[:ctx.spec.nodes]
+        if sorted(keepers) != list(range(ctx.spec.nodes)):
+            for pid in keepers.values():
+                try:
+                    os.killpg(pid, signals.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            return None
+        return {"engine_id": ",".join(hosts),
+                "nodes": [{"node": n, "host": hosts[n], "pid": keepers[n]} for n in sorted(keepers)]}
 
     # -- describe -------------------------------------------------------------------------
     def node_host(self, ctx: AttemptContext, handle: dict[str, Any], node: int) -> str | None:

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
     started REAL, ended REAL, reason TEXT, outcome TEXT, resume_path TEXT, port INTEGER,
-    handle TEXT, failure TEXT, restarts INTEGER NOT NULL DEFAULT 0,
+    handle TEXT, failure TEXT, restarts INTEGER NOT NULL DEFAULT 0, intent TEXT,
     PRIMARY KEY (job_id, attempt)
 );
 CREATE TABLE IF NOT EXISTS ranks (
@@ -63,6 +63,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (job_id, step)
 );
 """ + metric_chunks.SCHEMA
+
+
+# (table, column, type) added after the first schema: a store opened on an older data dir
+# gains them (Store.__init__). attempts.intent: what the supervisor is about to submit
+# (the engine job's name, tries so far), stored before the submit (supervisor._submit).
+ADDED_COLUMNS = (("attempts", "intent", "TEXT"),)
 
 
 _JOB_COLUMNS = ("id, name, state, attempt, spec, token, job_dir, created, started, ended, reason,"
@@ -94,6 +100,13 @@ class Store:
         # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
         self.version = 0
         self.db.executescript(SCHEMA)
+        # Columns added since a data dir was first written (CREATE TABLE IF NOT EXISTS leaves
+        # an existing table as it was): each added empty, nothing else touched.
+        with self.tx() as db:
+            for table, column, kind in ADDED_COLUMNS:
+                have = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         # Data dirs written before chunks: their one-row-per-point metrics become chunks.
         with self.tx() as db:
             metric_chunks.migrate_rows(db)

@@ -32,6 +32,7 @@ from typing import Any
 from .. import layout, paths
 from ..backends import (
     AttemptContext,
+    SubmitError,
     get_backend,
     kill_leftovers,
     leftover_jobs,
@@ -54,6 +55,13 @@ MAX_BACKOFF = 60.0
 # Warm torchrun agents for the next attempt (see backends/standby.py); each holds an imported
 # torch (a few hundred MB) while it waits. DLC_STANDBY_AGENTS=0 turns them off.
 STANDBY_AGENTS = os.environ.get("DLC_STANDBY_AGENTS", "1") != "0"
+
+
+# A submit the engine refused for a reason that may pass (a timeout, a controller that does
+# not answer) is tried again this many times, after SUBMIT_BACKOFF seconds, doubling each
+# time (at most MAX_BACKOFF); a refusal the engine calls permanent ends the job at once.
+SUBMIT_RETRIES = int(os.environ.get("DLC_SUBMIT_RETRIES", "5"))
+SUBMIT_BACKOFF = float(os.environ.get("DLC_SUBMIT_BACKOFF", "2"))
 
 
 # Rendezvous ports are drawn from here up to the kernel's ephemeral range.
@@ -249,16 +257,24 @@ class Supervisor(threading.Thread):
     def handle_of(self, ctx: AttemptContext, arow) -> dict:
         """The attempt's engine handle as stored; where none is (a launcher killed between
         submit and storing it, a store restored from a copy) the engine re-adopts the attempt
-        by what it can search itself (Kubernetes labels), and the handle is stored again."""
+        by what it can search itself (its name, labels), and the handle is stored again."""
         handle = json.loads(arow["handle"] or "{}") if arow else {}
         if not handle and arow and arow["started"]:
-            found = get_backend(ctx.spec.backend).adopt(ctx)
+            try:
+                found = get_backend(ctx.spec.backend).adopt(ctx)
+            except (SubmitError, RuntimeError, OSError) as error:
+                # The engine cannot be asked now (slurmctld down): no handle this tick.
+                log.warning("job %s: looking for %s failed: %s", ctx.job_id, ctx.engine_name, error)
+                return handle
             if found:
-                self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(found))
-                self.store.add_event(ctx.job_id, ctx.attempt, "adopted",
-                                     f"re-adopted {found.get('engine_id')} by its labels", found)
+                self.store_adopted(ctx, found, f"re-adopted {found.get('engine_id')} ({ctx.engine_name})")
                 handle = found
         return handle
+
+    def store_adopted(self, ctx: AttemptContext, handle: dict, why: str) -> None:
+        """An engine job found by adoption becomes the attempt's, with an `adopted` event."""
+        self.store.update_attempt(ctx.job_id, ctx.attempt, handle=json.dumps(handle))
+        self.store.add_event(ctx.job_id, ctx.attempt, "adopted", why, handle)
 
     # -- helpers ------------------------------------------------------------------------
     def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
@@ -328,9 +344,46 @@ class Supervisor(threading.Thread):
                 self.store.transition(job_id, "STOPPED", "stopped before it started",
                                       expect=("QUEUED", "PREFLIGHT"))
                 return
+            intent = self.intent_of(row)
+            if intent is not None:
+                # A submit of this attempt was begun (by this launcher, or by one killed before
+                # it stored the handle): the engine may hold the job already. Never submit a
+                # second one before looking for it by its name.
+                if time.time() < intent.get("retry_at", 0.0):
+                    return  # a transient refusal: backing off (the reason says until when)
+                if self.adopt_intent(row, intent):
+                    return
             if self.store.transition(job_id, "PREFLIGHT", "checking the environment",
                                      expect=("QUEUED", "PREFLIGHT")):
                 self._start_attempt(row)
+
+    def intent_of(self, row) -> dict | None:
+        """The attempt's recorded submit intent when it has no handle yet, else None."""
+        arow = self.store.attempt_row(row["id"], row["attempt"])
+        if not arow or arow["handle"] or not arow["intent"]:
+            return None
+        return json.loads(arow["intent"])
+
+    def adopt_intent(self, row, intent: dict) -> bool:
+        """Look for the engine job an earlier submit of the attempt started (by the name in
+        its intent); adopt it, storing its handle, and move on as a started attempt."""
+        ctx = self.context(row)
+        backend = get_backend(ctx.spec.backend)
+        try:
+            found = backend.adopt(ctx)
+        except (SubmitError, RuntimeError, OSError) as error:
+            # The engine cannot be asked now; neither adopt nor submit again until it can.
+            log.warning("job %s: looking for %s failed: %s", row["id"], intent.get("name"), error)
+            intent["retry_at"] = max(intent.get("retry_at", 0.0), time.time() + SUBMIT_BACKOFF)
+            self.store.update_attempt(row["id"], ctx.attempt, intent=json.dumps(intent))
+            return True
+        if not found:
+            return False
+        what = f"{backend.name} job {found.get('engine_id')} ({intent.get('name')})"
+        self.store_adopted(ctx, found, f"adopted {what}, submitted before the handle was stored")
+        self.store.transition(row["id"], "STARTING", f"attempt {ctx.attempt}: adopted {what}",
+                              expect="PREFLIGHT")
+        return True
 
     def _start_attempt(self, row) -> None:
         job_id = row["id"]
@@ -358,7 +411,11 @@ class Supervisor(threading.Thread):
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
         backend = get_backend(ctx.spec.backend)
         handle, how = self.pools.submit(ctx)
-        handle = dict(handle or backend.submit(ctx), start=how)
+        if not handle:
+            handle = self._submit(row, ctx, backend)
+            if handle is None:
+                return
+        handle = dict(handle, start=how)
         self.store.update_attempt(job_id, ctx.attempt, handle=json.dumps(handle))
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
         reason += f"; {how}" if how else ""
@@ -368,6 +425,40 @@ class Supervisor(threading.Thread):
             reason += f", resuming from {os.path.basename(resume_path)}"
         self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
                                                            "port": port}, expect="PREFLIGHT")
+
+    def _submit(self, row, ctx: AttemptContext, backend) -> dict | None:
+        """The engine's submit, with an outcome: its handle; or None, the job left FAILED (a
+        permanent refusal, or transient ones past SUBMIT_RETRIES) or PREFLIGHT with the retry
+        in its reason. The intent (the engine job's name) is stored before the engine is
+        asked, so a launcher killed before the handle is stored finds the job by it."""
+        job_id = row["id"]
+        arow = self.store.attempt_row(job_id, ctx.attempt)
+        intent = json.loads(arow["intent"]) if arow and arow["intent"] else {}
+        tries = intent.get("tries", 0)
+        intent.update(name=ctx.engine_name, engine=backend.name, t=time.time(), tries=tries + 1)
+        intent.pop("retry_at", None)
+        self.store.update_attempt(job_id, ctx.attempt, intent=json.dumps(intent))
+        try:
+            return backend.submit(ctx)
+        except SubmitError as error:
+            refused = error
+        except Exception as error:  # noqa: BLE001 - an engine's unforeseen error: retried, bounded
+            log.error("job %s: submit failed:\n%s", job_id, traceback.format_exc())
+            refused = SubmitError(f"{type(error).__name__}: {error}", permanent=False)
+        what = f"{_submit_verb(backend.name)} refused"
+        message = " ".join(refused.message.split())  # one line, whatever the engine printed
+        if refused.permanent or tries + 1 > SUBMIT_RETRIES:
+            why = (f"{what}: {message}" if refused.permanent else
+                   f"{what} {tries + 1} times: {message}; giving up")
+            self.store.transition(job_id, "FAILED", why, {"submit": intent}, expect="PREFLIGHT")
+            return None
+        delay = min(MAX_BACKOFF, SUBMIT_BACKOFF * 2 ** tries)
+        intent.update(retry_at=time.time() + delay, error=message)
+        self.store.update_attempt(job_id, ctx.attempt, intent=json.dumps(intent))
+        self.store.transition(job_id, "PREFLIGHT",
+                              f"{what}: retry {tries + 1} of {SUBMIT_RETRIES} in {delay:g} s: {message}",
+                              {"submit": intent}, expect="PREFLIGHT")
+        return None
 
     def resume_path(self, row, committed) -> str | None:
         if not committed:
@@ -854,6 +945,11 @@ def create_job_dir(data_dir: str, job_id: str, spec: JobSpec) -> str:
     with open(os.path.join(job_dir, "spec.json"), "w") as f:
         json.dump(spec.to_dict(), f, indent=1)
     return job_dir
+
+
+def _submit_verb(engine: str) -> str:
+    """What a refused submit is called in a reason: the engine's own command where it has one."""
+    return {"slurm": "sbatch", "kubernetes": "the Kubernetes API", "ssh": "ssh"}.get(engine, f"{engine} submit")
 
 
 def _on_host(backend, ctx, handle, node: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -106,13 +107,23 @@ def status_text(job: dict) -> str:
 def checkpoints_table(checkpoints: list[dict]) -> str:
     if not checkpoints:
         return "no committed checkpoints"
-    rows = [("STEP", "TIME", "SIZE", "WORLD", "PATH")] + [
+    rows = [("STEP", "TIME", "SIZE", "WORLD", "SHA256", "PATH")] + [
         (str(c["step"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["time"] or 0)),
-         f"{(c.get('size') or 0) / 2**20:.1f} MB", str(c.get("world_size") or "-"), c["path"])
+         f"{(c.get('size') or 0) / 2**20:.1f} MB", str(c.get("world_size") or "-"),
+         _verification(c), c["path"])
         for c in checkpoints
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows)
+
+
+def _verification(checkpoint: dict) -> str:
+    """The SHA256 column: what restoring the step found of its files (launcher/checkpoints.py)."""
+    state = checkpoint.get("verification") or "unverified"
+    if state != "corrupt":
+        return state
+    names = sorted({os.path.basename(f.get("file") or "?") for f in checkpoint.get("corrupt") or []})
+    return f"CORRUPT ({', '.join(names)})"
 
 
 def number_ranges(numbers: list[int]) -> str:

@@ -409,18 +409,37 @@ def verify_step(step_path, deep=False):
     return _verified_manifest(step_path, deep) is not None
 
 
+def file_mismatch(step_path, name, record, deep=False):
+    """Why the step's file `name` is not what its manifest `record` ({"size", "sha256"}) lists,
+    in a few words; None when it is (by size, and with deep by sha256 too)."""
+    path = os.path.join(step_path, name)
+    try:
+        size = os.path.getsize(path)
+        if size != record["size"]:
+            return f"{size} bytes where its manifest lists {record['size']}"
+        if deep:
+            digest = sha256_of(path)
+            if digest != record["sha256"]:
+                return f"sha256 {digest[:16]} where its manifest lists {str(record['sha256'])[:16]}"
+    except OSError as error:
+        return f"unreadable ({error.strerror or error})"
+    except (KeyError, TypeError):
+        return "not listed in its manifest"
+    return None
+
+
+# A rank whose own file of the step it is to restore does not hash to what the manifest lists
+# reports this event ({"step", "path", "file", "manifest_time", "message"}) and fails; the
+# launcher then restarts from the newest step not reported so (launcher/checkpoints.py).
+CHECKPOINT_CORRUPT = "checkpoint_corrupt"
+
+
 def _verified_manifest(step_path, deep):
     manifest = read_manifest(step_path)
     if manifest is None or manifest.get("step") != step_of(step_path):
         return None
     for name, record in manifest["files"].items():
-        path = os.path.join(step_path, name)
-        try:
-            if os.path.getsize(path) != record["size"]:
-                return None
-            if deep and sha256_of(path) != record["sha256"]:
-                return None
-        except (OSError, KeyError, TypeError):
+        if file_mismatch(step_path, name, record, deep) is not None:
             return None
     return manifest
 

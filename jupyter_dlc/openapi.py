@@ -87,10 +87,23 @@ SCHEMAS: dict[str, dict] = {
                      "failure": _null(_ref("Diagnosis"))},
                     {"engine_id": {**_null(_STR), "description": "the engine's id (a Slurm job id)"},
                      "start": {**_null(_STR), "description": "how it started: `warm pool ID`, "
-                                                             "or `cold start (why)`"}}),
+                                                             "or `cold start (why)`"},
+                     "checkpoint_dir": {**_null(_STR), "description": "where the attempt's ranks "
+                                        "commit checkpoints, as the launcher sees it: the engine's "
+                                        "answer when the attempt started"}}),
     "Checkpoint": _obj({"step": _INT, "path": _null(_STR)},
                        {"time": _null(_NUM), "size": _null(_INT), "world_size": _null(_INT),
-                        "seconds": _null(_NUM), "attempt": _null(_INT)}),
+                        "seconds": _null(_NUM), "attempt": _null(_INT),
+                        "verification": {"type": "string", "enum": ["verified", "unverified", "corrupt"],
+                                         "description": "`verified`: an attempt restored it and every "
+                                         "rank checked its file's sha256 against the manifest; "
+                                         "`corrupt`: a rank found its file not matching (see "
+                                         "`corrupt`), so no restart or resume takes it; "
+                                         "`unverified`: sizes match, no file hashed since written"},
+                        "corrupt": {"type": "array", "items": _ref("CorruptFile")}}),
+    "CorruptFile": _obj({"file": _null(_STR), "rank": _null(_INT), "why": _null(_STR),
+                         "attempt": _null(_INT)},
+                        description="A file of the step that a rank found not matching its manifest."),
     "JobDetail": {"allOf": [_ref("JobSummary"), _obj({
         "spec": _ANY_OBJ, "ranks": {"type": "array", "items": _ref("Rank")},
         "attempts": {"type": "array", "items": _ref("Attempt")},
@@ -295,6 +308,9 @@ PATHS: dict[str, dict[str, Any]] = {
         "responses": {"200": _json("Events"), **_errors(400, *_ON_JOB)}}},
     "/api/jobs/{job}/checkpoints": {"parameters": [_JOB], "get": {
         "operationId": "jobCheckpoints",
+        "description": "The committed steps in the job's checkpoint directory as its engine resolved "
+                       "it for its attempts (SSH: the profile's `checkpoint_dir`; Kubernetes: "
+                       "`launcher_pvc_dir`), oldest first, each with its `verification`.",
         "responses": {"200": _json("Checkpoints"), **_errors(*_ON_JOB)}}},
     "/api/jobs/{job}/diagnosis": {"parameters": [_JOB], "get": {
         "operationId": "jobDiagnosis",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from conftest import wait_for
@@ -90,4 +93,71 @@ def test_a_rule_that_does_not_parse_is_refused_at_submit(launcher):
         assert str(error).startswith("alerts:") and "position" in str(error)
     else:
         raise AssertionError("a bad rule was accepted")
+    assert launcher.client.jobs() == []
+
+
+def test_a_catastrophic_log_regex_leaves_the_launcher_answering(launcher):
+    """Issue 26 item 7: `(a+)+$` against 30 `a` and a `!` is 2**30 backtracking paths for
+    Python's `re` (25 `a` held /healthz 6.9 s, 30 froze the launcher for minutes, SIGTERM
+    ignored). On RE2 the line is one linear pass: /healthz answers at once after the line is in
+    the log, the rule still fires on the next line (which does match), and its stop ends the job."""
+    client = launcher.client
+    pid = launcher.pid()
+    script = launcher.script("evil.py", """
+        import time
+        print("a" * 30 + "!", flush=True)  # (a+)+$ fails here only after trying every split
+        print("a" * 30, flush=True)        # and matches here
+        time.sleep(120)                    # the rule's stop action ends the job
+        """)
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe():  # /healthz all along: the longest answer is the longest freeze
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                client.request("GET", "/healthz", timeout=30)
+            except LauncherError:
+                pass
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    answered = False
+    try:
+        job = client.submit({"script": script, "nodes": 1, "nproc_per_node": 1, "max_restarts": 0,
+                             "stop_grace": 1, "alerts": ["log matches /(a+)+$/ -> stop"]})
+        wait_for(lambda: any(line["text"] == "a" * 30 for line in client.logs(job["id"])["lines"]),
+                 60, what="both lines in the rank's log")
+        # The alert thread reads new log lines every 0.5 s; a frozen launcher answers nothing.
+        assert client.request("GET", "/healthz", timeout=10)[1]["ok"]
+        job = client.wait(job["id"], timeout=60)
+        answered = True
+        assert job["state"] == "STOPPED", job["reason"]
+        fired = [e for e in client.events(job["id"]) if e["type"] == "alert"]
+        assert len(fired) == 1 and fired[0]["data"]["condition"] == "log matches /(a+)+$/", fired
+        assert fired[0]["data"]["detail"]["line"] == "a" * 30  # not the line with the `!`
+    finally:
+        done.set()
+        prober.join(35)
+        if not answered:  # a launcher stuck in a match holds the GIL and ignores SIGTERM
+            os.kill(pid, signal.SIGKILL)
+    # Measured, not timed to the millisecond: the longest answer in a run on a loaded machine.
+    assert latencies and max(latencies) < 5, f"/healthz took up to {max(latencies):.1f}s"
+
+
+def test_a_log_rule_re2_cannot_run_is_refused_at_submit_naming_it(launcher):
+    script = launcher.script("ok.py", "print('hi')\n")
+    for rule, why in [(r"log matches /(ab)\1/", "invalid escape sequence"),
+                      ("log matches /(?=CUDA)OOM/", "invalid perl operator")]:
+        try:
+            launcher.client.submit({"script": script, "alerts": [rule]})
+        except LauncherError as error:
+            assert error.status == 400
+            message = str(error)
+            assert message.startswith(f"alerts: {rule!r}: ") and why in message, message
+            assert "\n" not in message and "backreferences or lookaround" in message
+        else:
+            raise AssertionError(f"{rule} was accepted")
     assert launcher.client.jobs() == []

@@ -466,6 +466,57 @@ def test_a_launcher_that_mounts_the_pvc_resumes_from_the_step_the_pods_committed
         launcher.close()
 
 
+def _commit_step(ckpt_dir, step: int) -> str:
+    """A committed step of one rank, written as the ranks' Checkpointer would (the file, then
+    the manifest): the stand-in runs no containers."""
+    path = ckpt_dir / f"step-{step}"
+    path.mkdir(parents=True)
+    (path / layout.rank_file_name(0)).write_bytes(b"weights %d" % step)
+    layout.write_manifest(str(path), step, 1, {layout.rank_file_name(0): {
+        "size": (path / layout.rank_file_name(0)).stat().st_size,
+        "sha256": layout.sha256_of(str(path / layout.rank_file_name(0)))}})
+    return str(path)
+
+
+def test_the_checkpoint_list_and_a_picked_step_resume_read_the_engines_directory(cluster, tmp_path):
+    """Issue 21: the launcher recomputed the checkpoint directory as the spec's or the job
+    directory's, while the Kubernetes engine's is the PVC's (`launcher_pvc_dir`): GET
+    /checkpoints listed nothing and `resume --step N` was refused with "committed steps: none".
+    Stand-in cluster (no API server can run here) and a real launcher mounting the "PVC" (a
+    directory standing for the claim): the attempt stores the engine's directory, the list
+    shows both steps there, and a resume from the older one gives attempt 2's pods that step
+    as they see the PVC."""
+    from conftest import LauncherEnv, wait_for
+
+    from jupyter_dlc import k8s_manifests
+
+    pvc = tmp_path / "pvc"
+    cluster.profile(launcher_pvc_dir=str(pvc))
+    launcher = LauncherEnv(str(tmp_path / "launcher"))
+    try:
+        client = launcher.client
+        job, first = _running_job(launcher, cluster, nodes=1, nproc_per_node=1, max_restarts=0)
+        in_pods = k8s_manifests.checkpoint_dir(job["id"])
+        ckpt = pvc / in_pods[len(k8s_manifests.PVC_DIR) + 1:]
+        older, newest = _commit_step(ckpt, 5), _commit_step(ckpt, 10)
+        cluster.finish(first)
+        wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
+        assert client.job(job["id"])["attempts"][0]["checkpoint_dir"] == str(ckpt)
+        listed = client.checkpoints(job["id"])
+        assert [(c["step"], c["path"], c["verification"]) for c in listed] == [
+            (5, older, "unverified"), (10, newest, "unverified")]
+
+        client.resume(job["id"], step=5)  # not the newest
+        second = f"dlc-{job['id']}-a2"
+        wait_for(lambda: cluster.pods(second), what="attempt 2's pods")
+        [pod] = cluster.pods(second)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["EASYCKPT_RESUME_PATH"] == env["DLC_RESUME_PATH"] == f"{in_pods}/step-5"
+        assert client.job(job["id"])["attempts"][1]["resume_path"] == older
+    finally:
+        launcher.close()
+
+
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
     cluster would also answer for the credentials (401/403) and the namespace."""

@@ -16,6 +16,7 @@ import torch
 
 from conftest import wait_for
 from jupyter_dlc import formatting, layout
+from jupyter_dlc.client import LauncherError
 
 DATA = """
 g = torch.Generator().manual_seed(0)
@@ -501,3 +502,91 @@ def test_the_progress_verdict_names_only_a_rank_that_is_behind():
     behind = {0: rank(0, 9), 1: rank(1, 3), 2: rank(2, 9)}
     reason, laggards = _hang_reason(behind, 30)
     assert laggards == [1] and "rank 1 stuck at step 3, the others at step 9" in reason
+
+
+def _flip_a_tensor_byte(path: str) -> None:
+    """Flip one byte inside a tensor's stored data (not the zip's structure, which torch.load
+    would refuse): the file keeps its size, and loads silently with one value changed."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = (int.from_bytes(f.read(2), "little") for _ in range(2))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_a_flipped_byte_in_a_committed_step_is_skipped_and_the_newest_verifying_step_used(launcher):
+    """Issue 26 item 8: one byte flipped in the newest step's rank-1.pt (same size) was listed,
+    restored and trained on. Now rank 1 checks its file's sha256 against the manifest, reports
+    the file and fails; the launcher restarts from the step before (no restart of
+    --max-restarts 0 spent), `checkpoints` marks the step corrupt and the one used verified,
+    and `resume --step` refuses the corrupt one."""
+    script = launcher.script("train.py", TRAIN)
+    client = launcher.client
+    job = client.submit({"script": script, "args": ["400", "0.05"], "nodes": 1, "nproc_per_node": 2,
+                         "heartbeat_interval": 1, "keep_last": 10, "max_restarts": 0})
+    wait_for(lambda: committed_beyond(client, job["id"], 20), 120, what="step 30 committed")
+    client.stop(job["id"], grace=30)  # saves at the step boundary it stops on
+    assert client.wait(job["id"], timeout=60)["state"] == "STOPPED"
+    listed = client.checkpoints(job["id"])
+    newest, before = listed[-1], listed[-2]
+    assert newest["verification"] == "unverified"  # sizes match: nobody hashed it since
+    victim = os.path.join(newest["path"], layout.rank_file_name(1))
+    size = os.path.getsize(victim)
+    _flip_a_tensor_byte(victim)
+    assert os.path.getsize(victim) == size and layout.verify_step(newest["path"])  # still "committed"
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [c["step"] for c in listed]
+
+    client.resume(job["id"])
+
+    def reported_or_trained_on():
+        if any(e["type"] == "checkpoint_corrupt" for e in client.events(job["id"])):
+            return "reported"
+        detail = client.job(job["id"])
+        if detail["attempt"] == 2 and all((r["last_step"] or 0) > newest["step"] for r in detail["ranks"]):
+            return "trained on"  # what happened before: restored silently
+        return None
+
+    assert wait_for(reported_or_trained_on, 120, what="attempt 2's restore") == "reported"
+    wait_for(lambda: client.job(job["id"])["attempt"] == 3 and client.job(job["id"])["state"] == "RUNNING",
+             120, what="attempt 3 running")
+    [corrupt] = [e for e in client.events(job["id"]) if e["type"] == "checkpoint_corrupt"]
+    where = f"{os.path.basename(newest['path'])}/rank-1.pt"
+    assert corrupt["attempt"] == 2 and corrupt["data"]["file"] == victim and corrupt["data"]["rank"] == 1
+    assert corrupt["reason"].startswith(f"rank 1: checkpoint {where} does not match its manifest: sha256 ")
+    attempts = client.job(job["id"])["attempts"]
+    assert attempts[1]["resume_path"] == newest["path"] and attempts[1]["outcome"] == "failed"
+    [restarting] = [e["reason"] for e in client.events(job["id"])
+                    if e["type"] == "state" and e["state"] == "RESTARTING" and e["attempt"] == 2]
+    assert restarting.endswith(f"{where} failed verification: restarting from "
+                               f"{os.path.basename(before['path'])}"), restarting
+    assert attempts[2]["resume_path"] == before["path"] and attempts[2]["restarts"] == 0
+    assert attempts[2]["checkpoint_dir"] == os.path.dirname(newest["path"])
+
+    # Every rank of attempt 3 went past the step it restored: each had checked its file.
+    wait_for(lambda: all((r["last_step"] or 0) > before["step"] for r in client.job(job["id"])["ranks"]),
+             60, what="attempt 3 past its resume step")
+    marks = {c["step"]: c for c in client.checkpoints(job["id"])}
+    assert marks[newest["step"]]["verification"] == "corrupt"
+    assert marks[newest["step"]]["corrupt"][0]["file"] == victim
+    assert marks[before["step"]]["verification"] == "verified"
+    table = formatting.checkpoints_table(client.checkpoints(job["id"]))
+    assert "CORRUPT (rank-1.pt)" in table and "verified" in table, table
+    with open(os.path.join(job["job_dir"], "attempt-3", "rank-1.log")) as f:
+        assert f"{os.path.basename(before['path'])}/rank-1.pt matches its manifest's sha256" in f.read()
+
+    client.stop(job["id"], grace=5)
+    client.wait(job["id"], timeout=60)
+    try:
+        client.resume(job["id"], step=newest["step"])
+    except LauncherError as error:
+        assert error.status == 400 and f"step: {newest['step']} failed verification ({victim}: sha256" \
+            in str(error), str(error)
+    else:
+        raise AssertionError("a corrupt step was accepted for resume")

@@ -643,3 +643,38 @@ def test_adopt_finds_a_whole_set_of_keepers_by_their_environment_and_kills_a_par
         assert lone.wait(timeout=10) == -signal.SIGKILL
     finally:
         lone.kill()
+def test_a_picked_step_resume_reads_the_profiles_checkpoint_dir(tmp_path, monkeypatch):
+    """Issue 21: with `shared_filesystem: false` the SSH engine's checkpoint directory is the
+    profile's `checkpoint_dir/<job>`, but the launcher listed and picked steps in the job
+    directory's: GET /checkpoints showed nothing and `resume --step 5` was refused ("committed
+    steps: none"). A real launcher and the real SSH engine, whose one host does not answer (no
+    network namespaces needed: only the directory is under test, and an attempt stores it as
+    it starts, before its ssh fails); the steps are committed there as the ranks would."""
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
+    clusters.put_profile("noanswer", {"engine": "ssh", "hosts": ["127.0.0.1"], "port": 9,
+                                      "shared_filesystem": False, "checkpoint_dir": str(ckpt)})
+    env = LauncherEnv(str(tmp_path / "launcher"))
+    try:
+        client = env.client
+        job = client.submit({"script": env.script("train.py", "print('hi')\n"), "cluster": "noanswer",
+                             "max_restarts": 0})
+        assert client.wait(job["id"], timeout=120)["state"] == "FAILED"
+        mine = ckpt / job["id"]
+        assert client.job(job["id"])["attempts"][0]["checkpoint_dir"] == str(mine)
+        paths = {}
+        for step in (5, 10):
+            path = mine / f"step-{step}"
+            path.mkdir(parents=True)
+            (path / layout.rank_file_name(0)).write_bytes(b"w")
+            layout.write_manifest(str(path), step, 1, {layout.rank_file_name(0): {
+                "size": 1, "sha256": layout.sha256_of(str(path / layout.rank_file_name(0)))}})
+            paths[step] = str(path)
+        assert [(c["step"], c["path"]) for c in client.checkpoints(job["id"])] == sorted(paths.items())
+        client.resume(job["id"], step=5)  # not the newest
+        wait_for(lambda: len(client.job(job["id"])["attempts"]) == 2 and
+                 client.job(job["id"])["attempts"][1]["resume_path"], 60, what="attempt 2 started")
+        assert client.job(job["id"])["attempts"][1]["resume_path"] == paths[5]
+        client.wait(job["id"], timeout=120)
+    finally:
+        env.close()

@@ -400,3 +400,46 @@ def test_a_store_of_an_older_launcher_gains_the_intent_column_and_keeps_its_rows
     assert row["handle"] == '{"engine_id": "7"}' and row["state"] == "RUNNING" and row["intent"] is None
     store.update_attempt("j", 1, intent='{"name": "dlc-j-a1"}')
     assert Store(path).attempt_row("j", 1)["intent"] == '{"name": "dlc-j-a1"}'  # and opens again
+def test_the_engines_checkpoint_dir_is_resolved_once_per_attempt_and_stored(world, tmp_path, monkeypatch):
+    """The engine's `checkpoint_dir` (SSH: the profile's; Kubernetes: the PVC's) is asked when
+    an attempt starts and kept on its row: the ranks' DLC_CHECKPOINT_DIR, the resume choice and
+    the checkpoints the launcher lists all read that one, even once the engine would answer
+    otherwise (a profile edited meanwhile)."""
+    asked = []
+    engine_dir = str(tmp_path / "engine-ckpt")
+
+    def checkpoint_dir(spec, job_id, job_dir):
+        asked.append(job_id)
+        return engine_dir
+
+    monkeypatch.setattr(world.engine, "checkpoint_dir", checkpoint_dir, raising=False)
+    world.submit()
+    assert world.supervisor.checkpoint_dir(world.job()) == engine_dir  # nothing started: the engine
+    world.supervisor.tick()
+    arow = world.store.attempt_row("job-1", 1)
+    assert arow["checkpoint_dir"] == engine_dir
+    engine_dir = str(tmp_path / "elsewhere")
+    assert world.supervisor.context(world.job()).env["DLC_CHECKPOINT_DIR"] == arow["checkpoint_dir"]
+    assert world.supervisor.checkpoint_dir(world.job()) == arow["checkpoint_dir"]
+
+
+def test_a_store_from_before_the_checkpoint_dir_column_is_migrated_losing_nothing(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "old.sqlite")
+    db = sqlite3.connect(path)
+    db.executescript("""CREATE TABLE attempts (
+        job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
+        started REAL, ended REAL, reason TEXT, outcome TEXT, resume_path TEXT, port INTEGER,
+        handle TEXT, failure TEXT, restarts INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (job_id, attempt));
+        INSERT INTO attempts (job_id, attempt, state, resume_path, restarts)
+        VALUES ('j', 1, 'FAILED', '/ck/step-5', 2);""")
+    db.commit()
+    db.close()
+    store = Store(path)
+    row = store.attempt_row("j", 1)
+    assert (row["state"], row["resume_path"], row["restarts"], row["checkpoint_dir"]) == (
+        "FAILED", "/ck/step-5", 2, None)
+    Store(path)  # opening it again changes nothing
+    assert dict(store.attempt_row("j", 1)) == dict(row)

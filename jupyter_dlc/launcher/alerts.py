@@ -15,11 +15,19 @@ tick's window is not counted twice, and points a rank reports late are still see
 (and everything a rule remembers) are in `state()`, so a restarted launcher neither
 re-fires an alert that is already open nor forgets one.
 
-Stdlib and `jupyter_dlc.spec` only: the launcher imports this, nothing else should.
+`log matches` rules run on RE2 (the `google-re2` package), never on Python's `re`: `re`
+backtracks, and a rule like `/(a+)+$/` on a line of 30 `a` and a `!` held the launcher's
+interpreter (its event loop, every job's supervision) for minutes. RE2 matches in time linear
+in the line and refuses what it cannot do that way (backreferences, lookaround): such a rule
+is refused at submit, naming it. Without the package, a `log matches` rule is refused at
+submit too, rather than run on `re`.
+
+Stdlib, `google-re2` and `jupyter_dlc.spec` only: the launcher imports this, nothing else should.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -31,6 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from jupyter_dlc.spec import SpecError, format_duration, parse_duration
+
+try:
+    import re2
+except ImportError:  # a broken install: `log matches` rules are then refused, not run on `re`
+    re2 = None
 
 ACTIONS = ("notify", "webhook", "stop", "checkpoint-and-stop")
 OPS = {
@@ -175,13 +188,40 @@ def _regex(cur: _Cursor) -> tuple[str, bool]:
     if not pattern:
         raise cur.fail("a non-empty regular expression", at=start + 1)
     try:
-        re.compile(pattern)
-    except re.error as error:
-        raise cur.fail(f"a valid regular expression ({error.msg})", at=start + 1 + (error.pos or 0)) from None
+        log_regex(pattern, False, rule=cur.text)
+    except SpecError:
+        try:  # where Python's parser also refuses it, its error names the position
+            re.compile(pattern)
+        except re.error as error:
+            raise cur.fail(f"a valid regular expression ({error.msg})",
+                           at=start + 1 + (error.pos or 0)) from None
+        raise
     cur.pos = i + 1
     ignore_case = cur.text.startswith("i", cur.pos) and not cur.text[cur.pos + 1:cur.pos + 2].isalnum()
     cur.pos += ignore_case
     return pattern, ignore_case
+
+
+@functools.lru_cache(maxsize=256)
+def log_regex(pattern: str, ignore_case: bool, rule: str | None = None) -> Any:
+    """The compiled RE2 of a `log matches` rule (`rule`, its text, for the error); SpecError
+    when RE2 is missing or cannot run the pattern in linear time."""
+    named = f"{rule!r}: " if rule else ""
+    if re2 is None:
+        raise SpecError("alerts", f"{named}log matches rules need the google-re2 package (a "
+                        "linear-time regex engine), which the launcher cannot import; "
+                        "pip install google-re2")
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print every refused pattern to the launcher's stderr
+    options.case_sensitive = not ignore_case
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as error:
+        why = error.args[0] if error.args else error
+        why = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+        raise SpecError("alerts", f"{named}/{pattern}/ cannot run on RE2, the linear-time engine "
+                        f"log rules use ({why}); rewrite it without backreferences or "
+                        "lookaround") from None
 
 
 def _action(cur: _Cursor) -> tuple[str, str | None]:
@@ -446,7 +486,7 @@ class AlertEvaluator:
                 {"series": key, "value": s["last"], "baseline": s["baseline"], "streak": s["streak"]})
 
     def _check_log(self, rule, st, now, snapshot):
-        regex = re.compile(rule.pattern, re.I if rule.ignore_case else 0)
+        regex = log_regex(rule.pattern, rule.ignore_case)
         for t, rank, text in snapshot.log_lines:
             if regex.search(str(text)):
                 if not st["series"]:  # keep the episode's first line: it is the one worth reading

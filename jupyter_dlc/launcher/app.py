@@ -21,7 +21,7 @@ from .. import __version__, bands, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies
+from . import bodies, checkpoints
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -211,6 +211,7 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
         handle = json.loads(a["handle"] or "{}")
         item["engine_id"] = handle.get("engine_id")
         item["start"] = handle.get("start")  # warm pool or cold start, and why (launcher/pools.py)
+        item["checkpoint_dir"] = a["checkpoint_dir"]  # as the engine resolved it at the start
         attempts.append(item)
     job["attempts"] = attempts
     checkpoints = store.checkpoints(row["id"])
@@ -317,11 +318,15 @@ class ActionHandler(BaseHandler):
                 self.fail(409, f"job: {row['id']} is {row['state']}; only an ended job can be resumed")
             step = body.get("step")
             if step is not None:
-                spec = json.loads(row["spec"])
-                ckpt_dir = spec.get("checkpoint_dir") or layout.default_checkpoint_dir(row["job_dir"])
-                steps = [c["step"] for c in layout.committed_steps(ckpt_dir)]
+                # The directory the engine resolved for the job's attempts (SSH: the
+                # profile's; Kubernetes: the PVC's), not one recomputed here.
+                listed = supervisor.checkpoint_steps(row)
+                steps = [c["step"] for c in checkpoints.resumable(listed)]
                 if step not in steps:
-                    self.fail(400, f"step: {step!r} is not a committed checkpoint; committed steps: "
+                    bad = next((c for c in listed if c["step"] == step), None)
+                    what = (f"failed verification ({bad['corrupt'][0]['file']}: {bad['corrupt'][0]['why']})"
+                            if bad else "is not a committed checkpoint")
+                    self.fail(400, f"step: {step!r} {what}; committed steps that verify: "
                               f"{', '.join(map(str, steps)) or 'none'}")
             supervisor.resume(row["id"], step)
         elif action == "clone":
@@ -494,17 +499,21 @@ class EventsHandler(BaseHandler):
 
 
 class CheckpointsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        spec = json.loads(row["spec"])
-        ckpt_dir = spec.get("checkpoint_dir") or layout.default_checkpoint_dir(row["job_dir"])
-        reported = {c["step"]: c for c in self.store.checkpoints(row["id"])}
-        out = []
-        # The file system decides what is committed; the reports add timing.
-        for record in layout.committed_steps(ckpt_dir):
-            extra = reported.get(record["step"], {})
-            out.append(dict(record, seconds=extra.get("seconds"), attempt=extra.get("attempt")))
-        self.reply({"checkpoints": out})
+        supervisor = self.launcher.supervisor
+
+        def answer() -> dict:  # a directory scan and manifests read: off the event loop
+            reported = {c["step"]: c for c in supervisor.store.checkpoints(row["id"])}
+            out = []
+            # The file system decides what is committed (in the directory the engine resolved
+            # for the job's attempts); the reports add timing and what the ranks verified.
+            for record in supervisor.checkpoint_steps(row):
+                extra = reported.get(record["step"], {})
+                out.append(dict(record, seconds=extra.get("seconds"), attempt=extra.get("attempt")))
+            return {"checkpoints": out}
+
+        await self.reply_off_loop(answer)
 
 
 class DiagnosisHandler(BaseHandler):

@@ -92,6 +92,15 @@ def token_hash(token: str) -> str:
 RANK_ORDERS = {"rank": "node, rank", "step": "last_step, rank", "heartbeat": "last_heartbeat, rank"}
 
 
+def _add_attempt_checkpoint_dir(db: sqlite3.Connection) -> None:
+    """`attempts.checkpoint_dir`: the directory the engine resolved for the attempt when it
+    started (its `checkpoint_dir(...)`), read by the checkpoints route, the resume action and
+    the supervisor. Added to data dirs from before it; their attempts keep NULL, for which
+    the engine is asked again (Supervisor.checkpoint_dir)."""
+    if "checkpoint_dir" not in {row[1] for row in db.execute("PRAGMA table_info(attempts)")}:
+        db.execute("ALTER TABLE attempts ADD COLUMN checkpoint_dir TEXT")
+
+
 class Store:
     def __init__(self, path: str, guard: DiskGuard | None = None):
         self.path = path
@@ -115,6 +124,8 @@ class Store:
         with self.tx() as db:
             db.execute(f"UPDATE attempts SET state = {_ATTEMPT_END} WHERE state = 'RESTARTING' AND"
                        " attempt < (SELECT attempt FROM jobs WHERE jobs.id = attempts.job_id)")
+        with self.tx() as db:
+            _add_attempt_checkpoint_dir(db)
         # Data dirs written before tokens were hashed: hash what is stored in clear.
         with self.tx() as db:
             for row in db.execute("SELECT id, token FROM jobs WHERE token NOT LIKE 'sha256:%'").fetchall():
@@ -390,12 +401,12 @@ class Store:
             self._event(db, job_id, attempt, type_, state, reason, data)
 
     def events(self, job_id: str, since: int = 0, types: Iterable[str] | None = None) -> list[dict]:
-        rows = self.db.execute("SELECT * FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
-                               (job_id, since)).fetchall()
+        types = tuple(types or ())
+        where = f" AND type IN ({', '.join('?' * len(types))})" if types else ""
+        rows = self.db.execute(f"SELECT * FROM events WHERE job_id = ? AND seq > ?{where} ORDER BY seq",
+                               (job_id, since, *types)).fetchall()
         out = []
         for row in rows:
-            if types and row["type"] not in types:
-                continue
             event = dict(row)
             event["data"] = json.loads(row["data"]) if row["data"] else None
             out.append(event)

@@ -41,6 +41,7 @@ from ..backends import (
 )
 from ..backends.local import process_slots
 from ..spec import JobSpec, network_env
+from . import checkpoints
 from .pools import Pools
 from .preflight import run_preflight
 from .storage import is_disk_full
@@ -284,7 +285,9 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(row["id"], attempt)
         job_dir = row["job_dir"]
         attempt_dir = layout.attempt_dir(job_dir, attempt)
-        checkpoint_dir = get_backend(spec.backend).checkpoint_dir(spec, row["id"], job_dir)
+        # Resolved by the engine once, when the attempt starts, and kept on the attempt.
+        checkpoint_dir = (arow["checkpoint_dir"] if arow else None) or \
+            get_backend(spec.backend).checkpoint_dir(spec, row["id"], job_dir)
         resume = arow["resume_path"] if arow else None
         env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))
@@ -391,8 +394,9 @@ class Supervisor(threading.Thread):
         port = free_port()
         self.store.update_attempt(job_id, ctx.attempt, port=port, started=time.time())
         ckpt_dir = ctx.env["DLC_CHECKPOINT_DIR"]
-        committed = layout.committed_steps(ckpt_dir) if os.path.isdir(ckpt_dir) else []
-        last_size = committed[-1]["size"] if committed else 0
+        steps = checkpoints.listing(self.store, job_id, ckpt_dir)
+        committed = checkpoints.resumable(steps)
+        last_size = steps[-1]["size"] if steps else 0
         on_nodes = get_backend(ctx.spec.backend).capabilities(ctx.spec).node_preflight
         failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size,
                                            host_checks=not on_nodes) if not c.ok]
@@ -401,7 +405,7 @@ class Supervisor(threading.Thread):
                                   {"preflight": [c.__dict__ for c in failed]}, expect="PREFLIGHT")
             return
         resume_path = self.resume_path(row, committed)
-        self.store.update_attempt(job_id, ctx.attempt, resume_path=resume_path)
+        self.store.update_attempt(job_id, ctx.attempt, resume_path=resume_path, checkpoint_dir=ckpt_dir)
         # A fresh job token per attempt: the store keeps only its hash, so the clear one
         # exists only in the environment of this attempt's processes.
         token = secrets.token_urlsafe(18)
@@ -459,6 +463,20 @@ class Supervisor(threading.Thread):
                               f"{what}: retry {tries + 1} of {SUBMIT_RETRIES} in {delay:g} s: {message}",
                               {"submit": intent}, expect="PREFLIGHT")
         return None
+
+    def checkpoint_dir(self, row) -> str:
+        """Where the job's checkpoints are: the directory its newest started attempt resolved
+        (the engine's `checkpoint_dir`, stored on the attempt), else the engine's answer now
+        (nothing started yet, or attempts stored before the column)."""
+        for arow in reversed(self.store.attempt_rows(row["id"])):
+            if arow["checkpoint_dir"]:
+                return arow["checkpoint_dir"]
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        return get_backend(spec.backend).checkpoint_dir(spec, row["id"], row["job_dir"])
+
+    def checkpoint_steps(self, row) -> list[dict]:
+        """The job's committed steps, each marked verified, unverified or corrupt (checkpoints.py)."""
+        return checkpoints.listing(self.store, row["id"], self.checkpoint_dir(row))
 
     def resume_path(self, row, committed) -> str | None:
         if not committed:
@@ -685,6 +703,9 @@ class Supervisor(threading.Thread):
         if outcome in ("timeout", "cancelled"):
             move("FAILED", reason)
             return
+        if outcome == "failed" and checkpoints.corrupt_reports(self.store, job_id, ctx.attempt):
+            self._restart_past_corrupt(ctx, reason, move)
+            return
         arow = self.store.attempt_row(job_id, ctx.attempt)
         restarts = arow["restarts"] or 0
         if outcome == "failed":
@@ -752,6 +773,24 @@ class Supervisor(threading.Thread):
             except Exception:  # noqa: BLE001 - nothing can be written: the next tick tries again
                 pass
 
+    def _restart_past_corrupt(self, ctx, reason: str, move) -> None:
+        """A rank found its file of the resume step not matching the manifest. The attempt
+        never trained, so its restart is no retry of a failure (not counted against
+        --max-restarts, not a "deterministic bug"): it takes the newest step left that no rank
+        found corrupt, and each such restart rules one more step out."""
+        files = sorted({os.path.join(os.path.basename(os.path.dirname(r["file"] or "")),
+                                     os.path.basename(r["file"] or ""))
+                        for r in checkpoints.corrupt_reports(self.store, ctx.job_id, ctx.attempt)})
+        left = checkpoints.resumable(checkpoints.listing(self.store, ctx.job_id,
+                                                         ctx.env["DLC_CHECKPOINT_DIR"]))
+        if not left:
+            move("FAILED", f"{reason}; {', '.join(files)} failed verification and no other "
+                 "committed checkpoint step verifies")
+            return
+        move("RESTARTING", f"{reason}; {', '.join(files)} failed verification: restarting from "
+             f"{os.path.basename(left[-1]['path'])}", {"outcome": "failed", "checkpoint_corrupt": files})
+        self.wake.set()
+
     def diagnose(self, ctx) -> dict | None:
         try:
             from .diagnosis import diagnose
@@ -792,7 +831,10 @@ class Supervisor(threading.Thread):
             backend.kill(ctx, handle)
             return
         restarts = arow["restarts"] or 0
-        preempted = arow["outcome"] == "preempted"
+        # A preemption, or a resume step found corrupt: no failure of the job's, so no backoff
+        # and no restart counted.
+        preempted = arow["outcome"] == "preempted" or \
+            bool(checkpoints.corrupt_reports(self.store, job_id, row["attempt"]))
         spec = JobSpec.from_dict(json.loads(row["spec"]))
         # The first restart goes at once (recovery time is what users feel); repeated ones
         # back off so that a crash loop does not burn the budget in seconds.

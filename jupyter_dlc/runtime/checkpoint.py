@@ -32,6 +32,8 @@ _round_token = None
 
 EXIT_WAIT_CLEAN = 300.0
 EXIT_WAIT_FAILED = 2.0
+# How long a rank that found its file corrupt tries to tell the launcher before it fails.
+CORRUPT_REPORT_WAIT = 10.0
 _dying = False
 
 
@@ -136,11 +138,12 @@ class Checkpointer:
             raise RuntimeError(f"resume path {path} is not a committed checkpoint step "
                                "(no manifest, or files missing or truncated)")
         rank, world_size = _rank_and_world()
-        saved_world = layout.read_manifest(path)["world_size"]
+        manifest = layout.read_manifest(path)
+        saved_world = manifest["world_size"]
         if saved_world != world_size:
             raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
                                f"this run has {world_size}")
-        state = self._load_rank_file(path, rank)
+        state = self._load_rank_file(path, rank, manifest)
         for name, obj in self.objects.items():
             if name not in state:
                 raise RuntimeError(f"resume path {path} holds no state for {name!r}")
@@ -150,9 +153,11 @@ class Checkpointer:
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
 
-    def _load_rank_file(self, path, rank):
+    def _load_rank_file(self, path, rank, manifest):
         """This rank's state of step `path`: from the node's shared-memory copy when it is
-        that committed file (node_copy.py), else from the checkpoint directory."""
+        that committed file (node_copy.py), else from the checkpoint directory once the file
+        hashes to the manifest's sha256 (each rank checks its own file: in parallel, and on
+        every engine, whether or not the launcher sees the checkpoint directory)."""
         job_dir = rank_info().job_dir
         if job_dir:
             content, why = node_copy.load(job_dir, rank, path)
@@ -163,9 +168,15 @@ class Checkpointer:
                 return torch.load(io.BytesIO(content), map_location="cpu", weights_only=False)
             print(f"jupyter_dlc: restoring {os.path.basename(path)} from disk: {why}",
                   file=sys.stderr, flush=True)
+        name = layout.rank_file_name(rank)
+        started = time.monotonic()
+        why = layout.file_mismatch(path, name, manifest["files"].get(name), deep=True)
+        if why is not None:
+            _refuse_corrupt(path, rank, name, why, manifest)
+        print(f"jupyter_dlc: {os.path.basename(path)}/{name} matches its manifest's sha256 "
+              f"(checked in {time.monotonic() - started:.3f}s)", file=sys.stderr, flush=True)
         self.restored_from = "disk"
-        return torch.load(os.path.join(path, layout.rank_file_name(rank)),
-                          map_location="cpu", weights_only=False)
+        return torch.load(os.path.join(path, name), map_location="cpu", weights_only=False)
 
     def _ddp_objects(self):
         if self._ddps is None:
@@ -203,6 +214,25 @@ class Checkpointer:
             print(f"jupyter_dlc: {self.last_error}", file=sys.stderr, flush=True)
             if reporter:
                 reporter.event("checkpoint", step=step, error=self.last_error)
+
+
+class CheckpointCorrupt(RuntimeError):
+    """This rank's file of the step to restore is not what the step's manifest lists."""
+
+
+def _refuse_corrupt(path, rank, name, why, manifest):
+    """Tell the launcher which file failed (so that its restart takes the newest step that
+    verifies), then fail: training on from a corrupt file would go on silently wrong."""
+    from .report import send_events_now
+
+    where = f"{os.path.basename(os.path.normpath(path))}/{name}"
+    message = f"checkpoint {where} does not match its manifest: {why}; not restoring it"
+    send_events_now([{"type": layout.CHECKPOINT_CORRUPT, "step": manifest.get("step"),
+                      "path": path, "file": os.path.join(path, name),
+                      "manifest_time": manifest.get("time"), "why": why,
+                      "message": f"rank {rank}: {message}"}], CORRUPT_REPORT_WAIT)
+    raise CheckpointCorrupt(f"{message} (under the launcher, the job restarts from the newest "
+                            "step that verifies)")
 
 
 def _yield_cpu_to_training():

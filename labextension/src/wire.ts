@@ -68,6 +68,7 @@ export interface paths {
             };
             cookie?: never;
         };
+        /** @description The committed steps in the job's checkpoint directory as its engine resolved it for its attempts (SSH: the profile's `checkpoint_dir`; Kubernetes: `launcher_pvc_dir`), oldest first, each with its `verification`. */
         get: operations["jobCheckpoints"];
         put?: never;
         post?: never;
@@ -401,6 +402,8 @@ export interface components {
         };
         Attempt: {
             attempt: number;
+            /** @description where the attempt's ranks commit checkpoints, as the launcher sees it: the engine's answer when the attempt started */
+            checkpoint_dir?: string | null;
             ended: number | null;
             /** @description the engine's id (a Slurm job id) */
             engine_id?: string | null;
@@ -432,15 +435,28 @@ export interface components {
         };
         Checkpoint: {
             attempt?: number | null;
+            corrupt?: components["schemas"]["CorruptFile"][];
             path: string | null;
             seconds?: number | null;
             size?: number | null;
             step: number;
             time?: number | null;
+            /**
+             * @description `verified`: an attempt restored it and every rank checked its file's sha256 against the manifest; `corrupt`: a rank found its file not matching (see `corrupt`), so no restart or resume takes it; `unverified`: sizes match, no file hashed since written
+             * @enum {string}
+             */
+            verification?: "verified" | "unverified" | "corrupt";
             world_size?: number | null;
         };
         Checkpoints: {
             checkpoints: components["schemas"]["Checkpoint"][];
+        };
+        /** @description A file of the step that a rank found not matching its manifest. */
+        CorruptFile: {
+            attempt: number | null;
+            file: string | null;
+            rank: number | null;
+            why: string | null;
         };
         Diagnoses: {
             diagnoses: (components["schemas"]["Diagnosis"] & {
@@ -1966,6 +1982,7 @@ type ReadonlyArray<T> = [
 export const pathsApiJobsJobGetParametersQueryRank_sortValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}"]["get"]["parameters"]["query"]["rank_sort"]> = ["rank", "step", "heartbeat"];
 export const pathsApiJobsJobMetricsGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const pathsApiJobsJobMetricsStreamGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics/stream"]["get"]["parameters"]["query"]["band"]> = [0, 1];
+export const checkpointVerificationValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Checkpoint"]["verification"]> = ["verified", "unverified", "corrupt"];
 export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .. import layout
-from . import AttemptContext
+from . import AttemptContext, children
 from .local import CHILD_UMASK, _alive, _read_json, attempt_cgroup, torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
@@ -43,8 +43,7 @@ def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | N
                                      pool_dir, str(node)], cwd=pool_dir, env=agent_env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, umask=CHILD_UMASK)
-        proc.returncode = 0  # reaped by the supervisor's waitpid sweep
-        pids.append(proc.pid)
+        pids.append(children.detach(proc))  # reaped by the supervisor's tick (children.py)
     return pids
 
 

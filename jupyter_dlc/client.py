@@ -137,8 +137,16 @@ class LauncherClient:
         return self._get(f"/api/jobs/{job_id}", rank_sort=rank_sort, rank_page=rank_page,
                          rank_page_size=rank_page_size)
 
-    def stop(self, job_id: str, grace: float | None = None) -> dict:
-        return self._post(f"/api/jobs/{job_id}/stop", {"grace": grace} if grace is not None else {})
+    def stop(self, job_id: str, grace: float | None = None, timeout: float | None = None) -> dict:
+        """Stop a job; returns it once the stop is recorded (STOPPING, or STOPPED for a job
+        that had not started). The launcher answers 202 at once; a stop that waits there for
+        the job's submit to return (a slow sbatch) is waited for here, up to `timeout`."""
+        job = self._post(f"/api/jobs/{job_id}/stop", {"grace": grace} if grace is not None else {})
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while job["state"] != "STOPPING" and job["state"] not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = self.job(job["id"])
+        return job
 
     def resume(self, job_id: str, step: int | None = None) -> dict:
         return self._post(f"/api/jobs/{job_id}/resume", {"step": step} if step is not None else {})

@@ -255,8 +255,11 @@ PATHS: dict[str, dict[str, Any]] = {
         "delete": {"operationId": "deleteJob", "responses": {
             "204": {"description": "Deleted"}, **_errors(*_ON_JOB, 409)}}},
     "/api/jobs/{job}/stop": {"parameters": [_JOB], "post": {
-        "operationId": "stopJob", "requestBody": _body("StopBody"),
-        "responses": {"200": _json("JobDetail"), **_errors(400, *_ON_JOB, 409, 413)}}},
+        "operationId": "stopJob", "requestBody": _body("StopBody"), "description": (
+            "Accepted at once: the job as it stands once the stop is recorded (STOPPING, then "
+            "STOPPED after the grace; STOPPED at once for a job that had not started), or after "
+            "a second while the stop waits for the job's submit to return; it goes on then."),
+        "responses": {"202": _json("JobDetail", "Stop accepted"), **_errors(400, *_ON_JOB, 409, 413)}}},
     "/api/jobs/{job}/resume": {"parameters": [_JOB], "post": {
         "operationId": "resumeJob", "requestBody": _body("ResumeBody"),
         "responses": {"200": _json("JobDetail"), **_errors(400, *_ON_JOB, 409, 413)}}},

@@ -44,6 +44,11 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     return (urllib3.exceptions.HTTPError,)
 
 
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """Every error that means the API server did not answer (a tuple mypy can check)."""
+    return (OSError, *_connection_errors())
+
+
 def profile_of(spec: JobSpec, lenient: bool = False):
     from ..clusters import engine_profile
 
@@ -202,7 +207,7 @@ class KubernetesBackend(Backend):
                 # 5xx and 429: the API server could not take it now; any other 4xx is about
                 # the request itself (an unknown kind, a quota, no right) and would be again.
                 raise SubmitError(str(error), permanent=not (error.status >= 500 or error.status == 429)) from None
-            except (OSError, *_connection_errors()) as error:  # no answer from the API server
+            except _unreachable() as error:  # no answer from the API server
                 raise SubmitError(f"Kubernetes API unreachable: {error}", permanent=False) from None
         return {"engine_id": f"{kind}/{meta['name']}", "kind": kind, "name": meta["name"],
                 "namespace": meta["namespace"], "submitted": time.time()}

@@ -32,6 +32,7 @@ from . import (
     Capabilities,
     NodeStatus,
     RankStatus,
+    children,
 )
 
 # Exit code recorded for a rank that vanished without one: 128 + SIGKILL, the usual cause.
@@ -503,10 +504,7 @@ def _spawn(ctx: AttemptContext, node: int, argv: list[str]) -> int:
                                 env=dict(ctx.env, DLC_NODE_RANK=str(node)),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, umask=CHILD_UMASK)
-    # The supervisor reaps its children with a waitpid sweep each tick; the Popen object is
-    # dropped, and marking it done keeps its destructor from warning about a live child.
-    proc.returncode = 0
-    return proc.pid
+    return children.detach(proc)  # reaped by the supervisor's tick (children.py)
 
 
 def _ranks_with_errors(ctx: AttemptContext) -> set[int]:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .. import layout
-from . import AttemptContext, local
+from . import AttemptContext, children, local
 from .local import _alive, _read_json, attempt_cgroup, torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
@@ -45,8 +45,7 @@ def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | N
                                     start_new_session=True,
                                     # Read now: the launcher sets it after this module is imported.
                                     umask=local.CHILD_UMASK)
-        proc.returncode = 0  # reaped by the supervisor's waitpid sweep
-        pids.append(proc.pid)
+        pids.append(children.detach(proc))  # reaped by the supervisor's tick (children.py)
     return pids
 
 

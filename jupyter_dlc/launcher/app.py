@@ -6,12 +6,13 @@ import asyncio
 import base64
 import hmac
 import json
+import logging
 import math
 import os
 import shutil
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import orjson
@@ -30,8 +31,18 @@ from .storage import is_disk_full
 from .store import RANK_ORDERS, Store
 from .supervisor import Supervisor, create_job_dir, new_job_id
 
+log = logging.getLogger("jupyter_dlc.launcher")
+
 # The longest a delete waits for a stop in flight to end.
 STOP_WAIT = 10.0
+# The event loop answers every rank's report, so it never waits on an engine: the work of
+# an action (a stop's engine call, a delete's process scan, a submit's capacity check such as
+# Slurm's sinfo, a pool's allocation) runs on these workers. A stop may wait there for its
+# job's start to finish (an sbatch of up to 30 s: supervisor.request_stop).
+ACTION_WORKERS = 8
+# How long a stop's answer waits for the stop to be recorded (STOPPING, or STOPPED for a job
+# that had not started) before it answers 202 with the job as it stands; the stop goes on.
+ACTION_WAIT = 1.0
 
 
 def _json_default(value: Any) -> Any:
@@ -75,6 +86,45 @@ class Launcher:
         # (ingest_worker.py): the loop here only checks the token and answers.
         self.ingest = IngestWorker(store.path, data_dir, retention or RetentionPolicy())
         self.pacer = pacer or ReportPacer()
+        self.actions = ThreadPoolExecutor(max_workers=ACTION_WORKERS, thread_name_prefix="dlc-actions")
+        self._stops: dict[str, Future] = {}  # job -> its stop in flight (touched on the loop only)
+
+    def stop(self, job_id: str, grace: float | None) -> Future:
+        """Queue a stop of the job to an action worker; a stop already in flight for it (one
+        waiting for the job's submit) is joined rather than queued twice."""
+        self._stops = {job: f for job, f in self._stops.items() if not f.done()}
+        future = self._stops.get(job_id)
+        if future is None:
+            future = self.actions.submit(self.supervisor.request_stop, job_id, grace)
+            future.add_done_callback(_log_failure)
+            self._stops[job_id] = future
+        return future
+
+    def stop_in_flight(self, job_id: str) -> Future | None:
+        future = self._stops.get(job_id)
+        return future if future is not None and not future.done() else None
+
+
+def _log_failure(future: Future) -> None:
+    error = future.exception()
+    if error is not None:
+        log.error("a stop failed: %s", error, exc_info=error)
+
+
+async def settled(future: Future, wait: float) -> bool:
+    """Whether an action's work ended within `wait` seconds. Waiting holds up nothing else
+    on the loop, and the work goes on when the answer does not wait for it."""
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait)
+    except asyncio.TimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - logged where it failed; the answer is the job as it stands
+        return True
+    return True
+
+
+class Refused(Exception):
+    """An action's work, off the loop, found the request cannot be done: a 400 with this."""
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
@@ -138,14 +188,32 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(encode(data))
 
-    async def reply_off_loop(self, answer: Callable[[], Any]) -> None:
+    async def reply_off_loop(self, answer: Callable[[], Any], status: int = 200) -> None:
         """Build and encode an answer on a reader thread (its own SQLite connection): a job's
-        detail with thousands of ranks, or the list, costs tens of milliseconds, which the
-        event loop spends answering reports meanwhile."""
+        detail with thousands of ranks, the list, a job's logs or checkpoints (files read)
+        cost tens of milliseconds, which the event loop spends answering reports meanwhile."""
         body = await asyncio.get_running_loop().run_in_executor(
             self.launcher.readers, lambda: encode(answer()))
+        self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(body)
+
+    async def reply_job(self, job_id: str, status: int = 200) -> None:
+        """The job's detail as it stands now."""
+        def detail() -> dict:
+            row = self.store.job_row(job_id)
+            if row is None:
+                raise tornado.web.HTTPError(404, reason=f"job: {job_id} was deleted meanwhile")
+            return job_detail(self.store, row)
+        await self.reply_off_loop(detail, status)
+
+    async def off_loop(self, work: Callable[..., Any], *args: Any) -> Any:
+        """Run an action's work on an action worker (engine calls, subprocesses, file scans)
+        and wait for it without holding up the loop; a `Refused` is answered 400."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.launcher.actions, work, *args)
+        except Refused as refusal:
+            self.fail(400, str(refusal))
 
     def body(self, schema: dict | None = None) -> dict:
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
@@ -234,26 +302,33 @@ class JobsHandler(BaseHandler):
     async def get(self) -> None:
         await self.reply_off_loop(lambda: {"jobs": [self.store.summary(r) for r in self.store.job_rows()]})
 
-    def post(self) -> None:
+    async def post(self) -> None:
         try:
             spec = JobSpec.from_dict(self.body())
             require_absolute_paths(spec)
             rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
-        try:
-            # A cluster profile names the engine; the engine checks what it can run.
-            refusal = get_backend(bind_cluster(spec).backend).capacity_error(spec)
-        except ValueError as error:  # SpecError, ClusterError, an engine that does not exist
-            refusal = str(error)
-        if refusal:
-            self.fail(400, refusal)
-        if spec.script is not None and not os.path.isfile(spec.script):
-            self.fail(400, f"script: {spec.script} does not exist; give a path to a Python file")
-        self.reply(submit(self.launcher, spec), 201)
+        self.reply(await self.off_loop(checked_submit, self.launcher, spec), 201)
+
+
+def checked_submit(launcher: Launcher, spec: JobSpec) -> dict:
+    """What the engine says of the spec (its capacity check runs sinfo on Slurm, reads the
+    cluster profiles), then the submit. On an action worker."""
+    try:
+        # A cluster profile names the engine; the engine checks what it can run.
+        refusal = get_backend(bind_cluster(spec).backend).capacity_error(spec)
+    except ValueError as error:  # SpecError, ClusterError, an engine that does not exist
+        refusal = str(error)
+    if refusal:
+        raise Refused(refusal)
+    if spec.script is not None and not os.path.isfile(spec.script):
+        raise Refused(f"script: {spec.script} does not exist; give a path to a Python file")
+    return submit(launcher, spec)
 
 
 def submit(launcher: Launcher, spec: JobSpec) -> dict:
+    """Store a new job and copy its files into its directory; off the event loop."""
     job_id = new_job_id(spec.name)
     no_space = tornado.web.HTTPError(507, reason=f"disk: no space left in {launcher.data_dir}; "
                                      "free some, or set DLC_DATA_DIR to a disk with room")
@@ -287,58 +362,81 @@ class JobHandler(BaseHandler):
     async def delete(self, ref: str) -> None:
         row = self.job_or_404(ref)
         # A stop in flight ends within its grace, at once for a job that had not started:
-        # a delete right after it waits for that end rather than answering 409.
+        # a delete right after it waits for that end rather than answering 409. First for
+        # the stop to be recorded, when it still waits on an action worker.
         deadline = time.time() + STOP_WAIT
+        stop = self.launcher.stop_in_flight(row["id"])
+        if stop is not None:
+            await settled(stop, STOP_WAIT)
+            row = self.job_or_404(ref)
         while row["state"] == "STOPPING" and time.time() < min(deadline, (row["stop_requested"] or 0) + 2):
             await asyncio.sleep(0.05)
             row = self.job_or_404(ref)
         if row["state"] in ACTIVE_STATES:
             self.fail(409, f"job: {row['id']} is {row['state']}; stop it first")
-        self.store.delete_job(row["id"])
-        self.launcher.supervisor.forget(row["id"])
-        # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
-        if row["job_dir"].startswith(os.path.join(self.launcher.data_dir, "jobs") + os.sep):
-            shutil.rmtree(row["job_dir"], ignore_errors=True)
+        await self.off_loop(delete_job, self.launcher, row)
         self.set_status(204)
         self.finish()
 
 
+def delete_job(launcher: Launcher, row) -> None:
+    """The job's rows, whatever of it still runs (the engines' process scan) and its
+    directory; on an action worker."""
+    launcher.store.delete_job(row["id"])
+    launcher.supervisor.forget(row["id"])
+    # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
+    if row["job_dir"].startswith(os.path.join(launcher.data_dir, "jobs") + os.sep):
+        shutil.rmtree(row["job_dir"], ignore_errors=True)
+
+
 class ActionHandler(BaseHandler):
-    def post(self, ref: str, action: str) -> None:
+    """stop, resume, clone. Their work runs on the action workers, so no answer waits on an
+    engine and none holds up the loop. A stop answers 202 with the job once the stop is
+    recorded (STOPPING, or STOPPED for a job that had not started) or after ACTION_WAIT,
+    whichever comes first: it may wait for the job's submit to return, and goes on then."""
+
+    async def post(self, ref: str, action: str) -> None:
         row = self.job_or_404(ref)
         body = self.body(ACTION_BODIES.get(action, bodies.EMPTY))
-        supervisor = self.launcher.supervisor
         if action == "stop":
             if row["state"] in TERMINAL_STATES:
                 self.fail(409, f"job: {row['id']} already ended ({row['state']})")
-            grace = body.get("grace")
-            supervisor.request_stop(row["id"], grace)
+            stop = self.launcher.stop(row["id"], body.get("grace"))
+            if await settled(stop, ACTION_WAIT) and stop.exception() is None and not stop.result():
+                self.fail(409, f"job: {row['id']} already ended ({self.store.state(row['id'])})")
+            # Accepted: STOPPING, then STOPPED (or STOPPED at once), or still waiting for the job's submit.
+            await self.reply_job(row["id"], 202)
         elif action == "resume":
             if row["state"] not in TERMINAL_STATES:
                 self.fail(409, f"job: {row['id']} is {row['state']}; only an ended job can be resumed")
-            step = body.get("step")
-            if step is not None:
-                # The directory the engine resolved for the job's attempts (SSH: the
-                # profile's; Kubernetes: the PVC's), not one recomputed here.
-                listed = supervisor.checkpoint_steps(row)
-                steps = [c["step"] for c in checkpoints.resumable(listed)]
-                if step not in steps:
-                    bad = next((c for c in listed if c["step"] == step), None)
-                    what = (f"failed verification ({bad['corrupt'][0]['file']}: {bad['corrupt'][0]['why']})"
-                            if bad else "is not a committed checkpoint")
-                    self.fail(400, f"step: {step!r} {what}; committed steps that verify: "
-                              f"{', '.join(map(str, steps)) or 'none'}")
-            supervisor.resume(row["id"], step)
+            await self.off_loop(resume_job, self.launcher, row, body.get("step"))
+            await self.reply_job(row["id"])
         elif action == "clone":
             spec = JobSpec.from_dict(json.loads(row["spec"]))
             if spec.code is None:
                 spec.script = os.path.join(row["job_dir"], "script.py")
             spec.files = {name: os.path.join(row["job_dir"], "files", name) for name in spec.files}
-            self.reply(submit(self.launcher, spec), 201)
-            return
+            self.reply(await self.off_loop(submit, self.launcher, spec), 201)
         else:
             self.fail(404, f"action: unknown {action!r}; use stop, resume or clone")
-        self.reply(job_detail(self.store, self.store.job_row(row["id"])))
+
+
+def resume_job(launcher: Launcher, row, step: int | None) -> None:
+    """A new attempt of an ended job, from `step` if given (which must be committed and
+    verify: the checkpoint directory is read); on an action worker."""
+    supervisor = launcher.supervisor
+    if step is not None:
+        # The directory the engine resolved for the job's attempts (SSH: the profile's;
+        # Kubernetes: the PVC's), not one recomputed here.
+        listed = supervisor.checkpoint_steps(row)
+        steps = [c["step"] for c in checkpoints.resumable(listed)]
+        if step not in steps:
+            bad = next((c for c in listed if c["step"] == step), None)
+            what = (f"failed verification ({bad['corrupt'][0]['file']}: {bad['corrupt'][0]['why']})"
+                    if bad and bad.get("corrupt") else "is not a committed checkpoint")
+            raise Refused(f"step: {step!r} {what}; committed steps that verify: "
+                          f"{', '.join(map(str, steps)) or 'none'}")
+    supervisor.resume(row["id"], step)
 
 
 ACTION_BODIES = {"stop": bodies.STOP, "resume": bodies.RESUME, "clone": bodies.EMPTY}
@@ -384,7 +482,7 @@ class ReportHandler(BaseHandler):
 
 
 class LogsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
         spec = json.loads(row["spec"])
         world = spec["nodes"] * spec["nproc_per_node"]
@@ -399,18 +497,10 @@ class LogsHandler(BaseHandler):
         if cursor.get("attempt") not in (None, attempt):
             cursor = {}
         ranks = [rank] if rank is not None else list(range(world))
-        offsets = cursor.get("offsets", {})
-        lines = []
         attempt_dir = layout.attempt_dir(row["job_dir"], attempt)
-        for r in ranks:
-            path = layout.rank_log(attempt_dir, r)
-            start = offsets.get(str(r), 0)
-            text, end = read_log(path, start, tail if not raw_cursor else None)
-            offsets[str(r)] = end
-            lines.extend({"rank": r, "attempt": attempt, "text": line} for line in text)
-        new_cursor = base64.urlsafe_b64encode(json.dumps(
-            {"attempt": attempt, "offsets": offsets}).encode()).decode()
-        self.reply({"lines": lines, "cursor": new_cursor, "attempt": attempt})
+        # Up to 2 MB of every rank's file: read on a reader thread.
+        await self.reply_off_loop(lambda: read_logs(attempt_dir, attempt, ranks, cursor.get("offsets", {}),
+                                                    tail if not raw_cursor else None))
 
     def cursor_arg(self, raw: str, world: int) -> dict:
         """A cursor this launcher returned: {"attempt": n, "offsets": {"rank": byte offset}}."""
@@ -426,6 +516,18 @@ class LogsHandler(BaseHandler):
         except (ValueError, RecursionError, SpecError):
             self.fail(400, "cursor: not a cursor this launcher returned; leave it out to start over")
         return cursor
+
+
+def read_logs(attempt_dir: str, attempt: int, ranks: list[int], offsets: dict,
+              tail: int | None) -> dict:
+    """A Logs answer: each rank's complete lines from its offset (or its last `tail`)."""
+    lines = []
+    for r in ranks:
+        text, end = read_log(layout.rank_log(attempt_dir, r), offsets.get(str(r), 0), tail)
+        offsets[str(r)] = end
+        lines.extend({"rank": r, "attempt": attempt, "text": line} for line in text)
+    cursor = base64.urlsafe_b64encode(json.dumps({"attempt": attempt, "offsets": offsets}).encode()).decode()
+    return {"lines": lines, "cursor": cursor, "attempt": attempt}
 
 
 CURSOR = {"type": "object", "additionalProperties": False, "properties": {
@@ -493,9 +595,10 @@ def downsampled(state: dict | None) -> dict | None:
 
 
 class EventsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        self.reply({"events": self.store.events(row["id"], self.int_arg("since", 0) or 0)})
+        since = self.int_arg("since", 0) or 0
+        await self.reply_off_loop(lambda: {"events": self.store.events(row["id"], since)})
 
 
 class CheckpointsHandler(BaseHandler):
@@ -517,38 +620,45 @@ class CheckpointsHandler(BaseHandler):
 
 
 class DiagnosisHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        out = []
-        for a in self.store.attempt_rows(row["id"]):
-            if a["failure"]:
-                out.append(dict(json.loads(a["failure"]), attempt=a["attempt"],
-                                reason=a["reason"]))
-            elif a["outcome"] in FAILED_OUTCOMES:
-                # Failed on the launcher's verdict with no rank error to show (heartbeats
-                # missed, max runtime, the engine's word): the verdict is the explanation.
-                out.append({"class": "launcher_verdict", "line": a["reason"], "rank": None,
-                            "suggestion": None, "attempt": a["attempt"], "reason": a["reason"]})
-        self.reply({"diagnoses": out})
+        def answer() -> dict:
+            out = []
+            for a in self.store.attempt_rows(row["id"]):
+                if a["failure"]:
+                    out.append(dict(json.loads(a["failure"]), attempt=a["attempt"],
+                                    reason=a["reason"]))
+                elif a["outcome"] in FAILED_OUTCOMES:
+                    # Failed on the launcher's verdict with no rank error to show (heartbeats
+                    # missed, max runtime, the engine's word): the verdict is the explanation.
+                    out.append({"class": "launcher_verdict", "line": a["reason"], "rank": None,
+                                "suggestion": None, "attempt": a["attempt"], "reason": a["reason"]})
+            return {"diagnoses": out}
+
+        await self.reply_off_loop(answer)
 
 
 FAILED_OUTCOMES = ("failed", "timeout", "cancelled")
 
 
 class AlertsHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
         state = json.loads(row["alert_state"]) if row["alert_state"] else {}
-        self.reply({"alerts": state.get("alerts", []),
-                    "events": self.store.events(row["id"], types=("alert", "alert_resolved"))})
+        await self.reply_off_loop(lambda: {
+            "alerts": state.get("alerts", []),
+            "events": self.store.events(row["id"], types=("alert", "alert_resolved"))})
 
 
 class ScriptHandler(BaseHandler):
-    def get(self, ref: str) -> None:
+    async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        with open(os.path.join(row["job_dir"], "script.py")) as f:
-            self.reply({"script": f.read(), "files": sorted(os.listdir(
-                os.path.join(row["job_dir"], "files")))})
+        await self.reply_off_loop(lambda: script_of(row["job_dir"]))
+
+
+def script_of(job_dir: str) -> dict:
+    with open(os.path.join(job_dir, "script.py")) as f:
+        return {"script": f.read(), "files": sorted(os.listdir(os.path.join(job_dir, "files")))}
 
 
 class StreamHandler(BaseHandler):
@@ -558,7 +668,9 @@ class StreamHandler(BaseHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         sent: dict[str, dict] = {}
-        alert_seq = self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        readers = self.launcher.readers
+        loop = asyncio.get_running_loop()
+        alert_seq = await loop.run_in_executor(readers, self._last_seq)
         last_ping = 0.0
         seen_version = -1
         try:
@@ -571,20 +683,9 @@ class StreamHandler(BaseHandler):
                     await asyncio.sleep(0.25)
                     continue
                 seen_version = self.store.version
-                for row in self.store.job_rows():
-                    summary = _clean(self.store.summary(row))
-                    if sent.get(row["id"]) != summary:
-                        sent[row["id"]] = summary
-                        self.write(f"event: job\ndata: {json.dumps(summary)}\n\n")
-                gone = set(sent) - {r["id"] for r in self.store.job_rows()}
-                for job_id in gone:
-                    sent.pop(job_id)
-                    self.write(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
-                for event in self.store.db.execute(
-                        "SELECT * FROM events WHERE seq > ? AND type IN ('alert', 'alert_resolved',"
-                        " 'diagnosis') ORDER BY seq", (alert_seq,)).fetchall():
-                    alert_seq = event["seq"]
-                    self.write(f"event: {event['type']}\ndata: {json.dumps(dict(event))}\n\n")
+                # Every job's summary and the new alerts: read on a reader thread, as the list is.
+                text, alert_seq = await loop.run_in_executor(readers, self._changes, sent, alert_seq)
+                self.write(text)
                 if time.time() - last_ping > 15:
                     self.write(": ping\n\n")
                     last_ping = time.time()
@@ -592,6 +693,28 @@ class StreamHandler(BaseHandler):
                 await asyncio.sleep(0.25)
         except tornado.iostream.StreamClosedError:
             return
+
+    def _last_seq(self) -> int:
+        return self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+    def _changes(self, sent: dict[str, dict], alert_seq: int) -> tuple[str, int]:
+        """The events for what changed since `sent` (updated) and alert event `alert_seq`."""
+        out = []
+        rows = self.store.job_rows()
+        for row in rows:
+            summary = _clean(self.store.summary(row))
+            if sent.get(row["id"]) != summary:
+                sent[row["id"]] = summary
+                out.append(f"event: job\ndata: {json.dumps(summary)}\n\n")
+        for job_id in set(sent) - {r["id"] for r in rows}:
+            sent.pop(job_id)
+            out.append(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
+        for event in self.store.db.execute(
+                "SELECT * FROM events WHERE seq > ? AND type IN ('alert', 'alert_resolved',"
+                " 'diagnosis') ORDER BY seq", (alert_seq,)).fetchall():
+            alert_seq = event["seq"]
+            out.append(f"event: {event['type']}\ndata: {json.dumps(dict(event))}\n\n")
+        return "".join(out), alert_seq
 
 
 class MetricsStreamHandler(BaseHandler):
@@ -625,16 +748,14 @@ class MetricsStreamHandler(BaseHandler):
                     seen_version = version
                     # Read and encoded on a reader thread, as the metrics route's: a view of
                     # thousands of ranks gets tens of thousands of points a second.
-                    pages, since = await asyncio.get_running_loop().run_in_executor(
-                        self.launcher.readers, self._points_after, job_id, since, keep)
+                    pages, since, current = await asyncio.get_running_loop().run_in_executor(
+                        self.launcher.readers, self._changes, job_id, since, keep)
                     for data in pages:
                         self.write(b"event: metrics\ndata: " + data + b"\n\n")
-                    row = self.store.job_row(job_id)
-                    if row is None:
+                    if current is None:
                         self.write(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
                         await self.flush()
                         return
-                    current = _clean(self.store.summary(row))
                     if current != summary:
                         summary = current
                         self.write(f"event: job\ndata: {json.dumps(summary)}\n\n")
@@ -647,20 +768,24 @@ class MetricsStreamHandler(BaseHandler):
         except tornado.iostream.StreamClosedError:
             return
 
-    def _points_after(self, job_id: str, since: int, keep: frozenset | None) -> tuple[list[bytes], int]:
-        """Every point after `since`, encoded in pages of what the store answers; the new seq."""
+    def _changes(self, job_id: str, since: int,
+                 keep: frozenset | None) -> tuple[list[bytes], int, dict | None]:
+        """Every point after `since`, encoded in pages of what the store answers; the new seq;
+        the job's summary (None: it was deleted)."""
         pages = []
         while True:
             data, last = metrics_answer(self.store, job_id, since, keep)
             if last == since:
-                return pages, since
+                break
             pages.append(data)
             since = last
+        row = self.store.job_row(job_id)
+        return pages, since, None if row is None else _clean(self.store.summary(row))
 
 
 class PrometheusHandler(BaseHandler):
-    def get(self) -> None:
-        rows = self.store.job_rows()
+    async def get(self) -> None:
+        rows = await asyncio.get_running_loop().run_in_executor(self.launcher.readers, self.store.job_rows)
         lines = ["# HELP dlc_jobs Jobs by state.", "# TYPE dlc_jobs gauge"]
         counts: dict[str, int] = {}
         for row in rows:
@@ -678,35 +803,46 @@ class PrometheusHandler(BaseHandler):
 
 
 class PoolsHandler(BaseHandler):
-    """Warm pools (launcher/pools.py): list, start one for a shape, release by shape."""
+    """Warm pools (launcher/pools.py): list, start one for a shape, release by shape. Each
+    asks the engines (a process scan, squeue, an allocation's sbatch, scancel): on an
+    action worker."""
 
-    def get(self) -> None:
-        self.reply({"pools": self.launcher.supervisor.pools.status()})
+    async def get(self) -> None:
+        self.reply({"pools": await self.off_loop(self.launcher.supervisor.pools.status)})
 
-    def post(self) -> None:
+    async def post(self) -> None:
         body = self.body(bodies.POOL_UP)
-        try:
-            self.reply(self.launcher.supervisor.pools.up(
-                body["nodes"], body["nproc_per_node"], body.get("cluster"), body.get("idle_timeout")), 201)
-        except ValueError as error:  # PoolError, an unknown or broken cluster profile
-            self.fail(400, str(error))
+        self.reply(await self.off_loop(pool_up, self.launcher.supervisor.pools, body), 201)
+
+
+def pool_up(pools, body: dict) -> dict:
+    try:
+        return pools.up(body["nodes"], body["nproc_per_node"], body.get("cluster"), body.get("idle_timeout"))
+    except ValueError as error:  # PoolError, an unknown or broken cluster profile
+        raise Refused(str(error)) from None
 
 
 class PoolsDownHandler(BaseHandler):
-    def post(self) -> None:
+    async def post(self) -> None:
         body = self.body(bodies.POOL_DOWN)
-        pools = self.launcher.supervisor.pools
-        self.reply({"released": pools.down(body.get("nodes"), body.get("nproc_per_node"),
-                                           body.get("cluster"), everything=not any(
-                                               body.get(k) is not None for k in body))})
+        everything = not any(body.get(k) is not None for k in body)
+        self.reply({"released": await self.off_loop(lambda: self.launcher.supervisor.pools.down(
+            body.get("nodes"), body.get("nproc_per_node"), body.get("cluster"), everything=everything))})
 
 
 class PoolHandler(BaseHandler):
-    def delete(self, pool_id: str) -> None:
-        pools = self.launcher.supervisor.pools
-        if pool_id not in {r["id"] for r in pools.records()}:
+    async def delete(self, pool_id: str) -> None:
+        released = await self.off_loop(release_pool, self.launcher.supervisor.pools, pool_id)
+        if released is None:
             self.fail(404, f"pool: no pool {pool_id[:80]!r}; list them with GET /api/pools")
-        self.reply({"released": pools.release(pool_id)})
+        self.reply({"released": released})
+
+
+def release_pool(pools, pool_id: str) -> list[str] | None:
+    """What was released, or None where no such pool is."""
+    if pool_id not in {r["id"] for r in pools.records()}:
+        return None
+    return pools.release(pool_id)
 
 
 class OpenApiHandler(BaseHandler):

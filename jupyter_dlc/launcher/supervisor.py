@@ -5,9 +5,10 @@
     any active state → STOPPING → STOPPED (a user's stop: SIGTERM, grace, SIGKILL)
     QUEUED | PREFLIGHT | RESTARTING → STOPPED (a stop before anything of the attempt runs)
 
-Every move is compare-and-set on the state it was decided from (Store.transition), so the
-HTTP thread's stop and this thread's start or verdict never overwrite each other. QUEUED
-jobs start in submission order as their ranks fit in the process slots (admission).
+Every move is compare-and-set on the state it was decided from (Store.transition), so a
+stop (run on the launcher's action workers, launcher/app.py) and this thread's start or
+verdict never overwrite each other. QUEUED jobs start in submission order as their ranks
+fit in the process slots (admission).
 
 All state lives in the store and in the job directory, and what of a job still runs is the
 engines' to find (the local engine by cgroup and environment, in backends/local.py; this
@@ -33,6 +34,7 @@ from .. import layout, paths
 from ..backends import (
     AttemptContext,
     SubmitError,
+    children,
     get_backend,
     kill_leftovers,
     leftover_jobs,
@@ -125,10 +127,13 @@ class Supervisor(threading.Thread):
         self.pending: dict[str, set[str]] = {}
         # Jobs suspected of a hang: (attempt, when their ranks were asked for their stacks).
         self.stacks_asked: dict[str, tuple[int, float]] = {}
-        # Held while an attempt starts (preflight, spawning agents) and while a stop decides:
-        # a stop never sees a start half done, so it can end a job that has not started at
-        # once, and a start never spawns processes for a job that was stopped meanwhile.
-        self.lifecycle = threading.RLock()
+        # One per job, held while its attempt starts (preflight, the engine's submit) and
+        # while a stop of it decides: a stop never sees a start half done, so it can end a
+        # job that has not started at once, and a start never spawns processes for a job
+        # that was stopped meanwhile. Per job, so that one slow submit (an sbatch of up to
+        # 30 s) holds up the stops of that job only.
+        self._lifecycles: dict[str, threading.RLock] = {}
+        self._lifecycles_guard = threading.Lock()
         self._seen_gone: set[str] = set()
         # Jobs whose leftovers went as they ended, this tick (the tick's own sweep skips them).
         self._swept: set[str] = set()
@@ -140,6 +145,11 @@ class Supervisor(threading.Thread):
         self.slots = process_slots()[0]
         # Warm pools (launcher/pools.py): an attempt starts on its shape's pool when one is free.
         self.pools = Pools(store, data_dir)
+
+    def lifecycle(self, job_id: str) -> threading.RLock:
+        """The lock a job's start and a stop of it share."""
+        with self._lifecycles_guard:
+            return self._lifecycles.setdefault(job_id, threading.RLock())
 
     def commands_for(self, job_id: str, rank: int) -> list[str]:
         del rank  # every rank gets the same command; they act on it at the same step boundary
@@ -156,7 +166,7 @@ class Supervisor(threading.Thread):
             self.wake.clear()
 
     def tick(self) -> None:
-        _reap_children()
+        children.reap()  # only what the engines started and left to us (backends/children.py)
         if self.store.guard is not None:
             self.store.guard.check()
         refresh_backends()
@@ -243,6 +253,8 @@ class Supervisor(threading.Thread):
     def forget(self, job_id: str) -> None:
         """A deleted job: whatever of it might still run goes with it."""
         self.kill_leftovers(job_id)
+        with self._lifecycles_guard:
+            self._lifecycles.pop(job_id, None)
 
     def release(self, job_id: str) -> None:
         """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
@@ -339,7 +351,7 @@ class Supervisor(threading.Thread):
             self.fail_for_disk(job_id, f"attempt {row['attempt']} not started; free space, "
                                "then resume the job", expect=("QUEUED", "PREFLIGHT"))
             return
-        with self.lifecycle:
+        with self.lifecycle(job_id):
             row = self.store.job_row(job_id)
             if row is None or row["state"] not in ("QUEUED", "PREFLIGHT"):
                 return  # a stop (or delete) won the race
@@ -863,6 +875,9 @@ class Supervisor(threading.Thread):
         On a full disk the state change is written with the store's last reserve; where even
         that cannot hold it, the signals still went and the stop counts as done (the job's
         end is then the supervisor's, end_for_disk).
+
+        Waits while the job's attempt starts (its engine's submit): the launcher runs this on
+        an action worker, never on its event loop.
         """
         try:
             return self.store.write_verdict(lambda: self._request_stop(job_id, grace, reason))
@@ -873,7 +888,7 @@ class Supervisor(threading.Thread):
             return True
 
     def _request_stop(self, job_id: str, grace: float | None, reason: str) -> bool:
-        with self.lifecycle:
+        with self.lifecycle(job_id):
             for _ in range(10):  # lost a race with the supervisor's own move: look again
                 row = self.store.job_row(job_id)
                 if row is None or row["state"] in TERMINAL_STATES:
@@ -894,16 +909,22 @@ class Supervisor(threading.Thread):
                 ctx = self.context(row)
                 arow = self.store.attempt_row(job_id, ctx.attempt)
                 engine, handle = get_backend(spec.backend), self.handle_of(ctx, arow)
-                if grace:
-                    engine.stop(ctx, handle, grace)
-                else:
-                    engine.kill(ctx, handle)
                 why = (f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s" if grace
                        else f"{reason}: killed at once")
-                if self.store.transition(job_id, "STOPPING", why, expect=state,
-                                         stop_requested=now + grace):
-                    self.wake.set()
-                    return True
+                # Recorded before the engine is asked: should the engine fail (a scancel that
+                # times out), the stop still stands, and finish_stop kills once the grace is over.
+                if not self.store.transition(job_id, "STOPPING", why, expect=state,
+                                             stop_requested=now + grace):
+                    continue
+                self.wake.set()
+                try:
+                    if grace:
+                        engine.stop(ctx, handle, grace)
+                    else:
+                        engine.kill(ctx, handle)
+                except Exception:  # noqa: BLE001 - the grace-over kill of finish_stop follows
+                    log.error("job %s: the engine's stop failed:\n%s", job_id, traceback.format_exc())
+                return True
             return False
 
     def checkpoint_and_stop(self, job_id: str, reason: str) -> None:
@@ -1010,13 +1031,3 @@ def _local_slots(row) -> int:
 
 def new_job_id(name: str) -> str:
     return f"{name[:40]}-{secrets.token_hex(3)}"
-
-
-def _reap_children() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return

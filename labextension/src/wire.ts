@@ -262,6 +262,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
+        /** @description Accepted at once: the job as it stands once the stop is recorded (STOPPING, then STOPPED after the grace; STOPPED at once for a job that had not started), or after a second while the stop waits for the job's submit to return; it goes on then. */
         post: operations["stopJob"];
         delete?: never;
         options?: never;
@@ -1626,8 +1627,8 @@ export interface operations {
             };
         };
         responses: {
-            /** @description OK */
-            200: {
+            /** @description Stop accepted */
+            202: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -82,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     if extra and options.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return _dispatch(options, extra + tail_args)
+        code = _dispatch(options, extra + tail_args)
+        sys.stdout.flush()  # here, where a closed pipe is still ours to handle
+        return code
+    except BrokenPipeError:
+        # `jupyter-dlc status ... | head`: the reader has all it wanted. Leave quietly, and
+        # keep the interpreter's own last flush from failing again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process ended by SIGPIPE
     except (SpecError, LauncherError, ValueError) as error:
         print(f"jupyter-dlc: {error}", file=sys.stderr)
         return 2 if isinstance(error, (SpecError, ValueError)) or getattr(error, "status", 0) in (400, 404, 409) else 1
@@ -179,20 +186,23 @@ def pool_command(client: LauncherClient, options) -> str:
 
 
 def _launcher(action: str) -> int:
-    client = LauncherClient.from_connection_file()
-    running = client is not None and client.alive()
+    if action == "start":
+        client = LauncherClient.connect(start=True)
+        print(f"launcher: running at {client.url}")
+        _print_warnings(client.request("GET", "/healthz")[1])
+        return 0
+    # Raises, in one line, when something else answers on the port or a launcher holds the
+    # data dir without answering; None: no launcher at all.
+    client = LauncherClient.find()
     if action == "status":
-        if not running:
+        if client is None:
             print("launcher: not running")
             return 1
         health = client.request("GET", "/healthz")[1]
         print(f"launcher: running at {client.url} (pid {health['pid']}, data {paths.data_dir()})")
+        _print_warnings(health)
         return 0
-    if action == "start":
-        client = LauncherClient.connect(start=True)
-        print(f"launcher: running at {client.url}")
-        return 0
-    if not running:
+    if client is None:
         print("launcher: not running")
         return 0
     pid = client.request("GET", "/healthz")[1]["pid"]
@@ -203,6 +213,12 @@ def _launcher(action: str) -> int:
         time.sleep(0.05)
     print("launcher: stopped (jobs keep running; the next launcher adopts them)")
     return 0
+
+
+def _print_warnings(health: dict) -> None:
+    """What the launcher found wrong at its start (a store that lost its jobs), one a line."""
+    for warning in health.get("warnings") or ():
+        print(f"launcher: WARNING: {warning}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Stdlib only (urllib): it runs in kernels, the CLI and the server extension.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import json
 import os
 import ssl
@@ -18,7 +19,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import paths, wirejson
+from . import identity, paths, wirejson
 from .spec import JobSpec, resolve_paths
 from .states import TERMINAL_STATES as TERMINAL
 
@@ -35,8 +36,18 @@ class LauncherUnavailable(LauncherError):
     pass
 
 
+class NotTheLauncher(LauncherUnavailable):
+    """Something answers on the launcher's port but cannot prove it is the launcher."""
+
+
+# What `identify` finds at the launcher's address. STALE: this data dir's launcher, but
+# another run of it than the connection file's (it is about to write its own).
+PROVEN, GONE, IMPOSTOR, STALE = "proven", "gone", "impostor", "stale"
+
+
 class LauncherClient:
-    def __init__(self, url: str, token: str, timeout: float = 30.0, ca_file: str | None = None):
+    def __init__(self, url: str, token: str, timeout: float = 30.0, ca_file: str | None = None,
+                 identity_key: str | None = None, pid: int | None = None):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
@@ -44,6 +55,10 @@ class LauncherClient:
         # self-signed); None: the system's CAs.
         self.ca_file = ca_file
         self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        # The key the launcher's /healthz proves (identity.py), from its connection file;
+        # None (a launcher given by URL and token alone): nothing is checked but TLS.
+        self.identity_key = identity_key
+        self.pid = pid  # the launcher's, as its connection file says
 
     # -- finding or starting the launcher ---------------------------------------------------
     @classmethod
@@ -51,7 +66,8 @@ class LauncherClient:
         try:
             with open(path or paths.connection_file()) as f:
                 info = json.load(f)
-            return cls(info["url"], info["token"], ca_file=info.get("ca_file"))
+            return cls(info["url"], info["token"], ca_file=info.get("ca_file"),
+                       identity_key=info.get("identity"), pid=info.get("pid"))
         except (OSError, ValueError, KeyError):
             return None
 
@@ -60,40 +76,124 @@ class LauncherClient:
         if os.environ.get("DLC_LAUNCHER_URL") and os.environ.get("DLC_LAUNCHER_TOKEN"):
             # A launcher elsewhere (in the cluster, `jupyter-dlc launcher manifest`): never start one.
             return cls(os.environ["DLC_LAUNCHER_URL"], os.environ["DLC_LAUNCHER_TOKEN"],
-                       ca_file=os.environ.get("DLC_LAUNCHER_CA"))
-        client = cls.from_connection_file()
-        if client is not None and client.alive():
-            return client
+                       ca_file=os.environ.get("DLC_LAUNCHER_CA"),
+                       identity_key=os.environ.get("DLC_LAUNCHER_IDENTITY") or None)
+        found = cls.find(timeout)
+        if found is not None:
+            return found
         if not start:
             raise LauncherUnavailable("launcher: not running; start it with `jupyter-dlc launcher start`")
         os.makedirs(paths.runtime_dir(), exist_ok=True)
         # Two kernels starting at once must not start two launchers: one waits for the other.
         with open(os.path.join(paths.runtime_dir(), "jupyter-dlc-launcher.start.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            client = cls.from_connection_file()
-            if client is not None and client.alive():
-                return client
+            found = cls.find(timeout)
+            if found is not None:
+                return found
             proc = start_launcher()
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 client = cls.from_connection_file()
                 if client is not None and client.alive():
                     return client
-                if proc.poll() is not None and proc.returncode != 3:  # 3: another one serves
+                if proc.poll() is not None:
+                    if proc.returncode == 3:  # another one serves: which, and why not here
+                        return cls.find(timeout) or cls._not_started(timeout)
                     break
                 time.sleep(0.05)
+        return cls._not_started(timeout)
+
+    @classmethod
+    def _not_started(cls, timeout: float) -> LauncherClient:
         log = os.path.join(paths.data_dir(), "launcher.log")
         raise LauncherUnavailable(f"launcher: did not start within {timeout:g}s; see {log}")
 
-    def alive(self) -> bool:
+    @classmethod
+    def find(cls, timeout: float = 30.0) -> LauncherClient | None:
+        """The data dir's launcher when it answers and proves itself; None when no launcher
+        holds the data dir. Raises, with what to do in one line, when something else answers
+        on its port, or a launcher holds the data dir but cannot be used from here."""
+        deadline = time.monotonic() + timeout
+        while True:
+            client = cls.from_connection_file()
+            verdict = client.identify() if client is not None else GONE
+            if client is not None and verdict == PROVEN:
+                return client
+            if client is not None and verdict == IMPOSTOR:
+                raise NotTheLauncher(client.impostor_message())
+            holder = lock_holder(paths.data_dir())
+            if holder is None:
+                return None
+            data, pid = paths.data_dir(), holder.get("pid")
+            theirs = holder.get("connection_file")
+            if theirs and theirs != os.path.abspath(paths.connection_file()):
+                raise LauncherUnavailable(
+                    f"launcher: another launcher (pid {pid}) serves {data}, with its connection "
+                    f"file {theirs} in another runtime directory; run with "
+                    f"JUPYTER_RUNTIME_DIR={os.path.dirname(theirs)}, or stop it (kill {pid})")
+            if (client is not None and verdict == GONE and client.pid == pid) or \
+                    time.monotonic() > deadline:
+                where = f" at {client.url}" if client is not None else ""
+                raise LauncherUnavailable(
+                    f"launcher: pid {pid} holds {data} but does not answer{where} (stopped or "
+                    f"frozen); `kill -CONT {pid}` if it was stopped, else end it with "
+                    f"`kill -9 {pid}` and start it again (its jobs keep running and are adopted)")
+            time.sleep(0.1)  # starting: its connection file is not written yet (or STALE)
+
+    def identify(self, timeout: float = 2.0) -> str:
+        """PROVEN, GONE (nothing answers in time) or IMPOSTOR (something answers that cannot
+        prove the key): asked without the token, which goes only to a proven launcher."""
         try:
-            return bool(self.request("GET", "/healthz", timeout=2)[1].get("ok"))
+            if self.identity_key is None:  # nothing to check it with: as before, with the token
+                ok = bool(self._request("GET", "/healthz", timeout=timeout)[1].get("ok"))
+                return PROVEN if ok else IMPOSTOR
+            answer = identity.exchange(self.url + "/healthz", "GET", None, {}, self.identity_key,
+                                       timeout, self._tls)
+        except LauncherUnavailable:
+            return GONE
         except LauncherError:
-            return False
+            return IMPOSTOR
+        except http.client.RemoteDisconnected:
+            return GONE
+        except http.client.HTTPException:
+            return IMPOSTOR  # something that does not even speak HTTP
+        except (OSError, ValueError):
+            return GONE
+        if not answer.proven:
+            return IMPOSTOR
+        return STALE if None not in (self.pid, answer.pid) and self.pid != answer.pid else PROVEN
+
+    def alive(self) -> bool:
+        return self.identify() == PROVEN
+
+    def impostor_message(self) -> str:
+        port = urllib.parse.urlsplit(self.url).port
+        return (f"launcher: port {port} is answered by something that is not this data dir's "
+                f"launcher ({port_holder(port) if port else 'its holder is unknown'}); the token "
+                f"was not sent. Stop it, or delete {os.path.join(paths.data_dir(), 'launcher.port')} "
+                f"to start the launcher on another port (running jobs report to {port})")
+
+    def _prove(self, timeout: float | None) -> None:
+        """Before the token leaves: is this still our launcher?"""
+        if self.identity_key is None:
+            return
+        verdict = self.identify(timeout or self.timeout)
+        if verdict == IMPOSTOR:
+            raise NotTheLauncher(self.impostor_message())
+        if verdict == GONE:
+            raise LauncherUnavailable(f"launcher: unreachable at {self.url}")
+        if verdict == STALE:
+            raise LauncherUnavailable(f"launcher: restarted at {self.url}; connect again for "
+                                      "its new token")
 
     # -- HTTP ---------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, params: dict | None = None,
                 timeout: float | None = None) -> tuple[int, dict]:
+        self._prove(timeout)
+        return self._request(method, path, body, params, timeout)
+
+    def _request(self, method: str, path: str, body: Any = None, params: dict | None = None,
+                 timeout: float | None = None) -> tuple[int, dict]:
         query = {k: v for k, v in (params or {}).items() if v is not None}
         url = self.url + path + (("?" + urllib.parse.urlencode(query)) if query else "")
         data = json.dumps(body).encode() if body is not None else None
@@ -223,6 +323,7 @@ class LauncherClient:
         """(event, data) pairs from one of the launcher's server-sent event routes; with
         `comments`, also ("comment", {}) for each keep-alive line, so that a reader gets
         control back while nothing happens."""
+        self._prove(timeout)
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         req = urllib.request.Request(self.url + path + query,
                                      headers={"Authorization": f"token {self.token}"})
@@ -264,3 +365,84 @@ def start_launcher() -> subprocess.Popen:
 
 def _band_params(band: Iterable[int] | None) -> dict:
     return {} if band is None else {"band": 1, "ranks": ",".join(str(rank) for rank in sorted(band))}
+
+
+def lock_holder(data_dir: str) -> dict | None:
+    """The launcher that holds `data_dir` (its lock, paths.LOCK_FILE): {"pid",
+    "connection_file"?} as it wrote them, or None when no process holds it."""
+    path = os.path.join(data_dir, paths.LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass  # held
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            holder = {}  # being written: the pid comes from the kernel's list below
+        holder = holder if isinstance(holder, dict) else {}
+        pid = _flock_pid(os.fstat(fd))
+        if pid is not None and pid != holder.get("pid"):
+            holder = {"pid": pid}  # what the file says is an earlier launcher's
+        return holder
+    finally:
+        os.close(fd)
+
+
+def _flock_pid(stat: os.stat_result) -> int | None:
+    """The pid holding a flock on the file of `stat`, from /proc/locks (Linux)."""
+    want = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                # "1: FLOCK  ADVISORY  WRITE 4242 00:2f:123 0 EOF"; waiters have "->"
+                parts = line.split()
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == want:
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP `port` here, as far as this user may know: "pid N (user U) holds
+    it", "user U holds it" (another user's process), or that it is unknown."""
+    owners: dict[str, int] = {}  # socket inode -> uid
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    # local address "0100007F:1F90", state 0A = LISTEN, uid, inode
+                    if len(fields) > 9 and fields[3] == "0A" and \
+                            int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        owners[fields[9]] = int(fields[7])
+        except (OSError, ValueError):
+            continue
+    if not owners:
+        return "its holder is unknown"
+    uid = next(iter(owners.values()))
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        user = f"uid {uid}"
+    if uid == os.getuid():  # our own processes' descriptors are readable
+        wanted = {f"socket:[{inode}]" for inode in owners}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds):
+                    return f"pid {pid} (user {user}) holds it"
+            except OSError:
+                continue
+    return f"user {user} holds it"

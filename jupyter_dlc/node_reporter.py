@@ -33,9 +33,9 @@ import ssl
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from . import identity
 
 COALESCE = 0.05            # seconds a batch waits for more ranks after its first report
 FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIMEOUT)
@@ -94,9 +94,12 @@ class NodeReporter:
     """Batches the reports handed to `submit` into one launcher request per COALESCE."""
 
     def __init__(self, launcher_url: str, job_id: str, token: str, node: int, attempt: int,
-                 tls: ssl.SSLContext | None = None, start: bool = True):
+                 tls: ssl.SSLContext | None = None, start: bool = True, key: str | None = None):
         self.url = f"{launcher_url.rstrip('/')}/api/jobs/{job_id}/report"
         self.token = token
+        # The job's key (identity.py): the launcher's answers must prove it, and this
+        # process proves it to the node's ranks in turn. None: nothing is checked (older).
+        self.key = key
         self.tls = tls
         self.node = node
         self.attempt = attempt
@@ -147,34 +150,39 @@ class NodeReporter:
         head = json.dumps({"node": self.node, "attempt": self.attempt, "t": time.time()})
         data = (head[:-1] + ', "ranks": [' + ", ".join(w.body for w in waiters)
                 + "]}").encode()
-        request = urllib.request.Request(
-            self.url, data=data, method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"token {self.token}"})
+        headers = {"Content-Type": "application/json", "Authorization": f"token {self.token}"}
         try:
-            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT, context=self.tls) as response:
-                answer = json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            detail = error.read(500).decode(errors="replace")
+            answer = identity.exchange(self.url, "POST", data, headers, self.key, FORWARD_TIMEOUT,
+                                       self.tls)
+            reply = json.loads(answer.body or b"{}") if answer.status < 300 else None
+        except (OSError, ValueError):
+            answer = None
+        if answer is None or not answer.proven:
+            # Launcher down or restarting, or something else on its port (its answers are
+            # none): the ranks keep their entries and retry.
+            what = "launcher unreachable" if answer is None else \
+                f"{self.url} is answered by something that is not this job's launcher"
+            for waiter in waiters:
+                waiter.finish(503, {"error": f"node reporter: {what}; retry"})
+            return
+        if reply is None:
+            detail = answer.body[:500].decode(errors="replace")
             try:
                 refusal = json.loads(detail)
             except ValueError:
-                refusal = {"error": detail.strip() or f"launcher answered {error.code}"}
+                refusal = {"error": detail.strip() or f"launcher answered {answer.status}"}
             for waiter in waiters:
-                waiter.finish(error.code, refusal)
-            return
-        except (OSError, ValueError):
-            for waiter in waiters:  # launcher down or restarting: the ranks keep and retry
-                waiter.finish(503, {"error": "node reporter: launcher unreachable; retry"})
+                waiter.finish(answer.status, refusal)
             return
         self.batches_sent += 1
-        pace = paced(answer, MAX_PACE)
+        pace = paced(reply, MAX_PACE)
         self._shift += phase_shift(self.pace, pace)
         self.pace = pace
-        commands = answer.get("rank_commands") or {}
+        commands = reply.get("rank_commands") or {}
         for waiter in waiters:
             rank = waiter.report.get("rank", 0)
             waiter.finish(200, {"ok": True, "commands": commands.get(str(rank), []),
-                                **({"stale": True} if answer.get("stale") else {})})
+                                **({"stale": True} if reply.get("stale") else {})})
 
 
 def paced(answer: dict, most: float) -> float:
@@ -218,6 +226,7 @@ def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1",
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
+            self._body = b""
             if self.path != "/report":
                 self._answer(404, {"error": f"route: {self.path} does not exist; use /report"})
                 return
@@ -228,7 +237,7 @@ def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1",
             if not length.isdigit() or int(length) > MAX_RANK_BODY:
                 self._answer(413, {"error": f"body: larger than {MAX_RANK_BODY} bytes"})
                 return
-            body = self.rfile.read(int(length))
+            body = self._body = self.rfile.read(int(length))
             try:
                 report = check_report(body)
             except ValueError as error:  # SpecError: one line naming the field
@@ -244,6 +253,12 @@ def serve(reporter: NodeReporter, check_report, host: str = "127.0.0.1",
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            nonce = self.headers.get(identity.NONCE_HEADER)
+            if reporter.key and nonce:
+                # The ranks check this process as they check the launcher: a port it left
+                # behind may be taken by anyone.
+                self.send_header(identity.PROOF_HEADER, identity.proof(
+                    reporter.key, "POST", self.path, nonce, identity.digest(self._body), status, data))
             self.end_headers()
             self.wfile.write(data)
 
@@ -272,7 +287,7 @@ def from_env(env, start: bool = True) -> tuple[NodeReporter, ThreadingHTTPServer
     """The node's reporter and its route, for the job the environment names."""
     reporter = NodeReporter(env["DLC_LAUNCHER_URL"], env["DLC_JOB_ID"], env["DLC_TOKEN"],
                             int(env.get("DLC_NODE_RANK", "0")), int(env.get("DLC_ATTEMPT", "1")),
-                            launcher_tls(env), start)
+                            launcher_tls(env), start, env.get(identity.KEY_ENV) or None)
     return reporter, serve(reporter, _check_rank_report, start=start)
 
 

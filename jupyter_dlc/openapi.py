@@ -182,7 +182,15 @@ SCHEMAS: dict[str, dict] = {
                     "started": _NUM,
                     "ingest": _obj({"pid": _null(_INT), "starts": _INT}, description=(
                         "the process that parses and stores rank reports "
-                        "(launcher/ingest_worker.py); `starts` counts its restarts too"))}),
+                        "(launcher/ingest_worker.py); `starts` counts its restarts too"))},
+                   {"warnings": {"type": "array", "items": _STR, "description": (
+                       "what the launcher found wrong at its start, one line each (job "
+                       "directories its store has no record of; a port it could not get back)")}},
+                   "Asked with a nonce in `X-DLC-Nonce`, every answer of this route (a 401 "
+                   "without the token too) carries `X-DLC-Proof`, which proves the launcher "
+                   "with its connection file's `identity` key (jupyter_dlc/identity.py); "
+                   "clients check it before they send the token. Report answers prove the "
+                   "job's key the same way."),
 }
 
 

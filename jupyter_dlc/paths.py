@@ -32,6 +32,11 @@ def connection_file(data: str | None = None, runtime: str | None = None) -> str:
     return os.path.join(runtime or runtime_dir(), f"jupyter-dlc-launcher-{key}.json")
 
 
+# In the data dir: held (flock) by the launcher that serves it, with its pid and connection
+# file in it, so that a client can name a launcher that holds the data dir but does not answer.
+LOCK_FILE = "launcher.lock"
+
+
 # What tells a process where the launcher's connection file or data are. Ranks do not
 # inherit these: the job token (DLC_TOKEN) must stay the only credential a rank holds.
 LOCATING_PREFIXES = ("DLC_", "EASYCKPT_", "JUPYTER_", "JPY_")

@@ -16,6 +16,7 @@ import socket
 import ssl
 import sys
 import time
+import urllib.parse
 
 import tornado.httpserver
 import tornado.ioloop
@@ -33,6 +34,18 @@ from .supervisor import Supervisor
 _TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=|Authorization['\"]?:?\s*['\"]?(?:token|bearer)\s+)"
                             r"[^&\s'\",)]+",
                             re.IGNORECASE)
+# Any query argument, its name as sent: tornado decodes names (`?tok%65n=` is `token`), so
+# the name is decoded here too before it is judged.
+_QUERY_ARGUMENT = re.compile(r"([?&;])([^=&;\s#'\"]*)=([^&;\s#'\",)]*)")
+
+
+def _redact_argument(match: re.Match) -> str:
+    name = urllib.parse.unquote_plus(urllib.parse.unquote_plus(match.group(2))).lower()
+    return f"{match.group(1)}{match.group(2)}=[redacted]" if "token" in name else match.group(0)
+
+
+def redact(text: str) -> str:
+    return _TOKEN_IN_TEXT.sub(r"\1[redacted]", _QUERY_ARGUMENT.sub(_redact_argument, text))
 
 
 class RedactTokens(logging.Filter):
@@ -40,7 +53,7 @@ class RedactTokens(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        redacted = _TOKEN_IN_TEXT.sub(r"\1[redacted]", message)
+        redacted = redact(message)
         if redacted != message:
             record.msg, record.args = redacted, None
         return True
@@ -71,6 +84,41 @@ def write_connection_file(path: str, info: dict) -> None:
     os.replace(tmp, path)
 
 
+def _read_port(port_file: str) -> int | None:
+    try:
+        with open(port_file) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def moved_port(last: int | None, port: int, asked: int) -> str | None:
+    """A launcher that could not come back on its data dir's last port says so: the ranks
+    of jobs it adopts report to that port, to whatever holds it now."""
+    if asked or last is None or last == port:
+        return None
+    return (f"port {last}, this data dir's last, is taken; serving on {port}: running jobs "
+            f"report to {last} and reach this launcher only once it serves there again")
+
+
+def lost_jobs(store: Store, data_dir: str) -> str | None:
+    """Job directories the store has no record of: a store that lost what it had (its -wal
+    file deleted while a launcher ran, a copy restored from before). Every submit makes the
+    directory before the row, and a delete removes both, so none should be left over."""
+    jobs = os.path.join(data_dir, "jobs")
+    try:
+        found = {name for name in os.listdir(jobs) if os.path.isdir(os.path.join(jobs, name))}
+    except OSError:
+        return None
+    missing = sorted(found - {row["id"] for row in store.job_rows()})
+    if not missing:
+        return None
+    return (f"{len(missing)} job(s) in {jobs} have no record in {store.path} ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}): the store lost them (was its -wal or "
+            "-journal file deleted or the file replaced while a launcher ran?); their "
+            "directories are kept, but they are no longer listed nor supervised")
+
+
 def bind(port: int, port_file: str, host: str = "127.0.0.1") -> socket.socket:
     """Listen on `port`, else on the port the last launcher had, else on a free one.
 
@@ -78,12 +126,9 @@ def bind(port: int, port_file: str, host: str = "127.0.0.1") -> socket.socket:
     same port is what lets their reports reach a restarted launcher.
     """
     candidates = [port]
-    if not port:
-        try:
-            with open(port_file) as f:
-                candidates.insert(0, int(f.read().strip()))
-        except (OSError, ValueError):
-            pass
+    last = None if port else _read_port(port_file)
+    if last is not None:
+        candidates.insert(0, last)
     for candidate in candidates:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,14 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(data_dir, exist_ok=True)
     make_private(data_dir)
     # One launcher per data directory: a second one would supervise the same jobs twice.
-    lock = open(os.path.join(data_dir, "launcher.lock"), "w")
+    # Opened without truncating: what the holder wrote (its pid, its connection file) is how
+    # clients name it when it does not answer (client.lock_holder).
+    lock = os.open(os.path.join(data_dir, paths.LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         print(f"launcher: another launcher already serves {data_dir}", file=sys.stderr)
         return 3
     conn_path = args.connection_file or paths.connection_file(data_dir)
-    sock = bind(args.port, os.path.join(data_dir, "launcher.port"), args.host)
+    holder = json.dumps({"pid": os.getpid(), "connection_file": os.path.abspath(conn_path)}).encode()
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, holder, 0)
+    port_file = os.path.join(data_dir, "launcher.port")
+    last_port = _read_port(port_file)
+    sock = bind(args.port, port_file, args.host)
     sock.setblocking(False)
     port = sock.getsockname()[1]
     ssl_context = tls_context(args.certfile, args.keyfile)
@@ -180,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                     "give --certfile/--keyfile.", args.host, port)
     token = os.environ.get("DLC_LAUNCHER_TOKEN") or secrets.token_urlsafe(24)
     store = Store(os.path.join(data_dir, "launcher.sqlite"), DiskGuard(data_dir))
+    warnings = [w for w in (lost_jobs(store, data_dir), moved_port(last_port, port, args.port))
+                if w]
+    for warning in warnings:
+        log.warning("WARNING: %s", warning)
     from .. import backends
 
     backends.launcher_url = url
@@ -190,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"launcher: {error}", file=sys.stderr)
         return 2
-    launcher = Launcher(store, supervisor, data_dir, token, retention, pacer)
+    launcher = Launcher(store, supervisor, data_dir, token, retention, pacer, warnings)
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)
@@ -202,9 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(10_000, 20, 20)
     gc.freeze()
     supervisor.start()
+    # `identity`: the key this launcher's /healthz proves (identity.py); a client checks it
+    # before it sends the token, so that nothing else on this port ever gets the token.
     write_connection_file(conn_path, {"url": url, "token": token, "pid": os.getpid(),
                                       "data_dir": data_dir, "started": time.time(),
-                                      "ca_file": ca_file})
+                                      "ca_file": ca_file, "identity": launcher.client_key})
     logging.info("launcher serving %s for %s", url, data_dir)
     loop = tornado.ioloop.IOLoop.current()
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import orjson
 import tornado.web
 
-from .. import __version__, bands, layout, openapi
+from .. import __version__, bands, identity, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
@@ -73,11 +73,17 @@ class Launcher:
     """What the handlers share: the store, the supervisor, the token."""
 
     def __init__(self, store: Store, supervisor: Supervisor, data_dir: str, token: str,
-                 retention: RetentionPolicy | None = None, pacer: ReportPacer | None = None):
+                 retention: RetentionPolicy | None = None, pacer: ReportPacer | None = None,
+                 warnings: list[str] | None = None):
         self.store = store
         self.supervisor = supervisor
         self.data_dir = data_dir
         self.token = token
+        # The data dir's identity (identity.py): what /healthz and report answers prove.
+        self.secret = identity.launcher_secret(data_dir)
+        self.client_key = identity.client_key(self.secret)
+        # What the launcher found wrong at start (a store that lost its jobs), for /healthz.
+        self.warnings = list(warnings or [])
         self.started = time.time()
         # Metrics reads, a job's detail and the list are built on reader threads (their own
         # SQLite connections), so that a large answer never holds up the event loop.
@@ -287,11 +293,41 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
     return job
 
 
-class HealthHandler(BaseHandler):
+class ProvingHandler(BaseHandler):
+    """A route whose every answer (a 401 too) proves the launcher to whoever sent a nonce
+    (identity.py): an HMAC of the request and the answer, with a key of `proof_key`."""
+
+    _request_digest: str | None = None
+
+    def proof_key(self) -> str:
+        raise NotImplementedError
+
+    def finish(self, chunk: Any = None) -> Any:
+        nonce = self.request.headers.get(identity.NONCE_HEADER)
+        if nonce and not self._finished:
+            if chunk is not None:
+                self.write(chunk)
+                chunk = None
+            if self._request_digest is None:
+                self._request_digest = identity.digest(b"".join(self._chunks))
+            self.set_header(identity.PID_HEADER, str(os.getpid()))
+            self.set_header(identity.PROOF_HEADER, identity.proof(
+                self.proof_key(), self.request.method or "GET", self.request.path, nonce[:200],
+                self._request_digest, self.get_status(), b"".join(self._write_buffer)))
+        return super().finish(chunk)
+
+
+class HealthHandler(ProvingHandler):
+    """Clients ask here first, without the token: the 401 proves the launcher with the
+    connection file's client key, and only then do they send the token."""
+
+    def proof_key(self) -> str:
+        return self.launcher.client_key
+
     def get(self) -> None:
         ingest = self.launcher.ingest
         self.reply({"ok": True, "pid": os.getpid(), "version": __version__,
-                    "started": self.launcher.started,
+                    "started": self.launcher.started, "warnings": self.launcher.warnings,
                     "ingest": {"pid": ingest.process.pid if ingest.process else None,
                                "starts": ingest.starts}})
 
@@ -442,14 +478,24 @@ def resume_job(launcher: Launcher, row, step: int | None) -> None:
 ACTION_BODIES = {"stop": bodies.STOP, "resume": bodies.RESUME, "clone": bodies.EMPTY}
 
 
-class ReportHandler(BaseHandler):
+class ReportHandler(ProvingHandler):
     body_limit = REPORT_LIMIT
 
     def prepare(self) -> None:
         # The token is checked in post (the job's own token is accepted here too); the size now.
         self.check_body_size()
 
+    def proof_key(self) -> str:
+        # The key the job's ranks hold (supervisor.py puts it in their environment).
+        return identity.job_key(self.launcher.secret, self.path_args[0] if self.path_args else "")
+
     async def post(self, ref: str) -> None:
+        body = b"".join(self._chunks)
+        hashing = None
+        if self.request.headers.get(identity.NONCE_HEADER) and len(body) > 1 << 16:
+            # A node's batch of megabytes is hashed beside the ingest worker, off the loop
+            # (hashlib lets go of the GIL).
+            hashing = asyncio.get_running_loop().run_in_executor(None, identity.digest, body)
         row = self.store.report_row(ref)
         token = self.presented_token()
         if row is None:
@@ -458,8 +504,9 @@ class ReportHandler(BaseHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"],
-                                                         b"".join(self._chunks))
+        status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"], body)
+        if hashing is not None:
+            self._request_digest = await hashing
         if status != 200:
             self.fail(status, sent)
         if sent["stale"]:

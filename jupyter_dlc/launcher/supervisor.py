@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Any
 
-from .. import layout, paths
+from .. import identity, layout, paths
 from ..backends import (
     AttemptContext,
     SubmitError,
@@ -117,6 +117,8 @@ class Supervisor(threading.Thread):
         self.data_dir = data_dir
         self.url = url  # the launcher's advertised URL: what ranks report to
         self.ca_file = ca_file  # what ranks trust for an https launcher
+        # The data dir's identity: each job's ranks get their job's key (identity.py).
+        self.secret = identity.launcher_secret(data_dir)
         self.tick_seconds = tick
         self.wake = threading.Event()
         self.stopped = threading.Event()
@@ -309,6 +311,7 @@ class Supervisor(threading.Thread):
             "DLC_JOB_ID": row["id"], "DLC_JOB_NAME": row["name"], "DLC_ATTEMPT": str(attempt),
             "DLC_NNODES": str(spec.nodes), "DLC_NPROC_PER_NODE": str(spec.nproc_per_node),
             "DLC_LAUNCHER_URL": self.url, "DLC_TOKEN": token, "DLC_JOB_DIR": job_dir,
+            identity.KEY_ENV: identity.job_key(self.secret, row["id"]),
             "DLC_ATTEMPT_DIR": attempt_dir, "DLC_CHECKPOINT_DIR": checkpoint_dir,
             "DLC_RESUME_PATH": resume or "", "EASYCKPT_RESUME_PATH": resume or "",
             "DLC_HEARTBEAT_INTERVAL": f"{spec.heartbeat_interval:g}",

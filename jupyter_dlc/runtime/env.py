@@ -7,6 +7,8 @@ launcher) simply sees a world of one with reporting off.
 import os
 from dataclasses import dataclass
 
+from ..identity import KEY_ENV
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -22,6 +24,7 @@ class RankInfo:
     nnodes: int
     launcher_url: str
     token: str
+    proof_key: str      # checks the launcher's answers (jupyter_dlc/identity.py); "": none
     job_dir: str
     checkpoint_dir: str
     resume_path: str
@@ -64,6 +67,7 @@ def rank_info():
         nnodes=_int("DLC_NNODES", 1),
         launcher_url=os.environ.get("DLC_LAUNCHER_URL", "").rstrip("/"),
         token=os.environ.get("DLC_TOKEN", ""),
+        proof_key=os.environ.get(KEY_ENV, ""),
         job_dir=os.environ.get("DLC_JOB_DIR", ""),
         checkpoint_dir=os.environ.get("DLC_CHECKPOINT_DIR", ""),
         resume_path=(os.environ.get("DLC_RESUME_PATH")

@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 
+from .. import identity
 from . import control, system
 from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced, phase_shift
 from .env import rank_info
@@ -95,6 +95,7 @@ class Reporter:
     def __init__(self, info, on_commands, capacity=20000):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
+        self.key = info.proof_key or None  # None: a launcher that proves nothing (older)
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
         self.own_interval = self.batch_interval = batch_interval(info.world_size)
@@ -115,6 +116,7 @@ class Reporter:
         self._sending = False
         self._warned_drop = False
         self._warned_status = set()
+        self._warned_impostor = set()
         self._failures = 0
         self._thread = threading.Thread(target=self._run, name="dlc-reporter", daemon=True)
         self._thread.start()
@@ -258,21 +260,14 @@ class Reporter:
         """DELIVERED, REFUSED, RETRY, or None when nothing listens at `url`. A node reporter
         (`node`) answers well within HTTP_TIMEOUT whatever the launcher does (503 after its
         own FORWARD_TIMEOUT): one that does not is stuck (stopped, deadlocked), and counts as
-        gone too, or its ranks' heartbeats would stall with it."""
-        request = urllib.request.Request(
-            url, data=data, method="POST",
-            headers={"Content-Type": "application/json",
-                     "Authorization": f"token {self.token}"})
+        gone too, or its ranks' heartbeats would stall with it. An answer that does not prove
+        the launcher (identity.py) is no answer: whatever took the port after the launcher
+        (or the node reporter) died gets no say over this rank, and its batch is kept."""
+        headers = {"Content-Type": "application/json", "Authorization": f"token {self.token}"}
         try:
             # A node reporter may hold the request up to MAX_PACE to keep the launcher's pace.
             timeout = HTTP_TIMEOUT + (MAX_PACE if node else 0.0)
-            with urllib.request.urlopen(request, timeout=timeout, context=self.tls) as response:
-                answer = json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
-                self._warn_refused(error)
-                return REFUSED
-            return RETRY
+            answer = identity.exchange(url, "POST", data, headers, self.key, timeout, self.tls)
         except urllib.error.URLError as error:
             gone = isinstance(error.reason, ConnectionRefusedError) or \
                 (node and isinstance(error.reason, TimeoutError))
@@ -285,14 +280,26 @@ class Reporter:
             # Connection reset, timeout, half-written answer: the launcher is down or
             # restarting; keep the batch and retry.
             return RETRY
+        if not answer.proven:
+            self._warn_impostor(url)
+            return None if node else RETRY
+        if answer.status >= 300:
+            if answer.status < 500 and answer.status not in _RETRYABLE_CLIENT_ERRORS:
+                self._warn_refused(answer)
+                return REFUSED
+            return RETRY
+        try:
+            reply = json.loads(answer.body or b"{}")
+        except ValueError:
+            return RETRY
         self.reports_sent += 1
-        if not node and isinstance(answer, dict):
+        if not node and isinstance(reply, dict):
             # The launcher's pace (launcher/pacing.py) when it asks for a slower one than ours;
             # through a node reporter, that process keeps it for the node.
-            pace = max(self.own_interval, paced(answer, MAX_PACE))
+            pace = max(self.own_interval, paced(reply, MAX_PACE))
             self._shift += phase_shift(self.batch_interval, pace)
             self.batch_interval = pace
-        commands = answer.get("commands") if isinstance(answer, dict) else None
+        commands = reply.get("commands") if isinstance(reply, dict) else None
         if commands:
             self.on_commands(commands)
         return DELIVERED
@@ -300,11 +307,18 @@ class Reporter:
     def _note(self, message):
         print(f"jupyter_dlc: {message}", file=sys.stderr, flush=True)
 
-    def _warn_refused(self, error):
-        if error.code not in self._warned_status:
-            self._warned_status.add(error.code)
-            detail = error.read(300).decode(errors="replace").strip()
-            self._note(f"launcher refused a report ({error.code}), dropped: {detail}")
+    def _warn_refused(self, answer):
+        if answer.status not in self._warned_status:
+            self._warned_status.add(answer.status)
+            detail = answer.body[:300].decode(errors="replace").strip()
+            self._note(f"launcher refused a report ({answer.status}), dropped: {detail}")
+
+    def _warn_impostor(self, url):
+        if url not in self._warned_impostor:
+            self._warned_impostor.add(url)
+            self._note(f"{url} is answered by something that cannot prove it is this job's "
+                       "launcher; its answers are ignored and the reports kept until the "
+                       "launcher answers again")
 
 
 def _plain(value):
@@ -339,10 +353,8 @@ def send_events_now(events, timeout):
         return False
     body = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
             "pid": os.getpid(), "t": time.time(), "events": stamped}
-    request = urllib.request.Request(
-        f"{info.launcher_url}/api/jobs/{info.job_id}/report",
-        data=json.dumps(body, allow_nan=False, default=_plain).encode(), method="POST",
-        headers={"Content-Type": "application/json", "Authorization": f"token {info.token}"})
+    data = json.dumps(body, allow_nan=False, default=_plain).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"token {info.token}"}
     deadline = time.monotonic() + timeout
     pause = 0.1
     while True:
@@ -350,15 +362,19 @@ def send_events_now(events, timeout):
         if left <= 0:
             return False
         try:
-            with urllib.request.urlopen(request, timeout=min(HTTP_TIMEOUT, left)):
+            answer = identity.exchange(f"{info.launcher_url}/api/jobs/{info.job_id}/report", "POST",
+                                       data, headers, info.proof_key or None,
+                                       min(HTTP_TIMEOUT, left), launcher_tls())
+        except (OSError, ValueError):
+            answer = None  # down or restarting: try again until the deadline
+        # An answer that does not prove the launcher counts as none (Reporter._send).
+        if answer is not None and answer.proven:
+            if answer.status < 300:
                 return True
-        except urllib.error.HTTPError as error:
-            if error.code < 500 and error.code not in _RETRYABLE_CLIENT_ERRORS:
-                print(f"jupyter_dlc: launcher refused this rank's records ({error.code})",
+            if answer.status < 500 and answer.status not in _RETRYABLE_CLIENT_ERRORS:
+                print(f"jupyter_dlc: launcher refused this rank's records ({answer.status})",
                       file=sys.stderr, flush=True)
                 return False
-        except (OSError, ValueError):
-            pass  # down or restarting: try again until the deadline
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(1.0, pause * 2)
 

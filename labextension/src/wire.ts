@@ -503,6 +503,7 @@ export interface components {
         Events: {
             events: components["schemas"]["Event"][];
         };
+        /** @description Asked with a nonce in `X-DLC-Nonce`, every answer of this route (a 401 without the token too) carries `X-DLC-Proof`, which proves the launcher with its connection file's `identity` key (jupyter_dlc/identity.py); clients check it before they send the token. Report answers prove the job's key the same way. */
         Health: {
             /** @description the process that parses and stores rank reports (launcher/ingest_worker.py); `starts` counts its restarts too */
             ingest: {
@@ -513,6 +514,8 @@ export interface components {
             pid: number;
             started: number;
             version: string;
+            /** @description what the launcher found wrong at its start, one line each (job directories its store has no record of; a port it could not get back) */
+            warnings?: string[];
         };
         JobDetail: components["schemas"]["JobSummary"] & {
             attempts: components["schemas"]["Attempt"][];

@@ -706,6 +706,7 @@ export interface components {
             }[];
             node?: number | null;
             pid?: number | null;
+            /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */
             rank?: number;
             ranks?: ({
                 attempt?: number | null;
@@ -743,6 +744,7 @@ export interface components {
                 }[];
                 node?: number | null;
                 pid?: number | null;
+                /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */
                 rank?: number;
                 system?: {
                     device?: string | null;
@@ -839,6 +841,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     submitJob: {
@@ -883,6 +894,15 @@ export interface operations {
             };
             /** @description Body over this route's size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -947,6 +967,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     deleteJob: {
@@ -995,6 +1024,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobAlerts: {
@@ -1036,6 +1074,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobCheckpoints: {
@@ -1070,6 +1117,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1140,6 +1196,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobDiagnosis: {
@@ -1174,6 +1239,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1227,6 +1301,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1293,6 +1376,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobMetrics: {
@@ -1343,6 +1435,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1407,6 +1508,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     report: {
@@ -1463,6 +1573,15 @@ export interface operations {
             };
             /** @description Body over this route's size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1551,6 +1670,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobScript: {
@@ -1585,6 +1713,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1664,6 +1801,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     openapi: {
@@ -1693,6 +1839,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     listPools: {
@@ -1715,6 +1870,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1773,6 +1937,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     poolDown: {
@@ -1824,6 +1997,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     releasePool: {
@@ -1865,6 +2047,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     stream: {
@@ -1887,6 +2078,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1923,6 +2123,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     prometheus: {
@@ -1945,6 +2154,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };

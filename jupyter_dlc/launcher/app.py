@@ -303,10 +303,11 @@ class JobHandler(BaseHandler):
         rank_page = None
         order = self.get_query_argument("rank_sort", None)
         page = self.int_arg("rank_page", None, 0, 1 << 30)
+        size = self.int_arg("rank_page_size", 50, 1, 1000)  # checked even where unused, as every argument
         if order is not None or page is not None:
             if order is not None and order not in RANK_ORDERS:
                 self.fail(400, f"rank_sort: expected one of {', '.join(RANK_ORDERS)}, got {show(order)}")
-            rank_page = (order or "rank", page or 0, self.int_arg("rank_page_size", 50, 1, 1000))
+            rank_page = (order or "rank", page or 0, size)
         await self.reply_off_loop(lambda: job_detail(self.store, row, rank_page))
 
     async def delete(self, ref: str) -> None:

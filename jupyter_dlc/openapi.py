@@ -346,6 +346,14 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 
 
+# Any route: a request line (path and query) past the launcher's limit (app.REQUEST_LINE_LIMIT).
+for _operations in PATHS.values():
+    for _method, _operation in _operations.items():
+        if _method != "parameters":
+            _operation["responses"]["414"] = _json("Error", "Request line (path and query) over "
+                                                            "the launcher's limit")
+
+
 def document() -> dict:
     """The OpenAPI 3.1 document (a fresh copy: callers may change it)."""
     return copy.deepcopy({

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,10 @@ MAX_CODE = 4 << 20
 MAX_LIST = 1024
 MAX_ENV_VARS = 1024
 MAX_ENV_BYTES = 256 << 10
+MAX_MEMORY_MB = 1 << 30  # a node's memory: 1 PiB, in megabytes
+# The largest finite double: a JSON integer past it (10**400) is no number a view, JavaScript
+# or SQLite's REAL can hold (float() of it overflows).
+DOUBLE_MAX = sys.float_info.max
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -51,7 +56,8 @@ class SpecError(ValueError):
     """A one-line, user-facing error: `field: what is wrong; how to fix it`."""
 
     def __init__(self, field_name: str, message: str):
-        field_name = show(field_name)[1:-1] if len(field_name) > 60 or "\n" in field_name else field_name
+        if len(field_name) > 60 or "\n" in field_name or not_unicode(field_name):
+            field_name = show(field_name)[1:-1]  # cut short, escaped: the message is one line of text
         self.field = field_name
         super().__init__(f"{field_name}: {message}")
 
@@ -77,11 +83,15 @@ def parse_duration(value: Any, field_name: str) -> float:
 
 
 def parse_memory_mb(value: Any, field_name: str) -> int:
-    """Megabytes from 2000 (MB), "2000M", "16G", "1T"."""
-    match = re.match(r"^\s*(\d+)\s*([MGT]?)B?\s*$", str(value), re.IGNORECASE) if not isinstance(value, bool) else None
+    """Megabytes from 2000 (MB), "2000M", "16G", "1T"; at most MAX_MEMORY_MB."""
+    text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    match = re.match(r"^\s*(\d+)\s*([MGT]?)B?\s*$", text, re.IGNORECASE) if len(text) <= 40 else None
     if not match or int(match.group(1)) <= 0:
-        raise SpecError(field_name, f"expected a size like 16G or 2000M, got {value!r}")
-    return int(match.group(1)) * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
+        raise SpecError(field_name, f"expected a size like 16G or 2000M, got {show(value)}")
+    megabytes = int(match.group(1)) * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
+    if megabytes > MAX_MEMORY_MB:
+        raise SpecError(field_name, f"{show(value)} is more than any node has; at most {MAX_MEMORY_MB >> 20}T")
+    return megabytes
 
 
 def format_duration(seconds: float) -> str:
@@ -91,14 +101,51 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def check_text(value: Any, field_name: str, limit: int = MAX_TEXT, what: str = "a string") -> str:
-    """A string without NUL bytes (no path, argv or environment can hold one), at most `limit`."""
+# A code point of the UTF-16 surrogate range. In a Python string decoded from JSON ("\ud800")
+# or from argv (os.fsdecode's surrogateescape) one is always lone, since a valid pair decodes
+# to one character: it is no text, UTF-8 cannot encode it, and a file name, argv, environ or
+# SQLite's TEXT then raises UnicodeEncodeError wherever it arrives.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def not_unicode(value: str) -> str | None:
+    """Why `value` is not valid Unicode text (what is wrong; how to fix it), or None."""
+    if value.isascii():
+        return None
+    found = SURROGATE.search(value)
+    if found is None:
+        return None
+    return (f"holds {show(found.group())} at character {found.start()}, a lone UTF-16 surrogate, "
+            "which is not text (UTF-8 cannot encode it); send valid Unicode")
+
+
+def require_unicode(value: str, field_name: str, key: bool = False) -> None:
+    """SpecError unless `value` is valid Unicode text; `key`: it is a name in the mapping that
+    `field_name` is. The one test of text before it can reach a file, a shell or the database:
+    every text field of the spec (check_text), every request body and rank report
+    (launcher/bodies.check_unicode)."""
+    problem = not_unicode(value)
+    if problem:
+        raise SpecError(field_name, f"name {show(value)} {problem}" if key else problem)
+
+
+def is_finite(number: int | float) -> bool:
+    """A float that is finite, or an int a double holds (JSON's 1e400 reads as a float, 10**400
+    as an int): what every body and spec takes as a number."""
+    return math.isfinite(number) if type(number) is float else -DOUBLE_MAX <= number <= DOUBLE_MAX
+
+
+def check_text(value: Any, field_name: str, limit: int = MAX_TEXT, what: str = "a string",
+               key: bool = False) -> str:
+    """A string without NUL bytes (no path, argv or environment can hold one) or lone
+    surrogates (require_unicode), at most `limit`; `key`: a name in the mapping `field_name`."""
     if not isinstance(value, str):
         raise SpecError(field_name, f"expected {what}, got {show(value)}")
     if "\0" in value:
         raise SpecError(field_name, "contains a NUL byte, which no path, argument or variable can hold")
     if len(value) > limit:
         raise SpecError(field_name, f"is {len(value)} characters long; at most {limit} are allowed")
+    require_unicode(value, field_name, key)
     return value
 
 
@@ -122,6 +169,8 @@ def parse_env(items: list[str] | dict[str, Any] | None, field_name: str = "env")
         raise SpecError(field_name, f"{len(items)} variables; at most {MAX_ENV_VARS} are allowed")
     env = {}
     for key, value in pairs:
+        if isinstance(key, str):
+            require_unicode(key, field_name, key=True)
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise SpecError(field_name, f"{show(key)} is not a valid variable name")
         if key in RENDEZVOUS_VARS:
@@ -256,7 +305,7 @@ def _text_map(value: Any, name: str) -> dict[str, Any]:
     if len(value) > MAX_LIST:
         raise SpecError(name, f"{len(value)} entries; at most {MAX_LIST} are allowed")
     for key, item in value.items():
-        check_text(key, name, 255, "a name")
+        check_text(key, name, 255, "a name", key=True)
         if item is not None:
             check_text(item, f"{name}.{key}", MAX_PATH)
     return value
@@ -266,7 +315,7 @@ def _scalar(value: Any, name: str) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
+        if not is_finite(value):
             raise SpecError(name, f"expected a finite number, got {show(value)}")
         return value
     return check_text(value, name, MAX_PATH, "a string, number, true, false or null")
@@ -279,7 +328,7 @@ def _source_map(value: Any, name: str) -> dict[str, Any]:
     if len(value) > 64:
         raise SpecError(name, f"{len(value)} entries; at most 64 are allowed")
     for key, item in value.items():
-        check_text(key, name, 255, "a name")
+        check_text(key, name, 255, "a name", key=True)
         if isinstance(item, list):
             if len(item) > 100_000:
                 raise SpecError(f"{name}.{key}", f"{len(item)} items; at most 100000 are allowed")
@@ -296,7 +345,8 @@ def _source_map(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-_SCALAR_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_PATH}, {"type": "number"},
+FINITE_SCHEMA = {"type": "number", "minimum": -DOUBLE_MAX, "maximum": DOUBLE_MAX}
+_SCALAR_SCHEMA = {"anyOf": [{"type": "string", "maxLength": MAX_PATH}, FINITE_SCHEMA,
                             {"type": "boolean"}, {"type": "null"}]}
 _SOURCE_SCHEMA = {"type": "object", "maxProperties": 64, "additionalProperties": {"anyOf": [
     _SCALAR_SCHEMA, {"type": "array", "maxItems": 100_000, "items": {"anyOf": [
@@ -321,7 +371,7 @@ def _resources(value: Any, name: str) -> dict[str, int]:
         elif key in ("memory", "memory_mb"):
             resources["memory_mb"] = parse_memory_mb(item, f"{name}.{key}")
         else:
-            raise SpecError(f"{name}.{check_text(key, name, 40, 'a name')}",
+            raise SpecError(f"{name}.{check_text(key, name, 40, 'a name', key=True)}",
                             "unknown resource; use gpus, cpus or memory")
     return resources
 
@@ -340,7 +390,7 @@ _RESOURCES_SCHEMA = {"type": "object", "additionalProperties": False, "propertie
     "cpus": {"type": ["integer", "null"], "minimum": 1, "maximum": 4096},
     "memory": {"type": ["string", "integer", "null"], "maxLength": 20,
                "description": "a size like 16G or 2000M (megabytes when a bare number)"},
-    "memory_mb": {"type": ["integer", "null"], "minimum": 1}}}
+    "memory_mb": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_MEMORY_MB}}}
 
 
 SPEC_FIELDS: dict[str, FieldRule] = {

@@ -8,6 +8,8 @@ import base64
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -77,6 +79,8 @@ SPEC_CASES = [
     ({"source": {"lines": [list(range(17))]}}, "source.lines[0]: 17 items; at most 16"),
     ({"name": "job\n"}, "name: 'job\\n': use letters"),
     ({"name": "x" * (1 << 20)}, "name: is 1048576 characters long"),
+    ({"args": ["a\u0000b"]}, "args[0]: contains a NUL byte"),
+    ({"workdir": "/tmp/a\u0000b"}, "workdir: contains a NUL byte"),
     ({"checkpoint_dir": "relative/ckpt"}, "checkpoint_dir: 'relative/ckpt' is relative"),
     ({"workdir": "../up"}, "workdir: '../up' is relative"),
 ]
@@ -300,3 +304,184 @@ def test_cli_and_magic_options_resolve_relative_paths(tmp_path, monkeypatch):
 def test_a_long_job_ref_is_not_echoed_back(api, method, suffix):
     status, text = raw(api, method, f"/api/jobs/{'x' * 20000}{suffix}", b"{}" if method == "POST" else None)
     one_line_error(status, text, 404, "job")
+
+
+# -- text that is not valid Unicode, and numbers out of range (issue 26, items 9 and 10) ----
+# JSON can carry a lone UTF-16 surrogate ("\ud800"); no file name, argv, environ or SQLite
+# TEXT can: it answered 500 (code) or was taken and broke later (env, args: PREFLIGHT forever).
+
+SURROGATE = "lone UTF-16 surrogate"
+SURROGATE_SPECS = [
+    # (the spec, the field the error must start with)
+    ({"code": "print(1)  # \ud800"}, "code"),
+    ({"env": {"A": "\ud800"}}, "env.A"),
+    ({"env": {"\ud800": "x"}}, "env: name"),
+    ({"env": ["A=x\udfff"]}, "env[0]"),
+    ({"args": ["--lr", "\udfff"]}, "args[1]"),
+    ({"name": "job\ud800"}, "name"),
+    ({"script": "/tmp/train\ud800.py"}, "script"),
+    ({"workdir": "/tmp/\udcff"}, "workdir"),
+    ({"checkpoint_dir": "/tmp/ckpt\ud800"}, "checkpoint_dir"),
+    ({"python": "/usr/bin/python3\ud800"}, "python"),
+    ({"alerts": ["loss > 1 -> stop \ud800"]}, "alerts[0]"),
+    ({"files": {"\ud800": "/tmp/x"}}, "files: name"),
+    ({"source": {"kind": "cli", "path": "/tmp/\ud800"}}, "source.path"),
+    ({"cluster": "\ud800"}, "cluster"),
+    ({"resources": {"\ud800": 1}}, "resources: name"),
+]
+
+
+@pytest.mark.parametrize("extra,field", SURROGATE_SPECS, ids=[c[1] for c in SURROGATE_SPECS])
+def test_a_lone_surrogate_in_a_spec_is_a_400_naming_the_field(api, extra, field):
+    from jupyter_dlc.client import LauncherClient
+    from jupyter_dlc.spec import SpecError
+
+    spec = extra if "code" in extra or "script" in extra else {"script": api.quick, **extra}
+    before = job_dirs(api), api.client.jobs()
+    message = one_line_error(*post(api, "/api/jobs", spec), 400, field)
+    assert SURROGATE in message and "\\u" in message, message  # shown escaped, as text
+    assert (job_dirs(api), api.client.jobs()) == before
+    # The client says the same before the POST (the CLI and %%dlc build specs with it).
+    with pytest.raises(SpecError, match=SURROGATE):
+        LauncherClient.submit(api.client, spec)
+
+
+def test_the_cli_refuses_text_that_is_not_unicode_before_the_post(api):
+    """Bytes that are not UTF-8 on the command line (a file name's, a pasted value's) reach
+    Python as lone surrogates (surrogateescape): `jupyter-dlc run` names the field and
+    submits nothing."""
+    before = api.client.jobs()
+    result = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "run", api.quick,
+                             "--env", b"A=\xff", "--", b"--lr=\xfe"],
+                            capture_output=True, timeout=120)
+    error = result.stderr.decode(errors="replace")
+    assert result.returncode == 2, (result.returncode, error[-500:])
+    assert "env.A: holds '\\udcff' at character 0, a lone UTF-16 surrogate" in error, error
+    assert api.client.jobs() == before
+
+
+def test_surrogate_bytes_in_a_body_are_a_400(api):
+    """UTF-8-encoded surrogates (CESU-8) are no UTF-8 either; json's reader took them."""
+    before = job_dirs(api)
+    body = b'{"code": "print(1)  # \xed\xa0\x80"}'
+    message = one_line_error(*raw(api, "POST", "/api/jobs", body), 400, "code")
+    assert SURROGATE in message
+    assert job_dirs(api) == before
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("/api/jobs/{id}/stop", {"grace": 1, "\ud800": 1}, "body: name"),
+    ("/api/jobs/{id}/resume", {"step": None, "\udfff": 1}, "body: name"),
+    ("/api/jobs/{id}/clone", {"x\ud800": 1}, "body: name"),
+    ("/api/pools", {"nodes": 1, "nproc_per_node": 1, "cluster": "\ud800"}, "cluster"),
+    ("/api/pools/down", {"cluster": "a\ud800"}, "cluster"),
+    ("/api/jobs/{id}/report", {"rank": 0, "events": [{"type": "x", "note": "\ud800"}]},
+     "events[0].note"),
+    ("/api/jobs/{id}/report", {"rank": 0, "system": [{"device": "gpu\ud800", "values": {}}]},
+     "system[0].device"),
+], ids=["stop", "resume", "clone", "pool-up", "pool-down", "report-event", "report-device"])
+def test_a_lone_surrogate_is_a_400_in_every_post_body(api, path, body, field):
+    before = api.client.events(api.job["id"]), api.client.pools()
+    message = one_line_error(*post(api, path.format(id=api.job["id"]), body), 400, field)
+    assert SURROGATE in message, message
+    assert (api.client.events(api.job["id"]), api.client.pools()) == before
+
+
+def _stored(api) -> tuple:
+    """What a refused report must leave as it was: the job's points, events and ranks."""
+    job = api.client.job(api.job["id"])
+    return (api.client.metrics(api.job["id"])["last_seq"], api.client.events(api.job["id"]),
+            job["last_step"], [(r["rank"], r["last_step"]) for r in job["ranks"]])
+
+
+def _entry(step=1, **values):
+    return {"t": time.time(), "step": step, "values": values or {"loss": 0.5}}
+
+
+BIG = 10**400  # json writes it as digits: no double holds it (it was stored as null)
+BAD_REPORTS = [
+    # (the body, what the error must start with, what it must say)
+    ({"rank": 0, "metrics": [_entry(**{"\ud800": 1.0})]}, "metrics[0].values: name", SURROGATE),
+    ({"node": 0, "ranks": [{"rank": 0, "metrics": [_entry()]},
+                           {"rank": 1, "metrics": [_entry(**{"loss\udfff": 1.0})]}]},
+     "ranks[1].metrics[0].values: name", SURROGATE),
+    ({"rank": 1000000}, "rank: rank 1000000 does not exist in a world of 4", "ranks 0-3"),
+    ({"rank": 4, "metrics": [_entry()]}, "rank: rank 4 does not exist", "world of 4"),
+    ({"node": 0, "ranks": [{"rank": 0, "metrics": [_entry()]}, {"rank": 1000000}]},
+     "ranks[1].rank: rank 1000000 does not exist", "world of 4"),
+    ({"rank": 0, "metrics": [_entry(step=2**63 - 1)]}, "metrics[0].step", "9007199254740992"),
+    ({"rank": 0, "metrics": [_entry(step=2**53 + 1)]}, "metrics[0].step", "out of range"),
+    ({"rank": 0, "metrics": [_entry(loss=BIG)]}, "metrics[0].values.loss", "finite number"),
+    ({"rank": 0, "metrics": [_entry(loss=0.5, acc=-BIG)]}, "metrics[0].values.acc", "finite number"),
+    ({"node": 0, "ranks": [{"rank": 0, "metrics": [_entry()]},
+                           {"rank": 2, "metrics": [_entry(loss=BIG)]}]},
+     "ranks[1].metrics[0].values.loss", "finite number"),
+    ({"rank": 0, "system": [{"t": time.time(), "device": "cpu", "values": {"cpu_util": BIG}}]},
+     "system[0].values.cpu_util", "finite number"),
+    ({"rank": 0, "events": [{"type": "checkpoint", "step": 3, "seconds": BIG}]},
+     "events[0].seconds", "finite number"),
+    ({"rank": 0, "events": [{"type": "nan", "step": 2**63 - 1}]}, "events[0].step", "out of range"),
+]
+
+
+@pytest.mark.parametrize("body,start,says", BAD_REPORTS,
+                         ids=[f"{c[1].split(':')[0]}-{i}" for i, c in enumerate(BAD_REPORTS)])
+def test_reports_out_of_text_or_range_are_a_400_and_store_nothing(api, body, start, says):
+    """Checked in the ingest worker where every report is; one bad entry refuses the batch."""
+    before = _stored(api)
+    message = one_line_error(*post(api, f"/api/jobs/{api.job['id']}/report", body), 400,
+                             start.split(":")[0])
+    assert message.startswith(start) and says in message, message
+    assert len(message) < 300, message  # 10**400 is not echoed back whole
+    assert _stored(api) == before
+
+
+def test_a_request_line_over_64kb_is_answered(api):
+    """Past tornado's 64 KiB of request line and headers the connection was closed without an
+    answer: a long but legal query is answered now, and one past the limit is a 414."""
+    status, text = raw(api, "GET", f"/api/jobs/{api.job['id']}/metrics?since=0&pad={'x' * (70 << 10)}")
+    assert status == 200 and "last_seq" in json.loads(text), (status, text[:200])
+    from jupyter_dlc.launcher.app import REQUEST_LINE_LIMIT
+
+    status, text = raw(api, "GET", f"/api/jobs/{api.job['id']}/events?pad={'x' * REQUEST_LINE_LIMIT}")
+    message = one_line_error(status, text, 414, "query")
+    assert str(REQUEST_LINE_LIMIT) in message
+    wait_for(api.client.alive, 30, what="the launcher serving on")  # /healthz waits 2 s at most
+
+
+def test_a_token_that_is_not_ascii_is_a_401(api):
+    """compare_digest refuses str with non-ASCII characters: that was a 500 on every route."""
+    for path in ("/api/jobs", f"/api/jobs/{api.job['id']}/report"):
+        status, text = raw(api, "POST" if path.endswith("report") else "GET", path,
+                           b"{}" if path.endswith("report") else None,
+                           headers={"Authorization": "token t\u00e9"})
+        one_line_error(status, text, 401, "token")
+    status, text = raw(api, "GET", "/api/jobs?token=%C3%A9", headers={"Authorization": ""})
+    one_line_error(status, text, 401, "token")
+
+
+def test_a_job_runs_and_keeps_its_points_after_refused_input(api):
+    """After every refusal above: what was stored is all there, and a new job that logs
+    (through its node reporter's batches, with a name that is not ASCII) runs and is stored."""
+    good = {"rank": 0, "metrics": [_entry(step=5, **{"loss": 0.25, "d\u00e9bit": 2.0})]}
+    status, text = post(api, f"/api/jobs/{api.job['id']}/report", good)
+    assert status == 200, text
+    kept = api.client.metrics(api.job["id"])
+    for body, _start, _says in BAD_REPORTS:
+        assert post(api, f"/api/jobs/{api.job['id']}/report", body)[0] == 400
+    assert api.client.metrics(api.job["id"]) == kept
+    assert {(p["name"], p["step"]) for p in kept["points"]} >= {("loss", 5), ("d\u00e9bit", 5)}
+
+    script = api.script("logs.py", """
+        from jupyter_dlc import runtime
+        runtime.init()
+        for step in range(1, 4):
+            runtime.log(step, loss=1.0 / step, d\u00e9bit=float(step))
+    """)
+    job = api.client.wait(api.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
+                                             "max_restarts": 0})["id"], timeout=180)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    points = api.client.metrics(job["id"])["points"]
+    assert {(p["rank"], p["name"], p["step"]) for p in points} >= {
+        (rank, name, step) for rank in (0, 1) for name in ("loss", "d\u00e9bit") for step in (1, 2, 3)}
+    assert job["last_step"] == 3

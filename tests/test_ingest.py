@@ -53,6 +53,21 @@ def ended_job(launcher, nproc: int = 2) -> dict:
     return launcher.client.wait(job["id"], timeout=120)
 
 
+def ended_world(launcher, monkeypatch, nodes: int, nproc: int) -> dict:
+    """An ended job of nodes x nproc ranks that started no process (its workdir does not
+    exist, so its preflight fails), for reports of more ranks than this machine runs: the
+    launcher refuses a rank outside the job's world. The launcher is restarted with the
+    process slots such a submit needs."""
+    monkeypatch.setenv("DLC_PROCESS_SLOTS", str(nodes * nproc))
+    launcher.restart()
+    script = launcher.script("quick.py", "print('hello')\n")
+    job = launcher.client.submit({"script": script, "nodes": nodes, "nproc_per_node": nproc,
+                                  "workdir": os.path.join(launcher.root, "no-such-dir")})
+    job = launcher.client.wait(job["id"], timeout=120)
+    assert job["state"] == "FAILED" and "workdir" in job["reason"], job["reason"]
+    return job
+
+
 # -- retention ---------------------------------------------------------------------------
 
 def test_retention_keeps_min_max_last_and_nan_of_every_bucket(tmp_path):
@@ -107,7 +122,7 @@ def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monk
     monkeypatch.setenv("DLC_METRICS_CAP", "400")
     monkeypatch.setenv("DLC_METRICS_KEEP_LAST", "50")
     launcher.restart()  # the launcher reads the policy at start
-    job = ended_job(launcher, nproc=1)
+    job = ended_job(launcher, nproc=2)
     assert launcher.client.metrics(job["id"])["downsampled"] is None
     t0 = time.time() - 3600
     ranks = [{"rank": r, "metrics": [{"t": t0 + step, "step": step, "values": {"loss": 1.0 / (step + 1)}}
@@ -131,10 +146,10 @@ def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monk
 
 # -- node batches ------------------------------------------------------------------------
 
-def test_a_batch_larger_than_the_socket_takes_at_once_reaches_the_ingest_worker_whole(launcher):
+def test_a_batch_larger_than_the_socket_takes_at_once_reaches_the_ingest_worker_whole(launcher, monkeypatch):
     """A node batch of about 7.5 MB (under the 8 MB cap), far more than a socket buffer,
     goes to the ingest worker in pieces: every point is stored, and the launcher answers on."""
-    job = ended_job(launcher, nproc=1)
+    job = ended_world(launcher, monkeypatch, 2, 48)
     ranks = [{"rank": r, "metrics": [{"t": 1.0 + step, "step": step, "values": {"loss": step / 7.0}}
                                      for step in range(1200)]} for r in range(96)]
     body = {"node": 0, "attempt": job["attempt"], "ranks": ranks}
@@ -244,7 +259,7 @@ def test_past_its_request_budget_the_launcher_paces_each_node_reporter(launcher,
     monkeypatch.setenv("DLC_REPORT_BUDGET", "4")
     launcher.restart()  # the launcher reads its budget at start
     script = launcher.script("sleeper.py", SLEEPER)
-    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 1})
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2})
     wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
 
     def pace_from(nodes) -> float:
@@ -383,11 +398,11 @@ def assert_every_step(client, job_id: str, world: int, steps: int) -> None:
 
 # -- restart under load ------------------------------------------------------------------
 
-def load_across(launcher, disrupt, retry_status: int | None = None) -> None:
-    """4 nodes of 8 ranks report steps in a loop; `disrupt()` runs mid-load; every batch the
-    launcher acknowledged (200) must be stored. `retry_status`: an answer that means "not
-    stored, retry" during the disruption (any other non-200 fails the test)."""
-    job = ended_job(launcher)
+def load_across(launcher, job, disrupt, retry_status: int | None = None) -> None:
+    """4 nodes of 8 ranks report steps in a loop to `job` (of 32 ranks at least); `disrupt()`
+    runs mid-load; every batch the launcher acknowledged (200) must be stored. `retry_status`:
+    an answer that means "not stored, retry" during the disruption (any other non-200 fails
+    the test)."""
     acknowledged: set[tuple[int, int]] = set()
     lock = threading.Lock()
     stop = threading.Event()
@@ -435,18 +450,20 @@ def load_across(launcher, disrupt, retry_status: int | None = None) -> None:
     assert acknowledged <= stored, sorted(acknowledged - stored)[:10]
 
 
-def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher):
-    load_across(launcher, lambda: launcher.restart(kill=True))  # kill -9, a new one on the data
+def test_a_launcher_restart_under_load_loses_no_acknowledged_point(launcher, monkeypatch):
+    job = ended_world(launcher, monkeypatch, 4, 8)
+    load_across(launcher, job, lambda: launcher.restart(kill=True))  # kill -9, a new one on the data
 
 
 def ingest_worker(launcher) -> dict:
     return launcher.client.request("GET", "/healthz")[1]["ingest"]
 
 
-def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledged_point(launcher):
+def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledged_point(launcher, monkeypatch):
     """Reports are parsed and stored in a process of their own (ingest_worker.py): killed
     with -9 mid-load, the reports it held are answered 503 (a reporter retries them), a new
     one takes over, and every acknowledged point is stored."""
+    job = ended_world(launcher, monkeypatch, 4, 8)  # first: it restarts the launcher
     first = ingest_worker(launcher)
 
     def kill_worker():
@@ -454,7 +471,7 @@ def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledge
         wait_for(lambda: ingest_worker(launcher)["starts"] == first["starts"] + 1, 30,
                  what="a new ingest worker")
 
-    load_across(launcher, kill_worker, retry_status=503)
+    load_across(launcher, job, kill_worker, retry_status=503)
     assert ingest_worker(launcher)["pid"] != first["pid"]
 
 

@@ -22,7 +22,7 @@ import tornado.httpserver
 import tornado.ioloop
 
 from .. import paths
-from .app import Launcher, make_app
+from .app import HEADER_LIMIT, Launcher, make_app
 from .pacing import ReportPacer
 from .retention import RetentionPolicy
 from .storage import DiskGuard
@@ -250,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     from .alerting import attach_alerts
 
     attach_alerts(supervisor)
-    server = tornado.httpserver.HTTPServer(make_app(launcher), ssl_options=ssl_context)
+    # Past max_header_size tornado closes the connection without an answer: room for every
+    # legal request line, and a 414 from the app for longer ones (app.REQUEST_LINE_LIMIT).
+    server = tornado.httpserver.HTTPServer(make_app(launcher), ssl_options=ssl_context,
+                                           max_header_size=HEADER_LIMIT)
     server.add_sockets([sock])
     # Reports allocate millions of short-lived objects a minute: collections of the young
     # generation are made rarer, and what start-up built is frozen out of the collector, so

@@ -94,6 +94,7 @@ class Launcher:
         self.pacer = pacer or ReportPacer()
         self.actions = ThreadPoolExecutor(max_workers=ACTION_WORKERS, thread_name_prefix="dlc-actions")
         self._stops: dict[str, Future] = {}  # job -> its stop in flight (touched on the loop only)
+        self._worlds: dict[str, int] = {}
 
     def stop(self, job_id: str, grace: float | None) -> Future:
         """Queue a stop of the job to an action worker; a stop already in flight for it (one
@@ -109,6 +110,18 @@ class Launcher:
     def stop_in_flight(self, job_id: str) -> Future | None:
         future = self._stops.get(job_id)
         return future if future is not None and not future.done() else None
+
+    def world(self, job_id: str) -> int:
+        """The job's number of ranks, which its reports' ranks must be under. A spec never
+        changes, and the report route runs thousands of times a second: read once a job."""
+        world = self._worlds.get(job_id)
+        if world is None:
+            row = self.store.job_row(job_id)
+            if row is None:  # deleted meanwhile: nothing of it is stored anyway
+                return 1 << 20
+            spec = json.loads(row["spec"])
+            world = self._worlds[job_id] = spec["nodes"] * spec["nproc_per_node"]
+        return world
 
 
 def _log_failure(future: Future) -> None:
@@ -139,6 +152,13 @@ BODY_LIMIT = 64 << 10
 SUBMIT_LIMIT = 8 << 20      # a cell body of up to 4 MB, with room for JSON escaping
 REPORT_LIMIT = 8 << 20      # a rank's largest batch is under 1 MB; a node's reporter splits at 4 MB
 SEQ_MAX = 2**63 - 1         # SQLite's INTEGER range
+# The longest request line (path and query) answered: a log cursor of the largest world
+# (LogsHandler.cursor_arg: 64 + 40 bytes a rank, 1,024 nodes x 64) fits. Tornado buffers the
+# request line and headers up to its max_header_size (64 KiB by default) and closes the
+# connection without a word past it, so the server is given more (HEADER_LIMIT, __main__.py)
+# and a longer line gets a 414 here.
+REQUEST_LINE_LIMIT = 3 << 20
+HEADER_LIMIT = REQUEST_LINE_LIMIT + (1 << 20)
 
 
 @tornado.web.stream_request_body
@@ -151,8 +171,12 @@ class BaseHandler(tornado.web.RequestHandler):
         self._chunks: list[bytes] = []
         self._received = 0
 
-    def check_body_size(self) -> None:
-        """413 from the declared length; a chunked body is cut by the connection at the cap."""
+    def check_sizes(self) -> None:
+        """414 for a request line over the limit; 413 from the declared length (a chunked body
+        is cut by the connection at the cap)."""
+        if len(self.request.uri or "") > REQUEST_LINE_LIMIT:
+            self.fail(414, f"query: the request line is {len(self.request.uri or '')} bytes; at most "
+                           f"{REQUEST_LINE_LIMIT} are allowed (send fewer or shorter arguments)")
         length = self.request.headers.get("Content-Length")
         if length and (not length.isdigit() or int(length) > self.body_limit):
             self.fail(413, f"body: larger than this route's limit of {self.body_limit} bytes")
@@ -176,12 +200,14 @@ class BaseHandler(tornado.web.RequestHandler):
         return self.get_query_argument("token", "")
 
     def allowed(self, token: str) -> bool:
-        return hmac.compare_digest(token, self.launcher.token)
+        # As bytes: compare_digest refuses str with non-ASCII characters (TypeError, a 500),
+        # and a header is read as Latin-1, so a client can send any.
+        return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), self.launcher.token.encode())
 
     def prepare(self) -> None:
         if not self.allowed(self.presented_token()):
             self.fail(401, "token: missing or wrong; read it from the launcher's connection file")
-        self.check_body_size()
+        self.check_sizes()
 
     def fail(self, status: int, message: str) -> None:
         self.set_status(status)
@@ -389,10 +415,11 @@ class JobHandler(BaseHandler):
         rank_page = None
         order = self.get_query_argument("rank_sort", None)
         page = self.int_arg("rank_page", None, 0, 1 << 30)
+        size = self.int_arg("rank_page_size", 50, 1, 1000)  # checked even where unused, as every argument
         if order is not None or page is not None:
             if order is not None and order not in RANK_ORDERS:
                 self.fail(400, f"rank_sort: expected one of {', '.join(RANK_ORDERS)}, got {show(order)}")
-            rank_page = (order or "rank", page or 0, self.int_arg("rank_page_size", 50, 1, 1000))
+            rank_page = (order or "rank", page or 0, size)
         await self.reply_off_loop(lambda: job_detail(self.store, row, rank_page))
 
     async def delete(self, ref: str) -> None:
@@ -483,7 +510,7 @@ class ReportHandler(ProvingHandler):
 
     def prepare(self) -> None:
         # The token is checked in post (the job's own token is accepted here too); the size now.
-        self.check_body_size()
+        self.check_sizes()
 
     def proof_key(self) -> str:
         # The key the job's ranks hold (supervisor.py puts it in their environment).
@@ -504,7 +531,8 @@ class ReportHandler(ProvingHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
-        status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"], body)
+        status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"],
+                                                         self.launcher.world(row["id"]), body)
         if hashing is not None:
             self._request_digest = await hashing
         if status != 200:

@@ -8,14 +8,18 @@ anyOf); `check_schema_keywords` in the tests keeps it that way.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
-
 from .. import wirejson
-from ..spec import MAX_PATH, MAX_TEXT, SpecError, show
+from ..spec import (DOUBLE_MAX, FINITE_SCHEMA, MAX_PATH, MAX_TEXT, SURROGATE, SpecError, is_finite,
+                    require_unicode, show)
 
 INT64 = 2**63 - 1
+# A step is a JSON number every reader takes exactly: JavaScript's (the panel's) and a
+# double's integers end at 2^53; a step past it is no count of optimizer steps.
+STEP_MAX = 2**53
 SECONDS_MAX = 366 * 86400.0
 KNOWN_KEYWORDS = {"type", "enum", "minimum", "maximum", "exclusiveMinimum", "minLength",
                   "maxLength", "maxItems", "maxProperties", "items", "properties", "required",
@@ -26,12 +30,13 @@ def nullable(schema: dict) -> dict:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-STEP = {"type": "integer", "minimum": 0, "maximum": INT64}
+STEP = {"type": "integer", "minimum": 0, "maximum": STEP_MAX}
 TIME = {"type": "number", "minimum": 0, "maximum": 1e11, "description": "seconds since the epoch"}
 NAME = {"type": "string", "minLength": 1, "maxLength": 255}
-SCALAR = {"anyOf": [{"type": "string", "maxLength": MAX_TEXT}, {"type": "number"},
+FINITE = FINITE_SCHEMA  # a value of 10**400 was stored as null: refused, as inf is
+SCALAR = {"anyOf": [{"type": "string", "maxLength": MAX_TEXT}, FINITE,
                     {"type": "boolean"}, {"type": "null"}]}
-VALUES = {"type": "object", "maxProperties": 256, "additionalProperties": {"type": "number"},
+VALUES = {"type": "object", "maxProperties": 256, "additionalProperties": FINITE,
           "description": "metric name → finite number"}
 MAX_ENTRIES = 5000
 
@@ -39,7 +44,8 @@ RANK_REPORT: dict[str, Any] = {
     "type": "object",
     "description": "What a rank's runtime posts: identity, metric and system samples, events.",
     "properties": {
-        "rank": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
+        "rank": {"type": "integer", "minimum": 0, "maximum": 1 << 20,
+                 "description": "a rank of the job's world (0 to nodes x nproc_per_node - 1)"},
         "node": nullable({"type": "integer", "minimum": 0, "maximum": 1 << 20}),
         "attempt": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 30}),
         "pid": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 32}),
@@ -61,7 +67,7 @@ RANK_REPORT: dict[str, Any] = {
                 "path": nullable({"type": "string", "maxLength": MAX_PATH}),
                 "size": nullable({"type": "integer", "minimum": 0, "maximum": INT64}),
                 "world_size": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 20}),
-                "seconds": nullable({"type": "number", "minimum": 0}),
+                "seconds": nullable({"type": "number", "minimum": 0, "maximum": DOUBLE_MAX}),
                 "message": nullable({"type": "string", "maxLength": MAX_TEXT}),
                 "error": nullable({"type": "string", "maxLength": MAX_TEXT}),
                 # A rank's own records (`rank_start`, `rank_end`, `rank_error`; layout.py).
@@ -127,7 +133,7 @@ def check(value: Any, schema: dict, where: str) -> None:
         raise errors[0]
     kind = schema["type"]
     if isinstance(value, bool) != (kind == "boolean") or not isinstance(value, _PY_TYPES[kind]) \
-            or (kind == "number" and isinstance(value, float) and not math.isfinite(value)):
+            or (kind == "number" and not is_finite(value)):
         raise SpecError(where, f"expected {_WORDS[kind]}, got {show(value)}")
     if "enum" in schema and value not in schema["enum"]:
         raise SpecError(where, f"expected one of {', '.join(map(str, schema['enum']))}, got {show(value)}")
@@ -169,30 +175,56 @@ def _check_object(value: dict, schema: dict, where: str) -> None:
             check(item, extra, path)
 
 
-def parse_body(raw: bytes, schema: dict | None = None) -> dict:
-    """A request body: JSON, an object, checked against `schema`; SpecError otherwise."""
+def parse_body(raw: bytes, schema: dict | None = None, world: int | None = None) -> dict:
+    """A request body: JSON, an object, checked against `schema`; SpecError otherwise. Every
+    body of every route comes through here (a report through the ingest worker, with its
+    job's `world`), so none holds a string that is not valid Unicode."""
     if not raw.strip():
         raise SpecError("body", "empty; send a JSON object ({} at the least)")
     try:
         # A node's batch is megabytes a second. NaN tokens and the like are parsed (by
         # json), so that the checks below name the field, as for every body.
-        data = wirejson.loads(raw)
+        data, strict = wirejson.parse(raw)
+        if not strict:  # only json's documents can hold a lone surrogate (wirejson.parse)
+            check_unicode(data)
     except RecursionError:
         raise SpecError("body", "JSON nested too deeply") from None
+    except SpecError:
+        raise
     except ValueError:
         raise SpecError("body", "not valid JSON (UTF-8)") from None
     if schema is REPORT:
-        return check_report(data)
+        return check_report(data, world)
     return check_body(data, schema or {"type": "object"})
 
 
-def check_report(value: Any) -> dict:
-    """A report or a node batch, checked as `REPORT`. Metric and system samples are almost
-    all of a report: a fast test of their usual shape passes them, and only what it does not
-    pass goes through the generic checker (which then names the field)."""
+def check_unicode(value: Any) -> None:
+    """SpecError naming the first string or name in `value` that is not valid Unicode
+    (spec.require_unicode, as the spec's text fields). One C pass tells whether there is
+    any; only then is it looked for field by field, for the name."""
+    if not SURROGATE.search(json.dumps(value, ensure_ascii=False)):
+        return
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if type(item) is str:
+            require_unicode(item, where or "body")
+        elif type(item) is dict:
+            for key, sub in reversed(item.items()):
+                require_unicode(key, where or "body", key=True)
+                stack.append((sub, f"{where}.{key}" if where else key))
+        elif type(item) is list:
+            stack.extend((sub, f"{where}[{index}]") for index, sub in reversed(list(enumerate(item))))
+
+
+def check_report(value: Any, world: int | None = None) -> dict:
+    """A report or a node batch, checked as `REPORT`, each rank in a `world` of that many
+    ranks when it is given. Metric and system samples are almost all of a report: a fast
+    test of their usual shape passes them, and only what it does not pass goes through the
+    generic checker (which then names the field)."""
     if not isinstance(value, dict):
         raise SpecError("body", "expected a JSON object")
-    _check_rank_report(value, "")
+    _check_rank_report(value, "", world)
     ranks = value.get("ranks")
     if ranks is not None:
         if not isinstance(ranks, list) or len(ranks) > MAX_RANKS_PER_BATCH:
@@ -206,7 +238,7 @@ def check_report(value: Any) -> dict:
                 raise SpecError(f"ranks[{index}]", f"expected an object, got {show(report)}")
             if "ranks" in report:
                 raise SpecError(f"ranks[{index}].ranks", "a rank's report cannot hold ranks")
-            _check_rank_report(report, f"ranks[{index}]")
+            _check_rank_report(report, f"ranks[{index}]", world)
     return value
 
 
@@ -215,10 +247,15 @@ _IDENTITY = {"rank": (0, 1 << 20, False), "node": (0, 1 << 20, True),
              "attempt": (1, 1 << 30, True), "pid": (1, 1 << 32, True)}
 
 
-def _check_rank_report(report: dict, where: str) -> None:
+def _check_rank_report(report: dict, where: str, world: int | None) -> None:
     if not _head_ok(report):
         head = {k: v for k, v in report.items() if k not in ("metrics", "system", "ranks")}
         check(head, RANK_REPORT, where)
+    rank = report.get("rank", 0)
+    if world is not None and rank >= world:
+        # Stored, it would be a rank row no view shows and a heartbeat of nobody.
+        raise SpecError(f"{where}.rank" if where else "rank",
+                        f"rank {rank} does not exist in a world of {world} (ranks 0-{world - 1})")
     for kind, label in (("metrics", "step"), ("system", "device")):
         if kind in report and not _samples_ok(report[kind], label):
             check(report[kind], RANK_REPORT["properties"][kind], f"{where}.{kind}" if where else kind)
@@ -257,7 +294,8 @@ def _samples_ok(entries: Any, label: str) -> bool:
                     return False
                 for number in item.values():
                     kind = type(number)
-                    if not (kind is int or (kind is float and math.isfinite(number))):
+                    if not ((kind is float and math.isfinite(number))
+                            or (kind is int and -DOUBLE_MAX <= number <= DOUBLE_MAX)):
                         return False
             elif key == "t":
                 if type(item) not in (int, float) or not 0 <= item <= 1e11:
@@ -267,7 +305,7 @@ def _samples_ok(entries: Any, label: str) -> bool:
             elif item is None:
                 continue
             elif label == "step":
-                if type(item) is not int or not 0 <= item <= INT64:
+                if type(item) is not int or not 0 <= item <= STEP_MAX:
                     return False
             elif type(item) is not str or not 1 <= len(item) <= 255:
                 return False

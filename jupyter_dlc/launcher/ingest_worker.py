@@ -11,7 +11,8 @@ process, which parses and checks it (bodies.REPORT), stores it in group commits
 status and what the launcher needs for its answer. A report is still acknowledged only once
 committed.
 
-The two talk over a socket pair, in length-prefixed pickles: `(request, job, attempt, body)`
+The two talk over a socket pair, in length-prefixed pickles: `(request, job, attempt, world,
+body)`
 one way, `(request, status, payload)` the other. The launcher sends from its event loop
 without blocking it (what the socket does not take waits in a buffer, so a worker that stops
 reading cannot stall /healthz), and reads the
@@ -114,9 +115,9 @@ def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None
         except OSError:  # the launcher is gone
             os._exit(0)
 
-    def handle(request: int, job_id: str, attempt: int, raw: bytes) -> None:
+    def handle(request: int, job_id: str, attempt: int, world: int, raw: bytes) -> None:
         try:
-            report = bodies.parse_body(raw, bodies.REPORT)
+            report = bodies.parse_body(raw, bodies.REPORT, world)
         except SpecError as error:
             answer(request, 400, str(error))
             return
@@ -198,7 +199,8 @@ class IngestWorker:
         if self._loop is not None:
             self._loop.add_reader(ours.fileno(), self._on_answers, ours)
 
-    async def submit(self, job_id: str, attempt: int, raw: bytes) -> tuple[int, Any]:
+    async def submit(self, job_id: str, attempt: int, world: int, raw: bytes) -> tuple[int, Any]:
+        """Check and store a report body of a job of `world` ranks: (status, summary or error)."""
         if self._loop is None:  # the first report: the loop runs now
             self._loop = asyncio.get_running_loop()
             assert self.sock is not None
@@ -207,7 +209,7 @@ class IngestWorker:
         request = self._next
         future = self._loop.create_future()
         self._pending[request] = future
-        self._outbox += frame((request, job_id, attempt, raw))
+        self._outbox += frame((request, job_id, attempt, world, raw))
         self._flush()
         return await future
 

@@ -726,6 +726,7 @@ export interface components {
             }[];
             node?: number | null;
             pid?: number | null;
+            /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */
             rank?: number;
             ranks?: ({
                 attempt?: number | null;
@@ -763,6 +764,7 @@ export interface components {
                 }[];
                 node?: number | null;
                 pid?: number | null;
+                /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */
                 rank?: number;
                 system?: {
                     device?: string | null;
@@ -859,6 +861,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     submitJob: {
@@ -903,6 +914,15 @@ export interface operations {
             };
             /** @description Body over this route's size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -967,6 +987,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     deleteJob: {
@@ -1015,6 +1044,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobAlerts: {
@@ -1056,6 +1094,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobCheckpoints: {
@@ -1090,6 +1137,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1160,6 +1216,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobDiagnosis: {
@@ -1194,6 +1259,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1247,6 +1321,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1313,6 +1396,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobMetrics: {
@@ -1363,6 +1455,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1427,6 +1528,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     report: {
@@ -1483,6 +1593,15 @@ export interface operations {
             };
             /** @description Body over this route's size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1571,6 +1690,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     jobScript: {
@@ -1605,6 +1733,15 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1684,6 +1821,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     openapi: {
@@ -1713,6 +1859,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     listPools: {
@@ -1735,6 +1890,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1793,6 +1957,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     poolDown: {
@@ -1844,6 +2017,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     releasePool: {
@@ -1885,6 +2067,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     stream: {
@@ -1907,6 +2098,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1943,6 +2143,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
     prometheus: {
@@ -1965,6 +2174,15 @@ export interface operations {
             };
             /** @description Missing or wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };

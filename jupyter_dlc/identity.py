@@ -105,13 +105,13 @@ def exchange(url: str, method: str = "GET", data: bytes | None = None,
                                      headers={**(headers or {}), NONCE_HEADER: nonce})
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            status, body, headers = response.status, response.read(), response.headers
+            status, body, answered = response.status, response.read(), response.headers
     except urllib.error.HTTPError as error:
-        status, body, headers = error.code, error.read(), error.headers
-    pid = headers.get(PID_HEADER, "")
-    pid = int(pid) if pid.isdigit() else None
+        status, body, answered = error.code, error.read(), error.headers
+    said = answered.get(PID_HEADER) or ""
+    pid = int(said) if said.isdigit() else None
     if key is None:
         return Answer(status, body, True, pid)
     path = urllib.parse.urlsplit(url).path or "/"
     expected = proof(key, method, path, nonce, digest(data), status, body)
-    return Answer(status, body, hmac.compare_digest(expected, headers.get(PROOF_HEADER) or ""), pid)
+    return Answer(status, body, hmac.compare_digest(expected, answered.get(PROOF_HEADER) or ""), pid)

@@ -237,7 +237,9 @@ def job_processes() -> dict[tuple[str, int], list[int]]:
                 job = item[11:].decode()
             elif item.startswith(b"DLC_ATTEMPT="):
                 attempt = int(item[12:] or 0)
-        if job is not None and attempt is not None:
+        # A job id is never empty: DLC_JOB_ID="" (a user's shell, a test) names no job, and
+        # would make jobs/"" the jobs directory itself.
+        if job and attempt is not None:
             pids = found.setdefault((job, attempt), [])
             if int(entry) not in pids:
                 pids.append(int(entry))

@@ -45,6 +45,11 @@ class NotTheLauncher(LauncherUnavailable):
 PROVEN, GONE, IMPOSTOR, STALE = "proven", "gone", "impostor", "stale"
 
 
+# How long the data dir's own launcher may stay silent before a client says it is frozen:
+# longer than a busy launcher's pause, far shorter than a start's 30 s.
+FROZEN_AFTER = 8.0
+
+
 class LauncherClient:
     def __init__(self, url: str, token: str, timeout: float = 30.0, ca_file: str | None = None,
                  identity_key: str | None = None, pid: int | None = None):
@@ -114,6 +119,7 @@ class LauncherClient:
         holds the data dir. Raises, with what to do in one line, when something else answers
         on its port, or a launcher holds the data dir but cannot be used from here."""
         deadline = time.monotonic() + timeout
+        silent_since: float | None = None  # when the data dir's own launcher first did not answer
         while True:
             client = cls.from_connection_file()
             verdict = client.identify() if client is not None else GONE
@@ -131,8 +137,14 @@ class LauncherClient:
                     f"launcher: another launcher (pid {pid}) serves {data}, with its connection "
                     f"file {theirs} in another runtime directory; run with "
                     f"JUPYTER_RUNTIME_DIR={os.path.dirname(theirs)}, or stop it (kill {pid})")
-            if (client is not None and verdict == GONE and client.pid == pid) or \
-                    time.monotonic() > deadline:
+            now = time.monotonic()
+            if client is not None and verdict == GONE and client.pid == pid:
+                # Its own launcher, silent: frozen, or only busy for a moment (starting,
+                # adopting jobs on a loaded machine). Asked again for FROZEN_AFTER seconds.
+                silent_since = now if silent_since is None else silent_since
+            else:
+                silent_since = None
+            if (silent_since is not None and now - silent_since >= FROZEN_AFTER) or now > deadline:
                 where = f" at {client.url}" if client is not None else ""
                 raise LauncherUnavailable(
                     f"launcher: pid {pid} holds {data} but does not answer{where} (stopped or "

@@ -54,6 +54,9 @@ def _check_extra_name(name: str) -> None:
                           f"than {', '.join(RESERVED)}")
 
 
+EXPORTED_MARK = "DLC_EXPORTED"
+
+
 def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
     """The environment every rank gets (README, "The environment every rank gets"), as the
     `export` lines of run.sh and job.sbatch, less what talks to the launcher (its URL and
@@ -72,6 +75,10 @@ def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
         shell.export_default("EASYCKPT_RESUME_PATH", shell_word='"$DLC_RESUME_PATH"'),
         # No launcher to remove node-held checkpoint copies again: the ranks keep none.
         shell.export("DLC_NODE_COPY", "0"),
+        # The bundle carries the job's id, so a launcher on the same machine would take its
+        # processes for leftovers of that (ended) job and kill them: this marks them as not
+        # the launcher's (backends/local.py job_processes).
+        shell.export(EXPORTED_MARK, "1"),
     ]
     env = dict(network_env(spec.network))
     env.update(spec.env)  # the user's --env wins, as in the launcher

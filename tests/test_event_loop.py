@@ -23,7 +23,7 @@ import time
 
 import pytest
 from conftest import LauncherEnv, wait_for
-from test_ingest import ended_job
+from test_ingest import ended_world
 from test_jobs import SLEEPER
 from test_slurm import CLUSTER, engine_id, local_slurm, squeue_ids
 
@@ -197,9 +197,11 @@ def percentile(results: list[tuple[int, float]], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))] if ordered else float("nan")
 
 
-def test_reports_reads_and_other_jobs_actions_are_answered_while_a_submit_is_held(launcher, held, slurm):
+def test_reports_reads_and_other_jobs_actions_are_answered_while_a_submit_is_held(launcher, held, slurm,
+                                                                                 monkeypatch):
+    # The simulated ranks report to an ended job of their world (a rank outside it is a 400).
+    target = ended_world(launcher, monkeypatch, RANKS // PER_NODE, PER_NODE)
     client = launcher.client
-    target = ended_job(launcher, nproc=1)  # the simulated ranks report to it
     slow = held_submit(launcher, held)
     load, lister = RankLoad(client, target["id"]), Lister(client)
     load.start()

@@ -40,7 +40,8 @@ NASTY = ["$(touch {m}-subst)", "`touch {m}-tick`", "it's", 'say "hi"', "a}b$c", 
 # A directory name and a python file name that hold the same traps (no `/`, no newline).
 NASTY_DIR = "w d $(touch pwned-dir) `touch pwned-dtick` 'q' \"dq\" }#x"
 NASTY_PYTHON = "py thon$(touch pwned-py)`touch pwned-pytick`'q'\"dq\"}"
-LAUNCHER_ONLY = {"DLC_LAUNCHER_URL", "DLC_TOKEN"}
+# What talks to the launcher: its URL, the job token, and the key its answers must prove.
+LAUNCHER_ONLY = {"DLC_LAUNCHER_URL", "DLC_TOKEN", "DLC_LAUNCHER_PROOF"}
 
 SEEN = """\
 import json, os, sys

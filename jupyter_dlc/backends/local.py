@@ -231,6 +231,8 @@ def job_processes() -> dict[tuple[str, int], list[int]]:
             continue
         if state == b"Z" or b"DLC_JOB_ID=" not in environ:
             continue
+        if environ.startswith(b"DLC_EXPORTED=1\0") or b"\0DLC_EXPORTED=1\0" in environ:
+            continue  # an exported bundle's run (export.py): carries a job's id, is not its
         job = attempt = None
         for item in environ.split(b"\0"):
             if item.startswith(b"DLC_JOB_ID="):

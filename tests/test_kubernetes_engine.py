@@ -335,7 +335,8 @@ def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(
     wait_for(lambda: client.job(job["id"])["attempts"][0]["engine_id"] == f"TrainJob/{name}",
              what="the handle found again")
     adopted = [e for e in client.events(job["id"]) if e["type"] == "adopted"]
-    assert adopted[0]["reason"] == f"re-adopted TrainJob/{name} by its labels"
+    # The engine job's name is the attempt's (`dlc-<job>-a<N>`), which the workload also bears.
+    assert adopted[0]["reason"] == f"re-adopted TrainJob/{name} ({name})"
     assert client.job(job["id"])["state"] == "RUNNING"
     cluster.finish(name)
     wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")

@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import results  # noqa: E402
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy  # noqa: E402
 from jupyter_dlc.launcher.store import Store  # noqa: E402
 
@@ -103,7 +104,9 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=30, help="seconds of load before retention is measured")
     parser.add_argument("--seconds", type=int, default=30, help="seconds of load retention is measured over")
     parser.add_argument("--keep", type=int, default=100, help="keep_last and recent_steps")
+    results.add_argument(parser)
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     random.seed(1)
     work = tempfile.mkdtemp(prefix="dlc-bench-")
     steps = [0] * args.ranks
@@ -144,6 +147,10 @@ def main() -> None:
               f"{writer / args.seconds:.3f} s CPU; points removed so far "
               f"{store.retention_state('j')['dropped']}")
     print(f"chunks/rows CPU of storing points: {chunk_cpu / rows_cpu:.3f}")
+    if not args.no_record:
+        results.record(f"metric storage: chunks against a row per point, {args.ranks} ranks",
+                       "< 1.0x rows' CPU", f"{chunk_cpu / rows_cpu:.3f}x rows' CPU",
+                       chunk_cpu < rows_cpu, results.command_line(sys.argv), load)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import results
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100)
+    results.add_argument(parser)
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     port = free_port()
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(port)])
     os.environ.update(DLC_LAUNCHER_URL=f"http://127.0.0.1:{port}", DLC_JOB_ID="bench",
@@ -86,6 +89,10 @@ def main():
     print(f"logged step: {logged_ms:.3f} ms; {reporter.reports_sent} reports sent, "
           f"dropped {reporter.dropped}, all delivered: {delivered}")
     print(f"ratio logged/bare = {logged_ms / bare_ms:.3f}x")
+    if not args.no_record:
+        results.record("telemetry: a logged step against a bare one", "<= 1.01x",
+                       f"{logged_ms / bare_ms:.3f}x ({bare_ms:.2f} ms bare)",
+                       logged_ms / bare_ms <= 1.01, results.command_line(sys.argv), load)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A view of 4,096 ranks logging every step at 10 steps/s gets 40,000 points a second per
 metric, and draws them as one mean with a min-max band plus at most MAX_OUTLIERS ranks that
 stand out. Reading every point into the view cost the launcher most of a metrics read
-(benchmarks/RESULTS.md). So a view past MAX_RANK_LINES ranks asks for `band=1`: the
+(benchmarks/HISTORY.md). So a view past MAX_RANK_LINES ranks asks for `band=1`: the
 launcher folds the train points it reads into one row per (attempt, name, step), with the
 count, sum, min and max of the values it read and the ranks that stand out among them, and
 sends as points only those of the ranks the view names (`ranks=`, its outlier lines).

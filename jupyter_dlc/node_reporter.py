@@ -200,7 +200,7 @@ def phase_shift(before: float, after: float) -> float:
     first quarter, and queue behind each other at the launcher; spread uniformly over the
     interval they arrive one by one (a Prometheus server spreads its scrape targets the same
     way, by an offset per target). 4,096 ranks: ingest p99 226 ms bunched, see
-    benchmarks/RESULTS.md for spread."""
+    benchmarks/HISTORY.md for spread."""
     return random.uniform(0.0, after) if after > before else 0.0
 
 

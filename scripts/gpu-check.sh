@@ -2,11 +2,11 @@
 # The GPU path on one GPU machine, in at most 8 minutes: NCCL env contract (1x1), our NVML
 # sampler against nvidia-smi, the checkpoint stall against the pinned D2H floor and
 # torch.save, a forced CUDA OOM's diagnosis, and a tutorial-style DDP script (1x1) saving and
-# resuming a snapshot. One line per check; the lines are appended to benchmarks/RESULTS.md.
+# resuming a snapshot. One line per check; the lines are appended to benchmarks/HISTORY.md.
 #
 #   bash scripts/gpu-check.sh [env|sampler|checkpoint|oom|tutorial ...]
 #
-# Without a GPU it stops at once, says why, and exits 2 (RESULTS.md is left alone).
+# Without a GPU it stops at once, says why, and exits 2 (HISTORY.md is left alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -38,7 +38,7 @@ lines=$(grep '^gpu-check' "$out" || true)
   echo "\`bash scripts/gpu-check.sh $*\` (exit $status)"
   echo
   echo "$lines" | sed 's/^/- /'
-} >> benchmarks/RESULTS.md
+} >> benchmarks/HISTORY.md
 rm -f "$out"
-echo "gpu-check: results appended to benchmarks/RESULTS.md"
+echo "gpu-check: results appended to benchmarks/HISTORY.md"
 exit "$status"

@@ -4,7 +4,7 @@ Python runs one thread at a time per process. With thousands of ranks, parsing m
 reports a second and storing them, the launcher's event loop, alert rules, views' reads and
 the supervisor all waited on one interpreter: a report's answer waited behind an alert
 evaluation decoding a second of points, and a view's read behind a group commit
-(benchmarks/RESULTS.md, ingest). So the launcher keeps the HTTP side of the report route
+(benchmarks/HISTORY.md, ingest). So the launcher keeps the HTTP side of the report route
 (the token, the job's attempt, the pace, the ranks' commands) and hands each body to this
 process, which parses and checks it (bodies.REPORT), stores it in group commits
 (ingest.ReportIngest) and runs the metrics retention between commits, then answers with the

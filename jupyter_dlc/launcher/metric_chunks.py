@@ -345,7 +345,7 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
     Alerting reads every new point of the metrics its rules name twice a second: a whole
     chunk is read entry by entry, touching only the wanted values. An `is nan` rule judges
     each series by its latest point alone; at 4,096 ranks, reading all of them was most of
-    alerting's cost, a tenth of the launcher's interpreter (benchmarks/RESULTS.md)."""
+    alerting's cost, a tenth of the launcher's interpreter (benchmarks/HISTORY.md)."""
     out: list[tuple] = []
     latest = frozenset(latest) - frozenset(wanted)
     wanted = frozenset(wanted)

@@ -3,7 +3,7 @@
 A launcher's cost is mostly per point stored, but each request adds a fixed share (HTTP,
 routing, the token check, one queue hop, an answer): at 4,096 ranks on 512 nodes, each
 node's reporter sending every quarter second is 2,048 requests a second, and the same points
-sent once a second were taken at nearly twice the rate (benchmarks/RESULTS.md). So, as an
+sent once a second were taken at nearly twice the rate (benchmarks/HISTORY.md). So, as an
 OpenTelemetry batch processor or a Prometheus scrape interval does, the pace gives way to
 scale: every report answer carries `report_interval`, the seconds the sender (a node
 reporter, or a rank reporting directly) should leave between its requests. Senders are

@@ -39,7 +39,7 @@ class JobChartsModel(BokehModel):
     jupyter_bokeh sends each change as its own PATCH-DOC (3 comm messages or more). One push
     of the view changes several lines and a title, many times a second: the comm messages,
     each relayed by the Jupyter server and parsed by the page, were where the notebook's
-    logged -> drawn time went (benchmarks/RESULTS.md). Inside `with model.batch():` changes
+    logged -> drawn time went (benchmarks/HISTORY.md). Inside `with model.batch():` changes
     are collected and leave as ONE PATCH-DOC at its end, in their order. Callers hold the
     view's lock around a batch, as around every chart change, so batches never interleave.
     """

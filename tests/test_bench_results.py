@@ -1,0 +1,81 @@
+"""benchmarks/RESULTS.md is a dashboard: a benchmark rewrites its own row and appends its run
+to benchmarks/HISTORY.md (issue 25). Run here on copies of the real files, and once through a
+real benchmark (telemetry.py, a few steps against its own stand-in launcher)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import results  # noqa: E402
+
+
+@pytest.fixture
+def copies(tmp_path):
+    for name in ("RESULTS.md", "HISTORY.md"):
+        shutil.copy(BENCH / name, tmp_path / name)
+    return tmp_path / "RESULTS.md", tmp_path / "HISTORY.md"
+
+
+def test_the_real_dashboard_parses_and_every_benchmark_records_a_row():
+    rows = results.rows(BENCH / "RESULTS.md")
+    assert len({r.measure for r in rows}) == len(rows) >= 10
+    assert all(r.met in ("met", "missed", "—") and r.command.startswith("`python ") for r in rows)
+    for script in BENCH.glob("*.py"):
+        if script.name in ("common.py", "results.py"):
+            continue
+        calls = {node.func.attr for node in ast.walk(ast.parse(script.read_text()))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+        assert {"record", "add_argument"} <= calls, f"{script.name} keeps no dashboard row"
+
+
+def test_a_row_is_rewritten_in_place_and_the_run_goes_to_the_history(copies):
+    path, history = copies
+    before, notes = results.rows(path), path.read_text().split(results.END, 1)[1]
+    measure = before[2].measure
+    lines_before = len(history.read_text().splitlines())
+    results.record(measure, "<= 1x", "0.5x | with a pipe\nand a newline", True,
+                   "python benchmarks/x.py --a", 0.4, details="rep 0 0.5x",
+                   path=path, history=history)
+    after = results.rows(path)
+    assert [r.measure for r in after] == [r.measure for r in before]  # same rows, same order
+    assert after[2].latest == "0.5x | with a pipe and a newline" and after[2].met == "met"
+    assert after[:2] == before[:2] and after[3:] == before[3:]
+    assert path.read_text().split(results.END, 1)[1] == notes  # the notes are untouched
+    added = history.read_text().splitlines()[lines_before:]
+    assert any(line.startswith(f"## {measure} (") for line in added)
+    assert "rep 0 0.5x" in added
+    results.record("a new measure", "< 1 s", "0.2 s", False, "python benchmarks/y.py", 1.0,
+                   path=path, history=history)
+    assert [r.measure for r in results.rows(path)][-1] == "a new measure"
+    assert results.rows(path)[-1].met == "missed"
+
+
+def test_a_dashboard_without_its_markers_is_refused_naming_them(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# no table\n")
+    with pytest.raises(ValueError, match="no dashboard table between"):
+        results.record("m", "g", "v", True, "c", 0.0, path=path, history=tmp_path / "H.md")
+    assert path.read_text() == "# no table\n"
+
+
+def test_a_real_benchmark_rewrites_its_row(copies):
+    path, history = copies
+    env = dict(os.environ, DLC_BENCH_RESULTS_DIR=str(path.parent))
+    out = subprocess.run([sys.executable, str(BENCH / "telemetry.py"), "--blocks", "2",
+                          "--steps", "5"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].startswith("ratio logged/bare = ")  # ratio last
+    row = next(r for r in results.rows(path) if r.measure.startswith("telemetry:"))
+    assert row.command == "`python benchmarks/telemetry.py --blocks 2 --steps 5`"
+    assert row.date != "2026-12-01 (issue 25)" and row.latest.endswith(" ms bare)")
+    assert "telemetry: a logged step against a bare one" in history.read_text()
+    assert results.rows(BENCH / "RESULTS.md") != results.rows(path)  # the real one untouched

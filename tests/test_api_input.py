@@ -466,11 +466,15 @@ def test_a_job_runs_and_keeps_its_points_after_refused_input(api):
     good = {"rank": 0, "metrics": [_entry(step=5, **{"loss": 0.25, "d\u00e9bit": 2.0})]}
     status, text = post(api, f"/api/jobs/{api.job['id']}/report", good)
     assert status == 200, text
+    # A report is answered once queued; the ingest worker stores it a moment later.
+    wanted = {("loss", 5), ("d\u00e9bit", 5)}
+    wait_for(lambda: wanted <= {(p["name"], p["step"])
+                                for p in api.client.metrics(api.job["id"])["points"]},
+             30, what="the good report stored")
     kept = api.client.metrics(api.job["id"])
     for body, _start, _says in BAD_REPORTS:
         assert post(api, f"/api/jobs/{api.job['id']}/report", body)[0] == 400
     assert api.client.metrics(api.job["id"]) == kept
-    assert {(p["name"], p["step"]) for p in kept["points"]} >= {("loss", 5), ("d\u00e9bit", 5)}
 
     script = api.script("logs.py", """
         from jupyter_dlc import runtime

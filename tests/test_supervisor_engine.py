@@ -444,3 +444,12 @@ def test_a_store_from_before_the_checkpoint_dir_column_is_migrated_losing_nothin
         "FAILED", "/ck/step-5", 2, None)
     Store(path)  # opening it again changes nothing
     assert dict(store.attempt_row("j", 1)) == dict(row)
+
+
+def test_ranks_keep_node_copies_only_where_the_engine_declares_them(world, monkeypatch):
+    """DLC_NODE_COPY follows the engine's `node_copies` (it followed `standby_agents`)."""
+    world.submit()
+    assert world.supervisor.context(world.job()).env["DLC_NODE_COPY"] == "0"
+    monkeypatch.setattr(world.engine, "capabilities",
+                        lambda spec: Capabilities(standby_agents=False, node_copies=True))
+    assert world.supervisor.context(world.job()).env["DLC_NODE_COPY"] == "1"

@@ -432,7 +432,8 @@ class LocalBackend(Backend):
     outlived: set[str] = set()
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
-        return Capabilities(standby_agents=True, shared_filesystem=True, per_rank_signals=True)
+        return Capabilities(standby_agents=True, node_copies=True, warm_pools=True,
+                            shared_filesystem=True, per_rank_signals=True)
 
     def refresh(self) -> None:
         self.snapshot = job_processes()

@@ -293,8 +293,9 @@ class SlurmBackend(Backend):
     # -- what it can do, and whether it can run this at all -------------------------------
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
-        return Capabilities(standby_agents=False, shared_filesystem=shared, per_rank_signals=False,
-                            node_preflight=True)
+        # A pool's agents take their orders from the pool directory: a shared filesystem.
+        return Capabilities(standby_agents=False, warm_pools=shared, shared_filesystem=shared,
+                            per_rank_signals=False, node_preflight=True)
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)

@@ -319,7 +319,7 @@ class Supervisor(threading.Thread):
             "DLC_COLLECTIVE_TIMEOUT": f"{spec.collective_timeout:g}",
             # Node-held checkpoint copies only where this launcher can remove them again:
             # engines whose nodes are this machine (runtime/node_copy.py).
-            "DLC_NODE_COPY": "1" if get_backend(spec.backend).capabilities(spec).standby_agents else "0",
+            "DLC_NODE_COPY": "1" if get_backend(spec.backend).capabilities(spec).node_copies else "0",
         })
         if self.ca_file:
             env["DLC_LAUNCHER_CA"] = self.ca_file

@@ -50,6 +50,9 @@ RECORD_EVENTS = (RANK_START, RANK_END, RANK_ERROR, NODE_PREFLIGHT)
 # Set to "report" by an engine whose ranks do not share the launcher's job directory: the
 # bootstrap then writes no record files (the route is the only source, and the tests prove it).
 RECORDS_ENV = "DLC_RANK_RECORDS"
+# A rank's reporter retries a launcher that does not answer at most this far apart: the
+# launcher judges a rank's silence from its own start plus this (supervisor.heard).
+REPORT_MAX_BACKOFF = 5.0
 # A report event's text fields are capped (spec.MAX_TEXT); a traceback keeps its tail.
 RECORD_TEXT = 4000
 

@@ -453,3 +453,25 @@ def test_ranks_keep_node_copies_only_where_the_engine_declares_them(world, monke
     monkeypatch.setattr(world.engine, "capabilities",
                         lambda spec: Capabilities(standby_agents=False, node_copies=True))
     assert world.supervisor.context(world.job()).env["DLC_NODE_COPY"] == "1"
+
+
+def test_silence_while_no_launcher_listened_is_not_a_missed_heartbeat(world):
+    """A launcher back after a kill -9 (or started again by the user an hour later) finds
+    every rank's last heartbeat old: none could report while it was away. It judges their
+    silence from when their reporters could reach it again, so healthy jobs go on; a rank
+    that stays silent past that is still called hung."""
+    world.submit(max_restarts=0)
+    world.supervisor.tick()
+    world.engine.answer = running()
+    world.supervisor.tick()
+    assert world.job()["state"] == "RUNNING"
+    away = time.time() - 3600  # the last words before the launcher went away
+    for rank in (0, 1):  # update_rank(job, attempt, rank)
+        world.store.update_rank("job-1", 1, rank, last_heartbeat=away, last_progress=away)
+    world.supervisor.tick()  # a launcher that just started: the ranks may not have found it
+    assert world.job()["state"] == "RUNNING", world.job()["reason"]
+    world.supervisor.awake_since -= 60  # a minute later, and still nothing from rank 0
+    world.store.update_rank("job-1", 1, 1, last_heartbeat=time.time(), last_progress=time.time())
+    world.supervisor.tick()
+    assert world.job()["state"] == "FAILED"
+    assert world.job()["reason"].startswith("rank 0") and "missed 3 heartbeats" in world.job()["reason"]

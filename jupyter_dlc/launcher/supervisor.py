@@ -117,6 +117,7 @@ class Supervisor(threading.Thread):
         self.data_dir = data_dir
         self.url = url  # the launcher's advertised URL: what ranks report to
         self.ca_file = ca_file  # what ranks trust for an https launcher
+        self.awake_since = time.time()  # ranks' silence before this counts from here (heard)
         # The data dir's identity: each job's ranks get their job's key (identity.py).
         self.secret = identity.launcher_secret(data_dir)
         self.tick_seconds = tick
@@ -639,14 +640,15 @@ class Supervisor(threading.Thread):
         verdict = spec.heartbeat_interval * spec.heartbeat_misses
         for rank, r in ranks.items():
             # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
-            if r["last_heartbeat"] and now - r["last_heartbeat"] > verdict and r["exit_code"] is None:
+            if r["last_heartbeat"] and now - self.heard(r["last_heartbeat"]) > verdict and \
+                    r["exit_code"] is None:
                 at = _on_host(get_backend(spec.backend), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
                                  f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped")
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
-        if progress and now - min(progress) > spec.progress_timeout:
+        if progress and now - self.heard(min(progress)) > spec.progress_timeout:
             reason, laggards = _hang_reason(ranks, now - min(progress))
             job_id = row["id"]
             asked = self.stacks_asked.get(job_id)
@@ -668,6 +670,13 @@ class Supervisor(threading.Thread):
             diagnosis = diagnose_hang(ctx.attempt_dir, reason, laggards, stacks, spec.nproc_per_node)
             self.end_attempt(row, ctx, handle, "failed", reason, diagnosis=diagnosis)
             return
+
+    def heard(self, when: float) -> float:
+        """When a rank last told us something, for judging its silence. While no launcher
+        listened (this one started after a kill -9 or a restart of the user's), no rank
+        could: its silence counts from when its reporter could first reach this launcher
+        again (the reporter's longest retry backoff after this launcher came up)."""
+        return max(when, self.awake_since + layout.REPORT_MAX_BACKOFF)
 
     # -- ending an attempt --------------------------------------------------------------
     def end_attempt(self, row, ctx, handle, outcome: str, reason: str,

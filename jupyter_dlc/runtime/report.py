@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.error
 
-from .. import identity
+from .. import identity, layout
 from . import control, system
 from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced, phase_shift
 from .env import rank_info
@@ -52,7 +52,7 @@ def batch_interval(world_size: int) -> float:
     return min(BATCH_INTERVAL, max(MIN_BATCH_INTERVAL, world_size / RANKS_PER_SECOND_OF_INTERVAL))
 MAX_BATCH = 2000
 HTTP_TIMEOUT = 3.0
-MAX_BACKOFF = 5.0
+MAX_BACKOFF = layout.REPORT_MAX_BACKOFF
 EXIT_FLUSH_SECONDS = 5.0
 # How long a rank that found no node reporter reports directly before it looks again.
 NODE_REPORTER_RECHECK = 5.0

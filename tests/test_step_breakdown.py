@@ -10,6 +10,8 @@ launcher's metrics route and its alert rules as any metric is.
   worker process (num_workers=1, which prefetches while the loop computes, so the loop waits
   the other 20 ms). Both: data wait ~20 ms, step ~50 ms (medians).
 - Steps where the script logs `data_wait_ms` and `step_ms` itself: its values are stored.
+- Steps that save with the Checkpointer and wait for the commit: `ckpt_stall_ms` is the time
+  the script measured around those calls.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import pytest
 from conftest import wait_for
 from test_ingest import all_points
 
-SYNC_STEPS, DATA_STEPS, OWN_STEPS = 24, 20, 3
+SYNC_STEPS, DATA_STEPS, OWN_STEPS, SAVE_STEPS = 24, 20, 3, 2
 FIRST_DATA0 = SYNC_STEPS + 1
 FIRST_DATA1 = FIRST_DATA0 + DATA_STEPS
 FIRST_OWN = FIRST_DATA1 + DATA_STEPS
+FIRST_SAVE = FIRST_OWN + OWN_STEPS
+LAST = FIRST_SAVE + SAVE_STEPS - 1
 
 SCRIPT = f"""
 import time
@@ -79,6 +83,15 @@ for workers, load in ((0, 0.02), (1, 0.05)):
 for _ in range({OWN_STEPS}):
     step += 1
     runtime.log(step, data_wait_ms=31.0, step_ms=82.0)
+
+ckpt = runtime.Checkpointer(model=model)
+for _ in range(2):  # the second save waits for the first's persist: both are the loop's stall
+    started = time.perf_counter()
+    ckpt.save(step)
+    ckpt.wait()
+    stall_ms = (time.perf_counter() - started) * 1e3
+    step += 1
+    runtime.log(step, hand_stall_ms=stall_ms)
 """
 
 
@@ -91,7 +104,7 @@ def job(shared_launcher):
                                   "alerts": ["data_wait_ms > 10"]})
     ended = launcher.client.wait(job["id"], timeout=240)
     assert ended["state"] == "SUCCEEDED", (ended, launcher.client.logs(job["id"], tail=40))
-    points = wait_for(lambda: (lambda p: p if sum(x["step"] == FIRST_OWN + OWN_STEPS - 1
+    points = wait_for(lambda: (lambda p: p if sum(x["step"] == LAST
                                                   for x in p) else None)(
         all_points(launcher.client, job["id"])), 30, what="the job's last points")
     return launcher, ended, points
@@ -107,7 +120,7 @@ def test_every_rank_logs_the_breakdown_of_every_step_but_the_first(job):
     for name in ("step_ms", "data_wait_ms", "grad_sync_ms", "ckpt_stall_ms"):
         for rank in range(4):
             steps = sorted(p["step"] for p in points if p["name"] == name and p["rank"] == rank)
-            assert steps == list(range(1, FIRST_OWN + OWN_STEPS)), (name, rank, steps)
+            assert steps == list(range(1, LAST + 1)), (name, rank, steps)
     assert not [p for p in points if p["step"] == 0 and p["name"] == "step_ms"]
 
 
@@ -146,3 +159,14 @@ def test_an_alert_rule_names_a_breakdown_metric(job):
     assert fired and fired[0]["data"]["condition"] == "data_wait_ms > 10", fired
 
 
+
+
+def test_checkpoint_stall_is_the_time_in_save_and_wait(job):
+    _, _, points = job
+    for rank in range(4):
+        stalls = _values(points, "ckpt_stall_ms", FIRST_SAVE, SAVE_STEPS, rank)
+        by_hand = _values(points, "hand_stall_ms", FIRST_SAVE, SAVE_STEPS, rank)
+        assert len(stalls) == len(by_hand) == SAVE_STEPS
+        for stall, hand in zip(stalls, by_hand):
+            assert 0.9 * hand <= stall <= hand, (rank, stalls, by_hand)
+    assert max(_values(points, "ckpt_stall_ms", 1, FIRST_SAVE - 1)) == 0.0

@@ -16,6 +16,7 @@ launcher's metrics route and its alert rules as any metric is.
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -167,6 +168,48 @@ def test_checkpoint_stall_is_the_time_in_save_and_wait(job):
         stalls = _values(points, "ckpt_stall_ms", FIRST_SAVE, SAVE_STEPS, rank)
         by_hand = _values(points, "hand_stall_ms", FIRST_SAVE, SAVE_STEPS, rank)
         assert len(stalls) == len(by_hand) == SAVE_STEPS
-        for stall, hand in zip(stalls, by_hand):
+        for stall, hand in zip(stalls, by_hand, strict=True):
             assert 0.9 * hand <= stall <= hand, (rank, stalls, by_hand)
     assert max(_values(points, "ckpt_stall_ms", 1, FIRST_SAVE - 1)) == 0.0
+
+
+def test_the_view_draws_where_each_step_goes(job):
+    """The notebook view's stacked chart: per step the median over ranks of each part, or one
+    rank's own parts once that rank is chosen; in the document the widget sends."""
+    from jupyter_dlc.widgets import JobView
+
+    launcher, ended, points = job
+    view = JobView(launcher.client, ended["id"], ended_interval=0.5)
+    view.start()
+    assert view.join(timeout=60), "the view's thread still runs after the job ended"
+    source = view.charts.steps_source
+    assert list(source.data["x"]) == list(range(1, LAST + 1))
+    assert view.charts.steps_fig.visible and view.steps_select.layout.display == ""
+    assert [label for label, _ in view.steps_select.options] == \
+        ["median of the ranks", "rank 0", "rank 1", "rank 2", "rank 3"]
+
+    def parts(step, rank=None):
+        def one(name):
+            values = _values(points, name, step, 1, rank)
+            return statistics.median(values) if values else 0.0
+        per_rank = [p["value"] - sum(_values(points, n, step, 1, p["rank"])[0]
+                                     for n in ("data_wait_ms", "grad_sync_ms", "ckpt_stall_ms"))
+                    for p in points if p["name"] == "step_ms" and p["step"] == step
+                    and (rank is None or p["rank"] == rank)]
+        return [one("data_wait_ms"), one("grad_sync_ms"), one("ckpt_stall_ms"),
+                max(0.0, statistics.median(per_rank))]
+
+    def drawn(step):
+        i = list(source.data["x"]).index(step)
+        return [source.data[k][i] for k in ("data", "sync", "ckpt", "compute")]
+
+    for step in (3, FIRST_DATA0 + 5, FIRST_DATA1 + 5, FIRST_SAVE):
+        assert drawn(step) == pytest.approx(parts(step)), step
+    assert drawn(FIRST_DATA0 + 5)[0] > 10 and drawn(3)[1] > 2  # the parts the phases have
+    view.steps_select.value = 2
+    assert view.charts.steps_fig.title.text == "where each step goes (rank 2)"
+    for step in (3, FIRST_DATA1 + 5):
+        assert drawn(step) == pytest.approx(parts(step, 2)), step
+    view.bokeh.update_from_model(view.charts.layout)
+    bundle = json.dumps(view.bokeh.render_bundle, default=str)
+    assert '"dlc-step-breakdown"' in bundle and '"dlc-steps"' in bundle

@@ -194,15 +194,20 @@ def untime_dataloader_next() -> None:
         cls.__next__ = original
 
 
-def _allreduce_hook(process_group: Any, bucket: Any) -> Any:
-    """DDP's default reduction as a Python hook: the mean over the group."""
+def _allreduce_future(process_group: Any, bucket: Any) -> Any:
+    """DDP's default reduction, the mean over the group, started: its future's value is
+    [the bucket's tensor]."""
     import torch.distributed as dist
 
     group: Any = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size(group))
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(
-        lambda fut: fut.value()[0])
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+
+def _allreduce_hook(process_group: Any, bucket: Any) -> Any:
+    """DDP's default reduction as a Python hook."""
+    return _allreduce_future(process_group, bucket).then(lambda fut: fut.value()[0])
 
 
 def time_ddp_sync(clock_for: Any) -> None:
@@ -225,14 +230,18 @@ def time_ddp_sync(clock_for: Any) -> None:
         clock = clock_for(self)
 
         def timed(state: Any, bucket: Any) -> Any:
-            hook, inner_state = getattr(self, _SYNC_INNER, None) or (_allreduce_hook, self.process_group)
+            inner = getattr(self, _SYNC_INNER, None)
             token = clock.launched(bucket)
+            if inner is None:  # DDP's own mean, with one callback (one GIL hand-over) a bucket
+                fut, first = _allreduce_future(self.process_group, bucket), True
+            else:
+                fut, first = inner[0](inner[1], bucket), False
 
             def done(fut: Any) -> Any:
                 clock.done(token)
-                return fut.value()
+                return fut.value()[0] if first else fut.value()
 
-            return hook(inner_state, bucket).then(done)
+            return fut.then(done)
 
         import torch.distributed as dist
 

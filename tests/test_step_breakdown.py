@@ -213,3 +213,65 @@ def test_the_view_draws_where_each_step_goes(job):
     view.bokeh.update_from_model(view.charts.layout)
     bundle = json.dumps(view.bokeh.render_bundle, default=str)
     assert '"dlc-step-breakdown"' in bundle and '"dlc-steps"' in bundle
+
+
+# -- in this process, no job ----------------------------------------------------------------
+
+class _FakeEvent:
+    """A CUDA event stand-in: `passed` says whether the device got past it."""
+
+    def __init__(self, at):
+        self.at, self.passed = at, False
+
+    def query(self):
+        return self.passed
+
+    def elapsed_time(self, end):
+        assert self.passed and end.passed, "elapsed_time before the device passed both events"
+        return end.at - self.at
+
+
+class _Bucket:
+    def __init__(self, last, cuda=True):
+        self.last, self.cuda = last, cuda
+
+    def is_last(self):
+        return self.last
+
+    def buffer(self):
+        return type("Buffer", (), {"is_cuda": self.cuda})()
+
+
+def test_cuda_timed_sync_is_read_once_the_device_passed_it_without_a_synchronise(monkeypatch):
+    import torch
+
+    from jupyter_dlc.runtime import breakdown
+
+    monkeypatch.setattr(breakdown, "_installed", True)  # no shims in this process
+    monkeypatch.setattr(breakdown, "_last_boundary", None)
+    monkeypatch.setattr(breakdown, "_cuda_pending", [])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("synchronised"))
+    events = []
+    monkeypatch.setattr(breakdown, "_cuda_event", lambda: events.append(_FakeEvent(10.0 * len(events)))
+                        or events[-1])
+    assert breakdown.close_step() == {}  # the first boundary
+    clock = breakdown._SyncClock()
+    first, last = clock.launched(_Bucket(False)), clock.launched(_Bucket(True))  # start: event 0
+    clock.done(first)
+    clock.done(last)  # the iteration's end: event 1, 10 ms after
+    assert len(events) == 2
+    assert breakdown.close_step()[breakdown.GRAD_SYNC] == 0.0  # the device is not there yet
+    for event in events:
+        event.passed = True
+    assert breakdown.close_step()[breakdown.GRAD_SYNC] == 10.0  # counted at the next boundary
+    assert breakdown.close_step()[breakdown.GRAD_SYNC] == 0.0  # and once
+
+
+def test_timer_names():
+    from jupyter_dlc import runtime
+
+    assert runtime.timer("data").name == "data_wait_ms"
+    assert runtime.timer("h2d").name == "h2d_ms"
+    for bad, why in (("grad_sync", "measured by the runtime"), ("h 2d", "an identifier"), (3, "an identifier")):
+        with pytest.raises(ValueError, match=why):
+            runtime.timer(bad)

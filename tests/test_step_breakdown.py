@@ -275,3 +275,31 @@ def test_timer_names():
     for bad, why in (("grad_sync", "measured by the runtime"), ("h 2d", "an identifier"), (3, "an identifier")):
         with pytest.raises(ValueError, match=why):
             runtime.timer(bad)
+
+
+def test_only_the_loops_thread_counts(monkeypatch):
+    """A section on another thread (a prefetching loader's) blocks no one: not counted."""
+    import itertools
+    import threading
+
+    from jupyter_dlc import runtime
+    from jupyter_dlc.runtime import breakdown
+
+    ticks = itertools.count()
+    monkeypatch.setattr(breakdown, "_clock", lambda: float(next(ticks)))  # a second a reading
+    monkeypatch.setattr(breakdown, "_installed", True)
+    monkeypatch.setattr(breakdown, "_last_boundary", None)
+    breakdown.close_step()
+
+    def prefetch():
+        with runtime.timer("data"):
+            pass
+
+    thread = threading.Thread(target=prefetch)
+    thread.start()
+    thread.join()
+    with runtime.timer("data"):
+        with runtime.timer("data"):  # nested: counted once
+            pass
+    values = breakdown.close_step()
+    assert values[breakdown.DATA_WAIT] == 1000.0 and values[breakdown.STEP] == 3000.0, values

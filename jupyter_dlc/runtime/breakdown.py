@@ -8,7 +8,8 @@ metric):
 - `step_ms`: the step's wall time;
 - `data_wait_ms`: time blocked in a torch DataLoader iterator's `__next__` (a shim wraps it
   at `runtime.init()` or the first `log()`), plus sections in `with runtime.timer("data"):`
-  for loaders that are not torch's (nested sections count once);
+  for loaders that are not torch's (nested sections count once; like every section here,
+  only on the thread that calls `runtime.log`: a prefetch thread's waits block no one);
 - `grad_sync_ms`: DDP's gradient all-reduce as the loop sees it: from the launch of the
   iteration's last bucket (which DDP reduces when backward has computed every gradient) to
   the completion of the last bucket's reduction. That is the exposed communication, the time
@@ -63,8 +64,15 @@ def _add(name: str, seconds: float) -> None:
         _sums[name] += seconds
 
 
+# The thread whose time the sections count: the one that calls runtime.log (the main
+# thread until the first call). A loader's prefetch thread, or a save on another thread,
+# does not block the loop.
+_loop_thread = threading.main_thread().ident
+
+
 class _Section:
-    """Times the outermost of nested `with` blocks of one name into that metric."""
+    """Times the outermost of nested `with` blocks of one name into that metric, on the
+    loop's thread only."""
 
     __slots__ = ("name", "depth", "started")
 
@@ -72,15 +80,17 @@ class _Section:
         self.name, self.depth, self.started = name, 0, 0.0
 
     def __enter__(self) -> _Section:
-        self.depth += 1
-        if self.depth == 1:
-            self.started = _clock()
+        if threading.get_ident() == _loop_thread:
+            self.depth += 1
+            if self.depth == 1:
+                self.started = _clock()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.depth -= 1
-        if self.depth == 0:
-            _add(self.name, _clock() - self.started)
+        if threading.get_ident() == _loop_thread:
+            self.depth -= 1
+            if self.depth == 0:
+                _add(self.name, _clock() - self.started)
 
 
 _sections: dict[str, _Section] = {DATA_WAIT: _Section(DATA_WAIT), CKPT_STALL: _Section(CKPT_STALL)}
@@ -183,10 +193,11 @@ def uninstall() -> None:
 def close_step() -> dict[str, float]:
     """This step's breakdown in ms (empty at the first boundary, or when turned off), and the
     start of the next step."""
-    global _last_boundary
+    global _last_boundary, _loop_thread
     if not enabled():
         return {}
     now = _clock()
+    _loop_thread = threading.get_ident()
     if _last_boundary is None:
         install()
         _last_boundary = now

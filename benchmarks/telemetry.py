@@ -100,6 +100,9 @@ def main():
     arms = {"bare": [], "logged": [], "breakdown": []}
     try:
         runtime.log(0, loss=1.0)  # starts the reporter and the system sampler
+        for model, batches in ((plain_model, bare_batches), (timed_model, timed_batches)):
+            for _ in range(20):  # DDP rebuilds its buckets after its first iteration
+                training_step(model, batches)
         step = 0
         for _ in range(args.blocks):
             for arm, times in arms.items():

@@ -1,6 +1,15 @@
 """Step time of a training loop with runtime.log() every step and heartbeats on, against the
 same loop bare. The launcher is a real HTTP server in another process (stdlib http.server),
-as in a job. Blocks of bare and logged steps alternate, so drift in machine load hits both.
+as in a job. Blocks of steps alternate, so drift in machine load hits every arm alike.
+
+Each step draws a batch from a torch DataLoader and runs forward and backward of a DDP model
+(gloo, a world of one), about 8-10 ms. Three arms:
+- bare: no runtime at all (the DataLoader and DDP as torch has them);
+- logged: runtime.log() every step with the step breakdown off (DLC_STEP_BREAKDOWN=0);
+- breakdown: runtime.log() with the breakdown on: the DataLoader's __next__ timed through
+  the shim, a DDP built after runtime.init() reducing through the timing hook, and the four
+  breakdown values added to every log().
+The last line is the ratio breakdown/bare (target <= 1.01x).
 
     python benchmarks/telemetry.py [--blocks 10] [--steps 100]
 """
@@ -40,11 +49,30 @@ def free_port():
         return s.getsockname()[1]
 
 
-def training_step(a, b):
+class OneBatch(torch.utils.data.Dataset):
+    """The same batch, endlessly: the loader's own cost, not a dataset's."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __len__(self):
+        return 1 << 30
+
+    def __getitem__(self, i):
+        return self.batch
+
+
+def network():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[layer for _ in range(3) for layer in
+                                 (torch.nn.Linear(512, 512), torch.nn.Tanh())])
+
+
+def training_step(model, batches):
     """About 8-10 ms on one thread, like the small model of FIELD-NOTES."""
-    for _ in range(4):
-        a = torch.tanh(a @ b)
-    return a
+    loss = model(next(batches)).mean()
+    loss.backward()
+    return loss.item()
 
 
 def main():
@@ -61,38 +89,61 @@ def main():
     sys.path.insert(0, REPO)
     from jupyter_dlc import runtime
 
+    from jupyter_dlc.runtime import breakdown
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     torch.set_num_threads(1)
-    a, b = torch.randn(256, 512), torch.randn(512, 512) / 24
+    runtime.init()  # a gloo group of one; installs the breakdown's timing
+    timed_model = DDP(network())  # built while timing is installed: reduces through the hook
+    breakdown.uninstall()
+    plain_model = DDP(network())
+    loader = torch.utils.data.DataLoader(OneBatch(torch.randn(48, 512)), batch_size=None)
+    bare_batches = iter(loader)  # an iterator's __next__ is looked up on its class at each call
+    timed_batches = iter(loader)
+    arms = {"bare": [], "logged": [], "breakdown": []}
     try:
         runtime.log(0, loss=1.0)  # starts the reporter and the system sampler
-        bare, logged = [], []
+        for model, batches in ((plain_model, bare_batches), (timed_model, timed_batches)):
+            for _ in range(20):  # DDP rebuilds its buckets after its first iteration
+                training_step(model, batches)
         step = 0
         for _ in range(args.blocks):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                loss = training_step(a, b).mean().item()
-            bare.append((time.perf_counter() - start) / args.steps)
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                loss = training_step(a, b).mean().item()
-                step += 1
-                runtime.log(step, loss=loss, lr=0.1, samples_per_s=1000.0)
-            logged.append((time.perf_counter() - start) / args.steps)
+            for arm, times in arms.items():
+                on = arm == "breakdown"
+                os.environ[breakdown.ENV] = "1" if on else "0"
+                if on:
+                    breakdown.install()
+                else:
+                    breakdown.uninstall()
+                model, batches = (timed_model, timed_batches) if on else (plain_model, bare_batches)
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    loss = training_step(model, batches)
+                    if arm != "bare":
+                        step += 1
+                        runtime.log(step, loss=loss, lr=0.1, samples_per_s=1000.0)
+                times.append((time.perf_counter() - start) / args.steps)
         delivered = runtime.get_reporter().flush(10)
     finally:
         launcher.kill()
-    bare_ms, logged_ms = statistics.median(bare) * 1e3, statistics.median(logged) * 1e3
+    bare_ms, logged_ms, breakdown_ms = (statistics.median(arms[a]) * 1e3 for a in arms)
     reporter = runtime.get_reporter()
     print(f"{args.blocks} blocks x {args.steps} steps each way, torch {torch.__version__}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"bare step:   {bare_ms:.3f} ms (median of block means)")
-    print(f"logged step: {logged_ms:.3f} ms; {reporter.reports_sent} reports sent, "
-          f"dropped {reporter.dropped}, all delivered: {delivered}")
-    print(f"ratio logged/bare = {logged_ms / bare_ms:.3f}x")
+    print(f"bare step:      {bare_ms:.3f} ms (median of block means)")
+    print(f"logged step:    {logged_ms:.3f} ms (breakdown off); {reporter.reports_sent} reports "
+          f"sent, dropped {reporter.dropped}, all delivered: {delivered}")
+    print(f"breakdown step: {breakdown_ms:.3f} ms (breakdown on)")
+    print(f"ratio logged/bare = {logged_ms / bare_ms:.3f}x, breakdown/logged = "
+          f"{breakdown_ms / logged_ms:.3f}x")
+    print(f"ratio breakdown/bare = {breakdown_ms / bare_ms:.3f}x")
     if not args.no_record:
         results.record("telemetry: a logged step against a bare one", "<= 1.01x",
                        f"{logged_ms / bare_ms:.3f}x ({bare_ms:.2f} ms bare)",
                        logged_ms / bare_ms <= 1.01, results.command_line(sys.argv), load)
+        results.record("step breakdown: a step with the breakdown on against a bare one",
+                       "<= 1.01x", f"{breakdown_ms / bare_ms:.3f}x ({bare_ms:.2f} ms bare)",
+                       breakdown_ms / bare_ms <= 1.01, results.command_line(sys.argv), load)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_a_real_benchmark_rewrites_its_row(copies):
     out = subprocess.run([sys.executable, str(BENCH / "telemetry.py"), "--blocks", "2",
                           "--steps", "5"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1].startswith("ratio logged/bare = ")  # ratio last
+    assert out.stdout.strip().splitlines()[-1].startswith("ratio breakdown/bare = ")  # last
     row = next(r for r in results.rows(path) if r.measure.startswith("telemetry:"))
     assert row.command == "`python benchmarks/telemetry.py --blocks 2 --steps 5`"
     assert row.date != "2026-12-01 (issue 25)" and row.latest.endswith(" ms bare)")

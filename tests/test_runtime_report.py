@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from jupyter_dlc import layout
+from jupyter_dlc.runtime import breakdown
 from jupyter_dlc.runtime.env import rank_info
 from jupyter_dlc.runtime.report import Reporter
 
@@ -226,7 +227,7 @@ def test_stop_command_checkpoints_then_exits_zero(launcher, tmp_path):
     assert system and all(s["device"] == "cpu" for s in system)
     assert all(0 <= s["values"]["mem_used"] <= 1 for s in system)
     assert any(0 <= s["values"].get("cpu_util", -1) <= 1 for s in system)
-    assert all(set(m["values"]) == {"loss"} for m in launcher.entries("metrics"))
+    assert all(set(m["values"]) - set(breakdown.RESERVED) == {"loss"} for m in launcher.entries("metrics"))
 
 
 def test_nan_loss_reports_keeps_last_good_checkpoint_and_fails(launcher, tmp_path):
@@ -299,7 +300,9 @@ def test_numpy_and_tensor_scalars_log_and_anything_else_is_refused_where_logged(
     assert proc.returncode == 0, err
     metrics = launcher.entries("metrics")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
-    assert metrics[-1]["values"] == {"loss": 2.5, "acc": 0.25, "n": 5.0}
+    assert {k: v for k, v in metrics[-1]["values"].items() if k not in breakdown.RESERVED} == \
+        {"loss": 2.5, "acc": 0.25, "n": 5.0}
+    assert set(breakdown.RESERVED) <= set(metrics[-1]["values"])  # the step's breakdown beside
     refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5, out
     assert "step must be a whole number" in refused[0] and "step must be a whole number" in refused[1]

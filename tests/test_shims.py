@@ -135,6 +135,114 @@ def test_torch_default_store_and_ddp_reducer_internals(tmp_path):
         _moved("torch_private", "_get_default_store or DDP's reducer internals") + "\n" + proc.stderr
 
 
+
+class _CountingSection:
+    def __init__(self):
+        self.entered = self.left = 0
+
+    def __enter__(self):
+        self.entered += 1
+
+    def __exit__(self, *exc):
+        self.left += 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_torch_dataloader_next_is_the_base_iterators(workers):
+    """Every DataLoader iterator's __next__ is _BaseDataLoaderIter's (the step breakdown's
+    data wait wraps it there), single and multi-process alike."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    base = torch_private.dataloader_iterator_class()
+    assert "__next__" in base.__dict__, _moved("torch_private", "_BaseDataLoaderIter.__next__")
+    section = _CountingSection()
+    torch_private.time_dataloader_next(section)
+    try:
+        torch_private.time_dataloader_next(section)  # idempotent: wrapped once
+        batches = list(DataLoader(torch.arange(6), batch_size=2, num_workers=workers))
+        iterator = iter(DataLoader(torch.arange(2), num_workers=workers))
+        assert isinstance(iterator, base) and "__next__" not in type(iterator).__dict__, \
+            _moved("torch_private", f"{type(iterator).__name__} overrides __next__")
+        del iterator
+    finally:
+        torch_private.untime_dataloader_next()
+    assert len(batches) == 3
+    # Three batches and the StopIteration that ends the loop.
+    assert (section.entered, section.left) == (4, 4), _moved("torch_private", "DataLoader's __next__")
+    list(DataLoader(torch.arange(4), batch_size=2))
+    assert section.entered == 4  # untimed again
+
+
+def test_torch_ddp_sync_timing_hook(tmp_path):
+    """In a fresh Python, a gloo group of one: a DDP built after time_ddp_sync reduces through
+    the timing hook (GradBucket.is_last marks one bucket an iteration, gradients as DDP's
+    own), a user's register_comm_hook and DDP's built-in one run inside it, and a bucket
+    layout installed on restore keeps it."""
+    code = textwrap.dedent("""
+        import torch, torch.nn as nn, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from jupyter_dlc.shims import torch_private as tp
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+        class Clock:
+            def __init__(self):
+                self.launched_n, self.last, self.done_n = 0, 0, 0
+            def launched(self, bucket):
+                self.launched_n += 1
+                self.last += bucket.is_last()
+                return "token"
+            def done(self, token):
+                assert token == "token"
+                self.done_n += 1
+        clocks = []
+        tp.time_ddp_sync(lambda ddp: clocks.append(Clock()) or clocks[-1])
+        tp.time_ddp_sync(lambda ddp: 1 / 0)  # idempotent
+        def net():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(4, 300), nn.Tanh(), nn.Linear(300, 1))
+        x = torch.randn(2, 4)
+        timed = DDP(net(), bucket_cap_mb=0.001)
+        for _ in range(2):  # the second iteration runs in the rebuilt buckets: several
+            timed(x).sum().backward()
+        clock = clocks[0]
+        assert clock.launched_n == clock.done_n >= 3 and clock.last == 2, vars(clock)
+        assert tp.layout_blocker(timed) is None
+        tp.untime_ddp_sync()
+        plain = DDP(net(), bucket_cap_mb=0.001)
+        for _ in range(2):
+            plain(x).sum().backward()
+        assert len(clocks) == 1
+        for a, b in zip(timed.parameters(), plain.parameters()):
+            assert torch.equal(a.grad, b.grad)
+
+        tp.time_ddp_sync(lambda ddp: clocks.append(Clock()) or clocks[-1])
+        called = []
+        def user_hook(state, bucket):
+            called.append(state)
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+        hooked = DDP(net())
+        hooked.register_comm_hook("mine", user_hook)
+        hooked(x).sum().backward()
+        assert called and set(called) == {"mine"} and clocks[1].done_n == len(called)
+        assert tp.layout_blocker(hooked)  # the user's hook is DDP's record, as before
+        builtin = DDP(net())
+        builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        builtin(x).sum().backward()
+        assert clocks[2].done_n >= 1
+
+        layout = tp.bucket_layout(timed)
+        restored = DDP(net(), bucket_cap_mb=0.001)
+        tp.install_bucket_layout(restored, layout)
+        restored(x).sum().backward()
+        assert clocks[3].done_n == clocks[3].launched_n >= 2, vars(clocks[3])  # the new reducer's too
+        print("ok")
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "ok" in proc.stdout, \
+        _moved("torch_private", "DDP's comm hook internals") + "\n" + proc.stderr
+
 # -- Python -----------------------------------------------------------------------------
 
 def test_python_run_exit_handlers():

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import wait_for
-from jupyter_dlc.widgets.series import Line, TrainData
+from jupyter_dlc.widgets.series import BREAKDOWN_NAMES, Line, TrainData
 
 TRAIN = """
 import os, time, torch
@@ -359,7 +359,8 @@ def test_job_view_live_stop_resume_clone(shared_launcher):
     for key in (0, 1):
         steps = chart_steps(view, key)
         assert steps == sorted(steps) and steps[0] == 1
-    assert set(view.metric_select.options) == {"loss", "lr", "samples_per_s"}
+    # what the script logs, and the step breakdown the runtime adds (runtime/breakdown.py)
+    assert set(view.metric_select.options) == {"loss", "lr", "samples_per_s", *BREAKDOWN_NAMES}
     assert "steps/s" in view.header.value and "1,280 samples/s" in view.header.value
     # utilisation: one line per node, named for what the node has
     devices = {(node, device) for node, device, _ in view.charts.sys_sources}

@@ -8,10 +8,14 @@
     ...  for each optimizer step:  step += 1; runtime.log(step, loss=loss.item())
          every so often:           ckpt.save(step)
 
+Each log() also logs where the step's time went (step_ms, data_wait_ms, grad_sync_ms,
+ckpt_stall_ms: breakdown.py); `with runtime.timer("data"):` times a loader that is not torch's.
+
 Works the same under plain `python` or `torchrun`: without DLC_LAUNCHER_URL, reporting is
 off and everything else still works.
 """
 
+from .breakdown import timer
 from .boundary import NonFiniteLossError, log, should_stop
 from .checkpoint import Checkpointer
 from .dist_init import init
@@ -32,5 +36,5 @@ def shutdown(timeout=EXIT_FLUSH_SECONDS):
         reporter.flush(timeout)
 
 
-__all__ = ["init", "log", "should_stop", "shutdown", "rank_info", "RankInfo", "Checkpointer",
+__all__ = ["init", "log", "timer", "should_stop", "shutdown", "rank_info", "RankInfo", "Checkpointer",
            "ResumableDistributedSampler", "NonFiniteLossError"]

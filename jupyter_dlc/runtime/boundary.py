@@ -10,7 +10,7 @@ import math
 import numbers
 import operator
 
-from . import control, tensorboard
+from . import breakdown, control, tensorboard
 from .agreement import StepAgreement
 from .dist_init import job_store
 from .env import rank_info
@@ -37,6 +37,7 @@ def log(step, **metrics):
     to stop (after checkpointing).
     """
     global _last_step
+    closed = breakdown.close_step()  # first: the step ends when log() is called
     step = as_step(step)
     _last_step = step
     values, non_finite = {}, None
@@ -46,6 +47,8 @@ def log(step, **metrics):
             values[name] = number
         elif non_finite is None:
             non_finite = (name, number)
+    if closed:
+        values = {**closed, **values}  # a value the script logs itself wins
     reporter = get_reporter()
     if reporter and values:
         reporter.metric(step, values)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import control, ddp_layout, node_copy, persist, rng, sharded_state
+from . import breakdown, control, ddp_layout, node_copy, persist, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -101,6 +101,10 @@ class Checkpointer:
             return
         if step == self._last_saved_step:
             return
+        with breakdown.checkpoint_stall():  # the step's ckpt_stall_ms
+            self._stage(step)
+
+    def _stage(self, step):
         self.wait()
         started = time.monotonic()
         # FSDP2's DTensors are saved as this rank's local shards (sharded_state.py).
@@ -121,7 +125,8 @@ class Checkpointer:
         """Block until the save in flight, if any, committed or failed. Returns True when
         the last save committed."""
         if self._thread is not None:
-            self._thread.join()
+            with breakdown.checkpoint_stall():
+                self._thread.join()
         return self._last_saved_step is not None and \
             self.last_committed_step == self._last_saved_step
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..shims import torch_private
+from . import breakdown
 from .env import rank_info
 
 _store = None
@@ -24,10 +25,12 @@ def init(backend=None, timeout=None):
     """Join the job's process group (once; later calls just return the rank facts).
 
     backend: "nccl" when CUDA is available, else "gloo". timeout: seconds for collectives,
-    default DLC_COLLECTIVE_TIMEOUT. Returns a RankInfo.
+    default DLC_COLLECTIVE_TIMEOUT. Returns a RankInfo. Starts the step breakdown's timing
+    of DataLoader waits and of every DDP built afterwards (breakdown.py).
     """
     global _store
     info = rank_info()
+    breakdown.install()  # DataLoader waits and DDP's gradient sync, timed from here on
     if dist.is_available() and not dist.is_initialized():
         use_cuda = torch.cuda.is_available()
         backend = backend or ("nccl" if use_cuda else "gloo")

@@ -18,6 +18,17 @@
   `SubprocessHandler._popen(args, env)` (torch.distributed.elastic.multiprocessing.
   subprocess_handler); `route_worker_starts` lets a standby agent hand a worker to a rank
   process it forked ahead of time instead (backends/warm_ranks.py).
+- The step breakdown (runtime/breakdown.py): every DataLoader iterator's `__next__` is
+  `torch.utils.data.dataloader._BaseDataLoaderIter.__next__` (its subclasses, single and
+  multi-process, override `_next_data` only), which `time_dataloader_next` wraps. DDP's
+  gradient all-reduce runs inside the C++ reducer; `time_ddp_sync` wraps
+  `DistributedDataParallel.__init__` to register, straight on the new reducer
+  (`dist._register_comm_hook`, not counted in `ddp._comm_hooks`), one Python communication
+  hook that times each bucket's future and runs the user's hook inside: a later
+  `register_comm_hook` (or `_register_builtin_comm_hook`) becomes that inner hook, as the
+  reducer takes one hook only (`_check_comm_hook`, `logger._set_comm_hook_name` and
+  `_comm_hooks` kept as DDP's own method keeps them). `GradBucket.is_last()` marks the
+  bucket DDP reduces last in an iteration.
 
 Text patterns need no torch; the functions import it when called (the launcher never does).
 """
@@ -142,3 +153,136 @@ def install_bucket_layout(ddp: Any, layout: list[list[int]]) -> None:
         ddp.reducer._set_static_graph()
         ddp.logger._set_static_graph()
     ddp._has_rebuilt_buckets = False
+    timed = getattr(ddp, _SYNC_HOOK, None)
+    if timed is not None:  # the new reducer has no hook: give it the timing one again
+        dist._register_comm_hook(ddp.reducer, None, timed)
+
+
+# -- the step breakdown: DataLoader waits and DDP's gradient sync ------------------------
+
+_TIMED = "_dlc_timed"
+_SYNC_HOOK = "_dlc_sync_hook"
+_SYNC_INNER = "_dlc_sync_inner"
+
+
+def dataloader_iterator_class() -> Any:
+    from torch.utils.data import dataloader
+
+    return dataloader._BaseDataLoaderIter
+
+
+def time_dataloader_next(section: Any) -> None:
+    """From now on every torch DataLoader iterator's `__next__` runs inside `with section:`
+    (an object with __enter__/__exit__). Idempotent; `untime_dataloader_next` undoes it."""
+    cls = dataloader_iterator_class()
+    original = cls.__dict__["__next__"]
+    if getattr(original, _TIMED, False):
+        return
+
+    def __next__(self: Any) -> Any:
+        with section:
+            return original(self)
+
+    setattr(__next__, _TIMED, original)
+    cls.__next__ = __next__
+
+
+def untime_dataloader_next() -> None:
+    cls = dataloader_iterator_class()
+    original = getattr(cls.__dict__["__next__"], _TIMED, None)
+    if original:
+        cls.__next__ = original
+
+
+def _allreduce_future(process_group: Any, bucket: Any) -> Any:
+    """DDP's default reduction, the mean over the group, started: its future's value is
+    [the bucket's tensor]."""
+    import torch.distributed as dist
+
+    group: Any = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size(group))
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+
+def _allreduce_hook(process_group: Any, bucket: Any) -> Any:
+    """DDP's default reduction as a Python hook."""
+    return _allreduce_future(process_group, bucket).then(lambda fut: fut.value()[0])
+
+
+def time_ddp_sync(clock_for: Any) -> None:
+    """Every DistributedDataParallel built from now on reduces through a hook that tells
+    `clock_for(ddp)` (an object with `launched(bucket)` returning a token and `done(token)`)
+    when each bucket's reduction starts and ends. Idempotent."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if getattr(DDP.__init__, _TIMED, False):
+        return
+    original_init = DDP.__init__
+    original_register = DDP.register_comm_hook
+    original_builtin = DDP._register_builtin_comm_hook
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        reducer = getattr(self, "reducer", None)
+        if reducer is None or getattr(self, "_use_python_reducer", False):
+            return
+        clock = clock_for(self)
+
+        def timed(state: Any, bucket: Any) -> Any:
+            inner = getattr(self, _SYNC_INNER, None)
+            token = clock.launched(bucket)
+            if inner is None:  # DDP's own mean, with one callback (one GIL hand-over) a bucket
+                fut, first = _allreduce_future(self.process_group, bucket), True
+            else:
+                fut, first = inner[0](inner[1], bucket), False
+
+            def done(fut: Any) -> Any:
+                clock.done(token)
+                return fut.value()[0] if first else fut.value()
+
+            return fut.then(done)
+
+        import torch.distributed as dist
+
+        dist._register_comm_hook(reducer, None, timed)
+        setattr(self, _SYNC_HOOK, timed)
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> None:
+        if getattr(self, _SYNC_HOOK, None) is None:
+            return original_register(self, state, hook)
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((hook, state))
+        setattr(self, _SYNC_INNER, (hook, state))
+
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        if getattr(self, _SYNC_HOOK, None) is None:
+            return original_builtin(self, comm_hook_type)
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hooks = {dist.BuiltinCommHookType.ALLREDUCE: _allreduce_hook,
+                 dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
+        if comm_hook_type not in hooks:
+            raise ValueError(f"built-in communication hook {comm_hook_type} is not known to "
+                             "the step breakdown; set DLC_STEP_BREAKDOWN=0 to use it")
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        setattr(self, _SYNC_INNER, (hooks[comm_hook_type], self.process_group))
+
+    for name, patched, original in (("__init__", __init__, original_init),
+                                    ("register_comm_hook", register_comm_hook, original_register),
+                                    ("_register_builtin_comm_hook", _register_builtin_comm_hook,
+                                     original_builtin)):
+        setattr(patched, _TIMED, original)
+        setattr(DDP, name, patched)
+
+
+def untime_ddp_sync() -> None:
+    """DDPs built from now on reduce as torch does (those built already keep their hook)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name in ("__init__", "register_comm_hook", "_register_builtin_comm_hook"):
+        original = getattr(DDP.__dict__[name], _TIMED, None)
+        if original:
+            setattr(DDP, name, original)

@@ -1,4 +1,5 @@
-"""The two bokeh charts of a job view: a train metric against step, utilisation against time.
+"""The bokeh charts of a job view: a train metric against step, utilisation against time,
+and (once ranks log the step breakdown, runtime/breakdown.py) where each step goes, stacked.
 
 One `Charts` per followed job. The layout goes into a `JobChartsModel` (a
 `jupyter_bokeh.BokehModel`); the changes below (stream, data reset, a new line) of one
@@ -12,16 +13,18 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from bokeh.layouts import row
+from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, HoverTool, Legend, NumeralTickFormatter, Range1d
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
 from ..shims.bokeh_private import ignore_page_events, route_document_patches, send_patch
-from .series import SystemData, TrainData, label_for
+from .series import BREAKDOWN_NAMES, STEP_PARTS, SystemData, TrainData, label_for, step_breakdown
 
 WIDTH, HEIGHT = 470, 270
+STEPS_HEIGHT = 230
+COMPUTE_COLOUR = "#b0bec5"
 
 
 @ignore_page_events
@@ -110,7 +113,26 @@ class Charts:
                                        spacing=0, padding=4), "right")
         self.sys_sources: dict[tuple, ColumnDataSource] = {}
         self._sys_title = ""
-        self.layout = row(self.train_fig, self.sys_fig, name="dlc-charts")
+
+        self.steps_of: int | None = None  # None: the median over ranks; else that rank
+        self.steps_source = ColumnDataSource({"x": [], "data": [], "sync": [], "ckpt": [], "compute": []},
+                                             name="dlc-step-breakdown")
+        self.steps_fig = figure(name="dlc-steps", width=2 * WIDTH, height=STEPS_HEIGHT,
+                                title=self._steps_title(), x_axis_label="step", y_axis_label="ms",
+                                tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="above")
+        stack = [key for key, _, _ in STEP_PARTS] + ["compute"]
+        colours = [_colour(1), _colour(3), _colour(4), COMPUTE_COLOUR]
+        labels = [label for _, _, label in STEP_PARTS] + ["compute (the rest)"]
+        self.steps_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
+                                         spacing=0, padding=4), "right")
+        self.steps_fig.vbar_stack(stack, x="x", width=0.9, color=colours, source=self.steps_source,
+                                  legend_label=labels)
+        self.steps_fig.add_tools(HoverTool(tooltips=[("step", "@x{0}"), ("data wait", "@data{0.0} ms"),
+                                                     ("gradient sync", "@sync{0.0} ms"),
+                                                     ("checkpoint stall", "@ckpt{0.0} ms"),
+                                                     ("compute", "@compute{0.0} ms")]))
+        self.steps_fig.visible = False  # until a rank logs its steps' breakdown
+        self.layout = column(row(self.train_fig, self.sys_fig), self.steps_fig, name="dlc-charts")
 
     # -- the train chart ----------------------------------------------------------------
     def _add_train_line(self, key) -> ColumnDataSource:
@@ -149,9 +171,12 @@ class Charts:
     def push(self) -> int:
         """Send what changed since the last push; returns the number of points sent."""
         sent = 0
+        steps_changed = False
         for name, lines in self.train.lines.items():
             for key, line in lines.items():
                 change = line.take_new()
+                if change is not None and name in BREAKDOWN_NAMES:
+                    steps_changed = True
                 if change is None or name != self.metric:
                     continue
                 if key not in self.train_sources:  # an outlier rank just found
@@ -167,7 +192,32 @@ class Charts:
         title = self._system_title()
         if title != self._sys_title:
             self.sys_fig.title.text = self._sys_title = title
+        if steps_changed:
+            sent += self._draw_steps()
         return sent
+
+    # -- where each step goes -------------------------------------------------------------
+    def select_steps_of(self, rank: int | None) -> None:
+        """Draw the steps of `rank`, or with None the median over ranks."""
+        self.steps_of = rank
+        self.steps_fig.title.text = self._steps_title()
+        self._draw_steps()
+
+    def _draw_steps(self) -> int:
+        columns = step_breakdown(self.train, self.steps_of)
+        self.steps_source.data = columns
+        if columns["x"] and not self.steps_fig.visible:
+            self.steps_fig.visible = True
+        return len(columns["x"])
+
+    def _steps_title(self) -> str:
+        if self.steps_of is not None:
+            who = f"rank {self.steps_of}"
+        elif self.train.by_rank:
+            who = "median of the ranks"
+        else:
+            who = f"mean of {self.train.world_size} ranks"
+        return f"where each step goes ({who})"
 
     def _apply(self, source: ColumnDataSource, change: tuple[str, dict]) -> int:
         kind, columns = change

@@ -22,11 +22,18 @@ Pure Python (no widgets, no bokeh) so that the reduction rules can be tested on 
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_right
 from collections import deque
 
 from ..bands import MAX_OUTLIERS, MAX_RANK_LINES, outlier_ranks  # noqa: F401 (outlier_ranks: tests)
 
+# The step broken down (runtime/breakdown.py): the parts drawn stacked, compute the rest.
+STEP_MS = "step_ms"
+STEP_PARTS = (("data", "data_wait_ms", "data wait"), ("sync", "grad_sync_ms", "gradient sync"),
+              ("ckpt", "ckpt_stall_ms", "checkpoint stall"))
+BREAKDOWN_NAMES = (STEP_MS,) + tuple(name for _, name, _ in STEP_PARTS)
+BREAKDOWN_STEPS = 200   # the last steps the "where each step goes" chart draws
 PENDING_STEPS = 64      # steps waiting for their last rank before a partial mean is drawn
 SAMPLE_RATE_NAMES = ("samples_per_s", "samples_per_sec", "samples/s", "samples_per_second")
 
@@ -291,6 +298,36 @@ class TrainData:
 
     def samples_per_s(self) -> float | None:
         return sum(self.sample_rates.values()) if self.sample_rates else None
+
+
+def step_breakdown(train: TrainData, rank: int | None = None,
+                   last: int = BREAKDOWN_STEPS) -> dict[str, list[float]]:
+    """Where each of the last `last` steps went, in ms: columns x (step), data, sync, ckpt
+    and compute (step_ms less the three parts, never below 0), of `rank`, or with None per
+    step the median over the ranks that logged it (past MAX_RANK_LINES ranks the launcher
+    folds the ranks into a band, so it is the mean there). Each part is its own median."""
+    lines = train.lines.get(STEP_MS, {})
+    keys = [rank] if rank is not None else ([k for k in lines if k != "mean"] if train.by_rank
+                                            else ["mean"])
+    rows: dict[float, list[list[float]]] = {}
+    for key in keys:
+        step_line = lines.get(key)
+        if step_line is None:
+            continue
+        parts = []
+        for _, name, _ in STEP_PARTS:
+            line = train.lines.get(name, {}).get(key)
+            parts.append(dict(zip(line.x[-last:], line.y[-last:], strict=True)) if line else {})
+        for x, total in zip(step_line.x[-last:], step_line.y[-last:], strict=True):
+            values = [part.get(x, 0.0) for part in parts]
+            rows.setdefault(x, []).append(values + [max(0.0, total - sum(values))])
+    columns: dict[str, list[float]] = {"x": [], "data": [], "sync": [], "ckpt": [], "compute": []}
+    names = ("data", "sync", "ckpt", "compute")
+    for x in sorted(rows)[-last:]:
+        columns["x"].append(x)
+        for i, name in enumerate(names):
+            columns[name].append(statistics.median(r[i] for r in rows[x]))
+    return columns
 
 
 class SystemData:

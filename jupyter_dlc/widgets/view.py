@@ -54,6 +54,7 @@ STATE_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#6d4c4
                  "RUNNING": "#1565c0", "RESTARTING": "#ef6c00", "QUEUED": "#616161",
                  "PREFLIGHT": "#616161", "STARTING": "#00838f", "PENDING": "#8e24aa"}
 FROM_START = -1         # the Resume dropdown's value when no step is committed
+MEDIAN_LABEL = "median of the ranks"
 FROM_START_LABEL = "no checkpoint: from the start"
 BACKOFF = (0.5, 1, 2, 4, 8, 10)
 NO_BOKEH_NOTE = (
@@ -159,6 +160,9 @@ class JobView:
         self.rank_bar.layout.display = "none"  # shown when the ranks need more than one page
         self.metric_select = w.Dropdown(description="metric", options=["loss"], value="loss",
                                         layout=w.Layout(width="260px"))
+        # Whose steps the "where each step goes" chart draws (shown once ranks log them).
+        self.steps_select = w.Dropdown(description="steps of", options=[(MEDIAN_LABEL, -1)], value=-1,
+                                       layout=w.Layout(width="260px", display="none"))
         self.chart_note = w.HTML(NO_BOKEH_NOTE)
         self.retention_note = w.HTML()  # says when older points are downsampled
         self._retention_text = ""
@@ -175,6 +179,7 @@ class JobView:
         self.resume_button.on_click(lambda _: self._act(lambda: self.resume(self._resume_step())))
         self.clone_button.on_click(lambda _: self._act(self.clone))
         self.metric_select.observe(self._on_metric, names="value")
+        self.steps_select.observe(self._on_steps_of, names="value")
         self.log_filter.observe(lambda _: self._render_logs(), names="value")
         self.rank_sort.observe(lambda _: self._turn_rank_page(None), names="value")
         self.rank_prev.on_click(lambda _: self._turn_rank_page(-1))
@@ -184,7 +189,8 @@ class JobView:
             self.header, self.banner,
             w.HBox([self.stop_button, self.resume_steps, self.resume_button, self.clone_button,
                     self.action_note]),
-            self.rank_bar, self.rank_table, self.metric_select, self.bokeh, self.retention_note, self.chart_note,
+            self.rank_bar, self.rank_table, w.HBox([self.metric_select, self.steps_select]), self.bokeh,
+            self.retention_note, self.chart_note,
             self.log_filter, self.log_view,
         ])
         self.widget.add_class("dlc-job-view")
@@ -265,6 +271,9 @@ class JobView:
             self.bokeh.update_from_model(self.charts.layout)
             self.metric_select.options = ["loss"]
             self.metric_select.value = "loss"
+            self.steps_select.options = [(MEDIAN_LABEL, -1)]
+            self.steps_select.value = -1
+            self.steps_select.layout.display = "none"
             self._set_log_filter_options()
             self.resume_steps.options = [(FROM_START_LABEL, FROM_START)]
             self.log_view.value = ""
@@ -562,7 +571,21 @@ class JobView:
             current = self.metric_select.value
             self.metric_select.options = names
             self.metric_select.value = current if current in names else names[0]
+        self._set_steps_options()
         self._draw()
+
+    def _set_steps_options(self) -> None:
+        """Median (or past 8 ranks the mean) and each rank with a line of its own."""
+        train = self._f.train
+        if "step_ms" not in train.lines:
+            return
+        first = MEDIAN_LABEL if train.by_rank else f"mean of {train.world_size} ranks"
+        options = [(first, -1)] + [(f"rank {key}", key) for key in train.keys if key != "mean"]
+        if list(self.steps_select.options) != options:
+            current = self.steps_select.value
+            self.steps_select.options = options
+            self.steps_select.value = current if current in dict(options).values() else -1
+        self.steps_select.layout.display = ""
 
     def _draw(self) -> None:
         """Send the charts' changes since the last draw: one bokeh message, however many lines
@@ -737,6 +760,12 @@ class JobView:
             if change["new"]:
                 with self.bokeh.batch():
                     self.charts.select_metric(change["new"])
+
+    def _on_steps_of(self, change) -> None:
+        with self._lock:
+            if change["new"] is not None:
+                with self.bokeh.batch():
+                    self.charts.select_steps_of(None if change["new"] < 0 else change["new"])
 
     def _act(self, action) -> None:
         try:

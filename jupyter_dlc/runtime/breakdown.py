@@ -1,0 +1,216 @@
+"""The step broken down: where each step's wall time went on this rank.
+
+One step is the time between two consecutive `runtime.log` calls. At each call the runtime
+adds to the step's values, as ordinary metrics in milliseconds (the same entry, so a report
+carries no more entries than before, and the launcher stores and serves them like any
+metric):
+
+- `step_ms`: the step's wall time;
+- `data_wait_ms`: time blocked in a torch DataLoader iterator's `__next__` (a shim wraps it
+  at `runtime.init()` or the first `log()`), plus sections in `with runtime.timer("data"):`
+  for loaders that are not torch's (nested sections count once; like every section here,
+  only on the thread that calls `runtime.log`: a prefetch thread's waits block no one);
+- `grad_sync_ms`: DDP's gradient all-reduce as the loop sees it: from the launch of the
+  iteration's last bucket (which DDP reduces when backward has computed every gradient) to
+  the completion of the last bucket's reduction. That is the exposed communication, the time
+  backward waits in DDP's finalisation, including the wait for a slower peer; reductions that
+  overlap backward's compute are not counted twice. On CUDA the two ends are CUDA events,
+  read at a later boundary once the device passed them (`query()`, never a synchronise);
+- `ckpt_stall_ms`: time the loop spent in the Checkpointer's `save()` and `wait()`.
+
+Compute is the rest and is not sent. A value the script logs itself under one of these
+names wins for that step. `runtime.timer(name)` for any other name logs `<name>_ms` (e.g.
+`h2d_ms`), time that stays part of compute in the chart. The first `log()` closes no step
+(there is no earlier boundary), so it carries none of these. DLC_STEP_BREAKDOWN=0 turns it
+all off (then DDP and the DataLoader are left exactly as torch has them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from typing import Any
+
+from ..shims import torch_private
+
+STEP, DATA_WAIT, GRAD_SYNC, CKPT_STALL = "step_ms", "data_wait_ms", "grad_sync_ms", "ckpt_stall_ms"
+RESERVED = (STEP, DATA_WAIT, GRAD_SYNC, CKPT_STALL)
+ENV = "DLC_STEP_BREAKDOWN"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_OWN_NAMES = {"data": DATA_WAIT, "step": None, "data_wait": None, "grad_sync": None,
+              "ckpt_stall": None}
+
+_clock = time.perf_counter
+_lock = threading.Lock()
+_sums: dict[str, float] = {}  # metric name -> seconds in this step
+_seen: list[str] = []  # every name this rank has timed: each step carries all of them
+_cuda_pending: list[tuple[Any, Any]] = []  # (start, end) CUDA events not read yet
+_last_boundary: float | None = None
+_installed = False
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _add(name: str, seconds: float) -> None:
+    with _lock:
+        if name not in _sums:
+            if name not in _seen:
+                _seen.append(name)
+            _sums[name] = 0.0
+        _sums[name] += seconds
+
+
+# The thread whose time the sections count: the one that calls runtime.log (the main
+# thread until the first call). A loader's prefetch thread, or a save on another thread,
+# does not block the loop.
+_loop_thread = threading.main_thread().ident
+
+
+class _Section:
+    """Times the outermost of nested `with` blocks of one name into that metric, on the
+    loop's thread only."""
+
+    __slots__ = ("name", "depth", "started")
+
+    def __init__(self, name: str):
+        self.name, self.depth, self.started = name, 0, 0.0
+
+    def __enter__(self) -> _Section:
+        if threading.get_ident() == _loop_thread:
+            self.depth += 1
+            if self.depth == 1:
+                self.started = _clock()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if threading.get_ident() == _loop_thread:
+            self.depth -= 1
+            if self.depth == 0:
+                _add(self.name, _clock() - self.started)
+
+
+_sections: dict[str, _Section] = {DATA_WAIT: _Section(DATA_WAIT), CKPT_STALL: _Section(CKPT_STALL)}
+
+
+def timer(name: str) -> _Section:
+    """`with runtime.timer("data"):` adds the block's time to this step's `data_wait_ms`;
+    any other name N to `N_ms` (a metric of its own, part of compute in the chart)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"runtime.timer: name must be an identifier such as 'data' or 'h2d', got {name!r}")
+    metric = _OWN_NAMES.get(name, f"{name}_ms")
+    if metric is None:
+        raise ValueError(f"runtime.timer: {name!r} is measured by the runtime itself; use "
+                         "'data' for input waits, or another name of your own")
+    section = _sections.get(metric)
+    if section is None:
+        section = _sections.setdefault(metric, _Section(metric))
+    return section
+
+
+def checkpoint_stall() -> _Section:
+    return _sections[CKPT_STALL]
+
+
+class _SyncClock:
+    """One DDP's gradient reductions: the exposed part of each iteration's (module doc)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.outstanding = 0
+        self.start: Any = None  # the last bucket's launch: perf_counter, or a CUDA event
+
+    def launched(self, bucket: Any) -> bool:
+        cuda = bucket.buffer().is_cuda
+        with self.lock:
+            self.outstanding += 1
+            if bucket.is_last():
+                self.start = _cuda_event() if cuda else _clock()
+        return cuda
+
+    def done(self, cuda: bool) -> None:
+        with self.lock:
+            self.outstanding -= 1
+            if self.outstanding or self.start is None:
+                return
+            start, self.start = self.start, None
+        if cuda:
+            with _lock:
+                _cuda_pending.append((start, _cuda_event()))
+        else:
+            _add(GRAD_SYNC, _clock() - start)
+
+
+def _cuda_event() -> Any:
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _read_cuda_pending() -> None:
+    """Add the CUDA-timed syncs the device has passed; the others wait for a later step."""
+    with _lock:
+        pending, _cuda_pending[:] = list(_cuda_pending), []
+    later = []
+    for start, end in pending:
+        if end.query():
+            _add(GRAD_SYNC, start.elapsed_time(end) / 1e3)
+        else:
+            later.append((start, end))
+    if later:
+        with _lock:
+            _cuda_pending[:0] = later
+
+
+def install() -> None:
+    """Time DataLoader waits and DDP's gradient sync from now on (once; DDPs built before
+    this are not timed). Called by `runtime.init()` and the first `runtime.log()`."""
+    global _installed
+    if _installed or not enabled():
+        return
+    _installed = True
+    try:
+        torch_private.time_dataloader_next(_sections[DATA_WAIT])
+        torch_private.time_ddp_sync(lambda ddp: _SyncClock())
+    except ImportError:
+        pass  # no torch: nothing to time but the runtime's own sections
+
+
+def uninstall() -> None:
+    """Leave DataLoader and DDP as torch has them (benchmarks compare with and without)."""
+    global _installed
+    if _installed:
+        torch_private.untime_dataloader_next()
+        torch_private.untime_ddp_sync()
+        _installed = False
+
+
+def close_step() -> dict[str, float]:
+    """This step's breakdown in ms (empty at the first boundary, or when turned off), and the
+    start of the next step."""
+    global _last_boundary, _loop_thread
+    if not enabled():
+        return {}
+    now = _clock()
+    _loop_thread = threading.get_ident()
+    if _last_boundary is None:
+        install()
+        _last_boundary = now
+        with _lock:
+            _sums.clear()
+        return {}
+    if _cuda_pending:
+        _read_cuda_pending()
+    with _lock:
+        sums = dict(_sums)
+        _sums.clear()
+    step, _last_boundary = now - _last_boundary, now
+    values = {STEP: round(step * 1e3, 3), DATA_WAIT: 0.0, GRAD_SYNC: 0.0, CKPT_STALL: 0.0}
+    for name in _seen:
+        values[name] = round(sums.get(name, 0.0) * 1e3, 3)
+    return values

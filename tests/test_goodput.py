@@ -6,6 +6,7 @@ say, and its goodput within 3 points. One job for the module."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -19,7 +20,7 @@ from conftest import wait_for
 
 from jupyter_dlc import cli, formatting
 from jupyter_dlc.client import LauncherError
-from jupyter_dlc.spec import JOB_OPTIONS, JobSpec, SpecError
+from jupyter_dlc.spec import JOB_OPTIONS, JobSpec, SpecError, spec_from_options
 from jupyter_dlc.widgets import JobView
 
 TOTAL = 170
@@ -160,8 +161,65 @@ def test_the_goodput_route_checks_the_token_and_the_id(faulted):
 
 
 def test_steps_is_a_job_option_checked_in_the_spec():
-    flags = [f for f, _ in JOB_OPTIONS]
-    assert ("--steps",) in flags
+    parser = argparse.ArgumentParser()
+    for flags, kwargs in JOB_OPTIONS:  # what %%dlc and `jupyter-dlc run` declare
+        parser.add_argument(*flags, **kwargs)
+    assert spec_from_options(parser.parse_args(["--steps", "400"]), code="x = 1").steps == 400
+    assert spec_from_options(parser.parse_args([]), code="x = 1").steps is None
     assert JobSpec.from_dict({"code": "pass", "steps": 400}).steps == 400
     with pytest.raises(SpecError, match="^steps: must be between 1 and"):
         JobSpec.from_dict({"code": "pass", "steps": 0})
+
+
+def test_a_hang_a_restore_and_a_restart_each_go_to_their_part(tmp_path):
+    """The ledger's walk over a timeline of known times (a store of its own, no job): a
+    look while attempt 1 runs, then one after it hung, was restarted from step 2 and
+    succeeded, read incrementally by the same ledger."""
+    from jupyter_dlc.launcher.goodput import Ledger
+    from jupyter_dlc.launcher.store import Store
+
+    store = Store(str(tmp_path / "store.sqlite"))
+    store.insert_job("j", "j", {"nodes": 1, "nproc_per_node": 1}, "token", str(tmp_path))
+    db = store.db
+    db.execute("UPDATE jobs SET created = 0")
+    db.execute("DELETE FROM events")
+
+    def state(attempt: int, t: float, name: str) -> None:
+        db.execute("INSERT INTO events (job_id, t, attempt, type, state, reason) VALUES"
+                   " ('j', ?, ?, 'state', ?, '')", (t, attempt, name))
+        db.execute("UPDATE jobs SET state = ?, attempt = ? WHERE id = 'j'", (name, attempt))
+
+    def steps(attempt: int, *at: tuple[int, float]) -> None:
+        for step, t in at:
+            store.record_report("j", attempt, {"rank": 0, "metrics": [
+                {"t": t, "step": step, "values": {"loss": 1.0, "data_wait_ms": 200.0}}]})
+
+    for t, name in ((0, "QUEUED"), (1, "PREFLIGHT"), (2, "STARTING"), (3, "RUNNING")):
+        state(1, t, name)
+    db.execute("UPDATE attempts SET started = 2 WHERE attempt = 1")
+    steps(1, (1, 5), (2, 6), (3, 7), (4, 8))
+    ledger = Ledger(store)
+    running = ledger.ledger(store.job_row("j"), now=9)
+    assert _rounded(running["parts"]) == {"waiting": 2, "startup": 3, "productive": 3.4, "data_wait": 0.6}
+    assert running["progress"]["steps_per_second"] == 1.0
+
+    db.execute("UPDATE attempts SET outcome = 'failed', failure = ? WHERE attempt = 1",
+               (json.dumps({"class": "hang"}),))
+    state(1, 20, "RESTARTING")
+    db.execute("INSERT INTO attempts (job_id, attempt, state, started, resume_path) VALUES"
+               " ('j', 2, 'QUEUED', 22, '/ckpt/step-2')")
+    for t, name in ((21, "QUEUED"), (22, "STARTING")):
+        state(2, t, name)
+    steps(2, (3, 30), (4, 31), (5, 32))
+    state(2, 33, "SUCCEEDED")
+    db.execute("UPDATE jobs SET ended = 33 WHERE id = 'j'")
+    ended = ledger.ledger(store.job_row("j"), now=50)
+    assert _rounded(ended["parts"]) == {
+        "waiting": 2, "startup": 3, "productive": 2.4, "data_wait": 0.6,  # 0.8 + 1.6, 0.2 + 0.4
+        "lost_work": 2, "hung": 12, "restart_downtime": 1 + 9, "shutdown": 1}
+    assert ended["wall_seconds"] == 33 and round(ended["goodput"], 6) == round(2.4 / 33, 6)
+    assert ended["steps_counted"] == 1 + 2
+
+
+def _rounded(parts: dict) -> dict:
+    return {k: round(v, 6) for k, v in parts.items() if v}

@@ -224,12 +224,15 @@ class Ledger:
                     keep = steps.upto(restored)
                     last = len(steps.steps) - 1
                     if keep >= 0:
-                        span = steps.total[keep]
-                        wait, stall = steps.data[keep], steps.ckpt[keep]
+                        # The kept steps as one span (its time on the launcher's clock, which
+                        # a rank's may be off from), its breakdown taken out in proportion.
+                        began = cursor
+                        add(steps.times[keep], "productive")
+                        share = (cursor - began) / steps.total[keep] if steps.total[keep] > 0 else 0.0
+                        wait, stall = steps.data[keep] * share, steps.ckpt[keep] * share
+                        parts["productive"] -= wait + stall
                         parts["data_wait"] += wait
                         parts["checkpoint_stall"] += stall
-                        parts["productive"] += span - wait - stall
-                        cursor = steps.times[keep]
                         counted += keep
                     if keep < last:
                         add(steps.times[last], "lost_work")

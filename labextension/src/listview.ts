@@ -140,6 +140,8 @@ export class JobListView {
     el.appendChild(top);
     const state = cell('dlc-badge', top);
     const name = cell('dlc-name', top);
+    // in the top row: the bottom one's step, progress and loss need its width
+    const goodput = cell('dlc-goodput-cell', top);
     const ageEl = cell('dlc-age', top);
     const bottom = document.createElement('div');
     bottom.className = 'dlc-row-bottom';
@@ -147,7 +149,6 @@ export class JobListView {
     const shape = cell('dlc-shape', bottom);
     const attempt = cell('dlc-attempt', bottom);
     const step = cell('dlc-step', bottom);
-    const goodput = cell('dlc-goodput-cell', bottom);
     const svg = document.createElementNS(SVG_NS, 'svg');
     svg.setAttribute('class', 'dlc-spark');
     svg.setAttribute('width', String(SPARK_W));

@@ -179,8 +179,9 @@ def test_panel_end_to_end(lab):
             client = launcher_client(env)
             wait_until(lambda: len(client.checkpoints(job_id)) >= 2, 90, "two committed checkpoints")
             # the goodput bar: productive and start-up at least, with the percentage
-            expect(detail.locator('.dlc-goodput-bar .dlc-goodput-part[data-part="productive"]')).to_be_visible(timeout=30000)
-            expect(detail.locator('.dlc-goodput-bar .dlc-goodput-part[data-part="startup"]')).to_have_count(1)
+            part = '.dlc-goodput-bar .dlc-goodput-part[data-part="{}"]'.format
+            expect(detail.locator(part("productive"))).to_be_visible(timeout=30000)
+            expect(detail.locator(part("startup"))).to_have_count(1)
             expect(detail.locator(".dlc-goodput-value")).to_contain_text("%")
             page.screenshot(path=str(ART / "03-job-detail.png"))
 

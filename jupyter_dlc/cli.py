@@ -147,7 +147,7 @@ def run_text_command(client: LauncherClient, options) -> None:
     elif command == "status" and options.json:
         print(json.dumps(client.job(options.job), indent=1))
     elif command == "status":
-        print(formatting.status_text(client.job(options.job)))
+        print(formatting.status_text(client.job(options.job), client.goodput(options.job)))
     elif command == "logs":
         if options.follow:
             follow_logs(client, options.job, options.rank, options.tail, raw=options.raw)

@@ -294,6 +294,10 @@ class LauncherClient:
     def checkpoints(self, job_id: str) -> list[dict]:
         return self._get(f"/api/jobs/{job_id}/checkpoints")["checkpoints"]
 
+    def goodput(self, job_id: str) -> dict:
+        """The job's goodput ledger (launcher/goodput.py)."""
+        return self._get(f"/api/jobs/{job_id}/goodput")
+
     def diagnosis(self, job_id: str) -> list[dict]:
         return self._get(f"/api/jobs/{job_id}/diagnosis")["diagnoses"]
 

@@ -37,14 +37,71 @@ def _loss(value) -> str:
 def jobs_table(jobs: list[dict]) -> str:
     if not jobs:
         return "no jobs"
-    header = ("ID", "STATE", "ATTEMPT", "NODESxPROCS", "STEP", "LOSS", "AGE")
+    header = ("ID", "STATE", "ATTEMPT", "NODESxPROCS", "STEP", "LOSS", "GOODPUT", "AGE")
     rows = [header] + [
         (j["id"], j["state"], str(j["attempt"]), f"{j['nodes']}x{j['nproc_per_node']}",
-         "-" if j.get("last_step") is None else str(j["last_step"]), _loss(j.get("last_loss")),
+         _step_cell(j), _loss(j.get("last_loss")), percent(j.get("goodput")),
          age(j.get("created")))
         for j in jobs
     ]
     return _table(rows)
+
+
+def _step_cell(job: dict) -> str:
+    step, total = job.get("last_step"), (job.get("progress") or {}).get("total_steps")
+    if step is None:
+        return "-" if total is None else f"0/{total}"
+    return f"{step}/{total}" if total else str(step)
+
+
+def percent(ratio: float | None) -> str:
+    """A goodput ratio as the views show it: "83%" (one decimal under 10%), "-" when none."""
+    if ratio is None:
+        return "-"
+    value = 100 * ratio
+    return f"{value:.1f}%" if value < 10 else f"{value:.0f}%"
+
+
+def progress_line(progress: dict | None) -> str:
+    """"step 256 / 400, ETA 7 s": what the view's header, the lists and `status` show of a
+    job's progress ("" when it has none). The ETA is the launcher's (launcher/goodput.py)."""
+    if not progress or progress.get("step") is None and progress.get("total_steps") is None:
+        return ""
+    step = progress.get("step")
+    text = f"step {step if step is not None else 0}"
+    if progress.get("total_steps"):
+        text += f" / {progress['total_steps']}"
+        if progress.get("eta_seconds") is not None:
+            text += f", ETA {duration(progress['eta_seconds'])}"
+    return text
+
+
+def duration(seconds: float) -> str:
+    """7 s, 3 min 20 s, 2 h 5 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+# The ledger's parts as people read them, in the order the bar stacks them.
+GOODPUT_PARTS = (("productive", "productive"), ("data_wait", "data wait"),
+                 ("checkpoint_stall", "checkpoint stall"), ("startup", "start-up"),
+                 ("waiting", "waiting"), ("lost_work", "lost work"),
+                 ("restart_downtime", "restart downtime"), ("hung", "hung"),
+                 ("stopped", "stopped"), ("shutdown", "shutdown"))
+
+
+def goodput_line(ledger: dict | None) -> str:
+    """"goodput 83% of 1 min 2 s: productive 52 s, data wait 4 s, ..." (parts of 0 left out)."""
+    if not ledger:
+        return ""
+    parts = ", ".join(f"{label} {duration(ledger['parts'][key])}" for key, label in GOODPUT_PARTS
+                      if ledger["parts"].get(key, 0) >= 0.5)
+    return f"goodput {percent(ledger.get('goodput'))} of {duration(ledger['wall_seconds'])}" + (
+        f": {parts}" if parts else "")
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -63,7 +120,8 @@ def status_line(job: dict) -> str:
     parts = [f"{job['id']}: {job['state']}", f"attempt {job['attempt']}", f"ranks: {rank_text}",
              f"elapsed {elapsed(job)}"]
     if step is not None:
-        parts.append(f"step {step}, loss {_loss(job.get('last_loss'))}")
+        progress = progress_line(job.get("progress")) or f"step {step}"
+        parts.append(f"{progress}, loss {_loss(job.get('last_loss'))}")
     text = " | ".join(parts)
     if job["state"] in ("FAILED", "STOPPED", "RESTARTING", "PENDING") and job.get("reason"):
         text += f"\n  reason: {job['reason']}"
@@ -82,8 +140,10 @@ def engine_text(job: dict) -> str | None:
     return text + (f" on cluster {spec['cluster']}" if spec.get("cluster") else "")
 
 
-def status_text(job: dict) -> str:
+def status_text(job: dict, ledger: dict | None = None) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
+    if ledger:
+        lines.append(f"  {goodput_line(ledger)}")
     if engine_text(job):
         lines.append(f"  engine: {engine_text(job)}")
     start = (job.get("attempts") or [{}])[-1].get("start")

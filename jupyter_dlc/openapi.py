@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__
 from .launcher import bodies
+from .launcher.goodput import PARTS as _GOODPUT_PARTS
 from .launcher.store import RANK_ORDERS
 from .spec import BACKENDS, SPEC_FIELDS
 from .states import ACTIVE_STATES, TERMINAL_STATES, JobState
@@ -70,7 +71,29 @@ SCHEMAS: dict[str, dict] = {
         "last_step": _null(_INT), "last_loss": _LOSS, "nodes": _INT, "nproc_per_node": _INT,
         "backend": {"type": "string", "enum": list(BACKENDS)}, "source": _ref("Source"),
         "job_dir": _STR, "stop_requested": _null(_NUM),
-        "storage": {**_null(_STR), "description": "null, or the data dir's full disk in one line"}}),
+        "storage": {**_null(_STR), "description": "null, or the data dir's full disk in one line"}},
+        {"goodput": {**_null(_NUM), "description": "productive step time over wall time since "
+                     "submit (GET /api/jobs/{job}/goodput has the whole ledger); null until a "
+                     "step was reported"},
+         "progress": _null(_ref("Progress"))}),
+    "Progress": _obj({"step": _null(_INT), "total_steps": _null(_INT),
+                      "steps_per_second": _null(_NUM), "eta_seconds": _null(_NUM)},
+                     description="`total_steps` from the spec's `steps` or the script's "
+                                 "runtime.init(total_steps=N); the rate is rank 0's over its last "
+                                 "20 steps of the current attempt; `eta_seconds` is null once the "
+                                 "job ended or while either is unknown."),
+    "GoodputParts": _obj({part: _NUM for part in _GOODPUT_PARTS}, description=(
+        "Seconds of wall time, disjoint and summing to `wall_seconds`; see "
+        "jupyter_dlc/launcher/goodput.py for where each begins and ends.")),
+    "Goodput": _obj({"job": _STR, "state": _ref("JobState"), "wall_seconds": _NUM,
+                     "goodput": {**_null(_NUM), "description": "parts.productive / wall_seconds; "
+                                 "null until a step was reported"},
+                     "parts": _ref("GoodputParts"),
+                     "steps_counted": {**_INT, "description": "rank 0's steps in `productive`"},
+                     "breakdown_rank": {**_INT, "description": "the rank whose step times, "
+                                        "data_wait_ms and ckpt_stall_ms the ledger reads"},
+                     "progress": _null(_ref("Progress"))},
+                    description="Where the job's wall time went, from its submit to now or to its end."),
     "Rank": _obj({"rank": _INT, "node": _null(_INT), "local_rank": _null(_INT),
                   "state": _STR, "pid": _null(_INT), "exit_code": _null(_INT),
                   "last_step": _null(_INT), "last_progress": _null(_NUM),
@@ -326,6 +349,12 @@ PATHS: dict[str, dict[str, Any]] = {
     "/api/jobs/{job}/diagnosis": {"parameters": [_JOB], "get": {
         "operationId": "jobDiagnosis",
         "responses": {"200": _json("Diagnoses"), **_errors(*_ON_JOB)}}},
+    "/api/jobs/{job}/goodput": {"parameters": [_JOB], "get": {
+        "operationId": "jobGoodput",
+        "description": "The job's goodput ledger: wall time since submit split into waiting, "
+                       "start-up, productive steps, data wait, checkpoint stall, lost work, "
+                       "restart downtime, hung, stopped and shutdown, and its progress.",
+        "responses": {"200": _json("Goodput"), **_errors(*_ON_JOB)}}},
     "/api/jobs/{job}/alerts": {"parameters": [_JOB], "get": {
         "operationId": "jobAlerts", "responses": {"200": _json("Alerts"), **_errors(*_ON_JOB)}}},
     "/api/pools": {

@@ -409,6 +409,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
     "backend": _choice_rule(BACKENDS),
     "max_runtime": _duration_rule(nullable=True),
     "max_restarts": _int_rule(0, 100),
+    "steps": dataclasses.replace(_int_rule(1, 2**53), nullable=True),
     "restart_backoff": _duration_rule(),
     "stop_grace": _duration_rule(),
     "heartbeat_interval": _duration_rule(),
@@ -469,6 +470,9 @@ class JobSpec:
     backend: str = "local"
     max_runtime: float | None = None
     max_restarts: int = 3
+    # The steps the job will run (progress and ETA); the script may say it instead:
+    # runtime.init(total_steps=N).
+    steps: int | None = None
     restart_backoff: float = 1.0
     stop_grace: float = 30.0
     heartbeat_interval: float = 5.0
@@ -582,6 +586,8 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--max-runtime",), dict(default=None, help="stop the job after this long, e.g. 2h")),
     (("--workdir",), dict(default=None, help="working directory of the ranks")),
     (("--max-restarts",), dict(type=int, default=3, help="automatic restarts on failure")),
+    (("--steps",), dict(type=int, default=None, metavar="N",
+                        help="steps the job will run, for progress and ETA")),
     (("--checkpoint-dir",), dict(default=None, help="where checkpoints go (default: job dir)")),
     (("--keep-last",), dict(type=int, default=3, help="committed checkpoints to keep")),
     (("--heartbeat-interval",), dict(default="5s", help="runtime heartbeat interval")),
@@ -607,7 +613,7 @@ def spec_from_options(options: Any, **fields: Any) -> JobSpec:
         name=options.name or "", nodes=options.nodes, nproc_per_node=options.nproc_per_node,
         env=parse_env(options.env), network=options.network, max_runtime=options.max_runtime,
         workdir=options.workdir or os.getcwd(),
-        max_restarts=options.max_restarts, checkpoint_dir=options.checkpoint_dir,
+        max_restarts=options.max_restarts, steps=options.steps, checkpoint_dir=options.checkpoint_dir,
         keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
         progress_timeout=options.progress_timeout, alerts=list(options.alert),
         default_alerts=not options.no_default_alerts, backend=options.backend,

@@ -147,6 +147,7 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "job_failed": ("JobDetail", c.job(bad)),
         "stream_job": ("JobSummary", summary),
         "diagnosis_failed": ("Diagnoses", {"diagnoses": c.diagnosis(bad)}),
+        "goodput": ("Goodput", c.goodput(good)),
         "checkpoints": ("Checkpoints", {"checkpoints": c.checkpoints(good)}),
         "logs": ("Logs", logs),
         "metrics": ("Metrics", c.metrics(good)),

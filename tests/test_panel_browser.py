@@ -139,7 +139,7 @@ def test_panel_end_to_end(lab):
 
             # -- a job from the CLI appears, then changes state ------------------------------
             out = cli(env, "run", str(tmp / "root" / "train.py"), "--nodes", "2",
-                      "--nproc-per-node", "1", "--name", "panel-e2e")
+                      "--nproc-per-node", "1", "--name", "panel-e2e", "--steps", "100000")
             r = row(page, "panel-e2e")
             expect(r).to_be_visible(timeout=20000)
             first_state = r.get_attribute("data-state")
@@ -147,6 +147,9 @@ def test_panel_end_to_end(lab):
             expect(r).to_have_attribute("data-state", "RUNNING", timeout=90000)
             expect(r.locator(".dlc-shape")).to_have_text("2×1")
             expect(r.locator(".dlc-step")).to_contain_text("step", timeout=60000)
+            # progress against --steps with its ETA, and the goodput column (launcher/goodput.py)
+            expect(r.locator(".dlc-step")).to_contain_text(" / 100000, ETA ", timeout=30000)
+            expect(r.locator(".dlc-goodput-cell")).to_contain_text("goodput ", timeout=30000)
             job_id = r.get_attribute("data-job-id")
             page.screenshot(path=str(ART / "02-job-running.png"))
 
@@ -175,6 +178,11 @@ def test_panel_end_to_end(lab):
                        30, "the stream cut, polled, and back")
             client = launcher_client(env)
             wait_until(lambda: len(client.checkpoints(job_id)) >= 2, 90, "two committed checkpoints")
+            # the goodput bar: productive and start-up at least, with the percentage
+            part = '.dlc-goodput-bar .dlc-goodput-part[data-part="{}"]'.format
+            expect(detail.locator(part("productive"))).to_be_visible(timeout=30000)
+            expect(detail.locator(part("startup"))).to_have_count(1)
+            expect(detail.locator(".dlc-goodput-value")).to_contain_text("%")
             page.screenshot(path=str(ART / "03-job-detail.png"))
 
             # -- Stop from the panel ------------------------------------------------------------

@@ -22,7 +22,7 @@ from .. import __version__, bands, identity, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, checkpoints
+from . import bodies, checkpoints, goodput
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -76,6 +76,8 @@ class Launcher:
                  retention: RetentionPolicy | None = None, pacer: ReportPacer | None = None,
                  warnings: list[str] | None = None):
         self.store = store
+        # Summaries carry goodput and progress; the goodput route answers the whole ledger.
+        self.ledger = store.ledger = goodput.Ledger(store)
         self.supervisor = supervisor
         self.data_dir = data_dir
         self.token = token
@@ -446,6 +448,7 @@ def delete_job(launcher: Launcher, row) -> None:
     """The job's rows, whatever of it still runs (the engines' process scan) and its
     directory; on an action worker."""
     launcher.store.delete_job(row["id"])
+    launcher.ledger.forget(row["id"])
     launcher.supervisor.forget(row["id"])
     # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
     if row["job_dir"].startswith(os.path.join(launcher.data_dir, "jobs") + os.sep):
@@ -694,6 +697,12 @@ class CheckpointsHandler(BaseHandler):
         await self.reply_off_loop(answer)
 
 
+class GoodputHandler(BaseHandler):
+    async def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        await self.reply_off_loop(lambda: self.launcher.ledger.ledger(row))
+
+
 class DiagnosisHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
@@ -873,6 +882,16 @@ class PrometheusHandler(BaseHandler):
         lines += ["# HELP dlc_job_loss Last loss reported by rank 0.", "# TYPE dlc_job_loss gauge"]
         lines += [f'dlc_job_loss{{job="{r["id"]}"}} {r["last_loss"]}' for r in rows
                   if r["last_loss"] is not None]
+        ledgers = await asyncio.get_running_loop().run_in_executor(
+            self.launcher.readers, lambda: [self.launcher.ledger.ledger(r) for r in rows])
+        lines += ["# HELP dlc_job_goodput_ratio Productive step time over wall time since submit.",
+                  "# TYPE dlc_job_goodput_ratio gauge"]
+        lines += [f'dlc_job_goodput_ratio{{job="{g["job"]}"}} {g["goodput"]:.6g}' for g in ledgers
+                  if g["goodput"] is not None]
+        lines += ["# HELP dlc_job_time_seconds Wall time since submit by where it went "
+                  "(launcher/goodput.py).", "# TYPE dlc_job_time_seconds gauge"]
+        lines += [f'dlc_job_time_seconds{{job="{g["job"]}",part="{part}"}} {seconds:.6g}'
+                  for g in ledgers for part, seconds in g["parts"].items()]
         self.set_header("Content-Type", "text/plain; version=0.0.4")
         self.finish("\n".join(lines) + "\n")
 
@@ -950,6 +969,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
         (job + r"/events", EventsHandler, args),
         (job + r"/checkpoints", CheckpointsHandler, args),
         (job + r"/diagnosis", DiagnosisHandler, args),
+        (job + r"/goodput", GoodputHandler, args),
         (job + r"/alerts", AlertsHandler, args),
         (job + r"/script", ScriptHandler, args),
         (r"/api/pools", PoolsHandler, args),

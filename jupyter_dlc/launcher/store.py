@@ -108,6 +108,9 @@ class Store:
         self._local = threading.local()
         # Bumped by every committed write, from any thread: lets readers skip unchanged polls.
         self.version = 0
+        # The goodput ledger (goodput.Ledger) the launcher sets: summaries then carry the
+        # job's goodput and progress. None elsewhere (the supervisor's tests, the ingest worker).
+        self.ledger: Any = None
         self.db.executescript(SCHEMA)
         # Columns added since a data dir was first written (CREATE TABLE IF NOT EXISTS leaves
         # an existing table as it was): each added empty, nothing else touched.
@@ -259,6 +262,8 @@ class Store:
                    storage=self.storage_problem)
         if isinstance(out["last_loss"], float) and not math.isfinite(out["last_loss"]):
             out["last_loss"] = str(out["last_loss"])
+        if self.ledger is not None:
+            out.update(self.ledger.summary_fields(row))
         return out
 
     def update_job(self, job_id: str, **fields: Any) -> None:

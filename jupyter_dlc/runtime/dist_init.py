@@ -17,20 +17,24 @@ import torch.distributed as dist
 from ..shims import torch_private
 from . import breakdown
 from .env import rank_info
+from .report import get_reporter
 
 _store = None
 
 
-def init(backend=None, timeout=None):
+def init(backend=None, timeout=None, total_steps=None):
     """Join the job's process group (once; later calls just return the rank facts).
 
     backend: "nccl" when CUDA is available, else "gloo". timeout: seconds for collectives,
-    default DLC_COLLECTIVE_TIMEOUT. Returns a RankInfo. Starts the step breakdown's timing
-    of DataLoader waits and of every DDP built afterwards (breakdown.py).
+    default DLC_COLLECTIVE_TIMEOUT. total_steps: the steps the script will run, for the
+    views' progress and ETA (rank 0 reports it). Returns a RankInfo. Starts the step
+    breakdown's timing of DataLoader waits and of every DDP built afterwards (breakdown.py).
     """
     global _store
     info = rank_info()
     breakdown.install()  # DataLoader waits and DDP's gradient sync, timed from here on
+    if total_steps is not None:
+        report_total_steps(info, total_steps)
     if dist.is_available() and not dist.is_initialized():
         use_cuda = torch.cuda.is_available()
         backend = backend or ("nccl" if use_cuda else "gloo")
@@ -64,3 +68,13 @@ def job_store():
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     return _store if _store is not None else torch_private.default_store()
+
+
+def report_total_steps(info, total_steps):
+    """Tell the launcher how many steps the job runs ("step 256 / 400, ETA 7 s")."""
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ValueError(f"runtime.init: total_steps must be a whole number of at least 1, "
+                         f"got {total_steps!r:.60}")
+    reporter = get_reporter()
+    if reporter is not None and info.rank == 0:
+        reporter.event("total_steps", steps=total_steps)

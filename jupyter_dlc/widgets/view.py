@@ -88,6 +88,8 @@ class _Followed:
         self.job: dict | None = None
         self.gone: str | None = None
         self.finalised = None      # (attempt, metrics seq) of the last full bokeh re-send
+        self.goodput: dict | None = None   # the ledger as last read, and when
+        self.goodput_read = (0.0, None)
         self.note = ""
 
     def band(self) -> list[int] | None:
@@ -140,6 +142,7 @@ class JobView:
         self.rank_order = "rank"  # the rank table's (the launcher sorts and pages it)
 
         self.header = w.HTML()
+        self.goodput_bar = w.HTML()  # where the job's wall time went (launcher/goodput.py)
         self.banner = w.HTML()
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="Stop the job (ranks checkpoint, then exit)")
@@ -186,7 +189,7 @@ class JobView:
         self.rank_next.on_click(lambda _: self._turn_rank_page(+1))
 
         self.widget = w.VBox([
-            self.header, self.banner,
+            self.header, self.goodput_bar, self.banner,
             w.HBox([self.stop_button, self.resume_steps, self.resume_button, self.clone_button,
                     self.action_note]),
             self.rank_bar, self.rank_table, w.HBox([self.metric_select, self.steps_select]), self.bokeh,
@@ -277,6 +280,7 @@ class JobView:
             self._set_log_filter_options()
             self.resume_steps.options = [(FROM_START_LABEL, FROM_START)]
             self.log_view.value = ""
+            self.goodput_bar.value = ""
             self.header.value = self._header_html(None)
         self._kick()
 
@@ -437,6 +441,7 @@ class JobView:
             self._poll_events(f)
             self._poll_checkpoints(f, job)
             self._poll_diagnosis(f, job)
+            self._poll_goodput(f, job)
         except LauncherUnavailable as error:
             self._launcher_down(str(error))
             return None
@@ -548,6 +553,19 @@ class JobView:
             f.diagnoses = self.client.diagnosis(f.job_id) if failed or f.diagnosis_count < 0 else []
             f.diagnosis_count = failed
 
+    def _poll_goodput(self, f: _Followed, job: dict) -> None:
+        """The ledger, every GOODPUT_EVERY seconds while the job runs and once when its state
+        or attempt changed (an ended job's does not change)."""
+        read_at, key = f.goodput_read
+        now = time.time()
+        new_key = (job["state"], job.get("attempt"))
+        if key == new_key and (job["state"] in TERMINAL or now - read_at < GOODPUT_EVERY):
+            return
+        ledger = self.client.goodput(f.job_id)
+        with self._lock:
+            f.goodput, f.goodput_read = ledger, (now, new_key)
+            self.goodput_bar.value = goodput_bar_html(ledger)
+
     def _finalise(self, f: _Followed, job: dict) -> None:
         """Once per ended attempt: re-send the whole bokeh document, so that the widget state
         saved with the notebook, and any view created from it later, holds every point."""
@@ -610,7 +628,13 @@ class JobView:
         ]
         if job.get("last_step") is not None:
             loss = job.get("last_loss")
-            parts.append(f'step <b class="dlc-step">{_text(job["last_step"])}</b>')
+            step = f'step <b class="dlc-step">{_text(job["last_step"])}</b>'
+            progress = job.get("progress") or {}
+            if progress.get("total_steps"):
+                # "step 256 / 400, ETA 7 s" (formatting.progress_line), the step in bold
+                rest = formatting.progress_line(progress).split(" / ", 1)[1]
+                step += f' / <span class="dlc-progress">{_text(rest)}</span>'
+            parts.append(step)
             if loss is not None:
                 parts.append(f'loss <b class="dlc-loss">{_number(loss)}</b>')
         rate = f.train.steps_per_s()
@@ -774,6 +798,41 @@ class JobView:
         except LauncherError as error:
             self.action_note.value = f'<span style="color:#c62828">{html.escape(str(error))}</span>'
         self.refresh_now()
+
+
+# How often a running job's ledger is read again (each read is one small request).
+GOODPUT_EVERY = 2.0
+# The ledger's parts as the bar stacks them, with their colours (the panel's detail.ts the same).
+GOODPUT_COLOURS = {"productive": "#2e7d32", "data_wait": "#f9a825", "checkpoint_stall": "#6a1b9a",
+                   "startup": "#0277bd", "waiting": "#9e9e9e", "lost_work": "#c62828",
+                   "restart_downtime": "#ef6c00", "hung": "#4e342e", "stopped": "#607d8b",
+                   "shutdown": "#b0bec5"}
+
+
+def goodput_bar_html(ledger: dict | None) -> str:
+    """One stacked bar of where the job's wall time went, with the goodput percentage;
+    each part's seconds in its tooltip and the legend under it."""
+    if not ledger or not ledger.get("wall_seconds"):
+        return ""
+    wall = ledger["wall_seconds"]
+    segments, legend = [], []
+    for key, label in formatting.GOODPUT_PARTS:
+        seconds = ledger["parts"].get(key, 0.0)
+        if seconds <= 0:
+            continue
+        share = 100 * seconds / wall
+        tip = _text(f"{label}: {formatting.duration(seconds)} ({share:.1f}%)")
+        segments.append(f'<div class="dlc-goodput-part" data-part="{key}" title="{tip}" '
+                        f'style="width:{share:.3f}%;background:{GOODPUT_COLOURS[key]}"></div>')
+        if seconds >= 0.5:
+            legend.append(f'<span style="color:{GOODPUT_COLOURS[key]}">■</span> {tip}')
+    percent = _text(formatting.percent(ledger.get("goodput")))
+    return (f'<div class="dlc-goodput" style="font-family:var(--jp-ui-font-family,sans-serif);'
+            f'font-size:12px;margin:2px 0">goodput <b class="dlc-goodput-value">{percent}</b> '
+            f'of {_text(formatting.duration(wall))}'
+            f'<div class="dlc-goodput-bar" style="display:flex;height:10px;width:100%;'
+            f'max-width:600px;background:#eee;border-radius:2px;overflow:hidden">{"".join(segments)}</div>'
+            f'<div style="color:#555;font-size:11px">{" · ".join(legend)}</div></div>')
 
 
 def _text(value) -> str:

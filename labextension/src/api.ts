@@ -15,6 +15,7 @@ export interface SubRoutes {
   events: Schemas['Events'];
   checkpoints: Schemas['Checkpoints'];
   diagnosis: Schemas['Diagnoses'];
+  goodput: Schemas['Goodput'];
   alerts: Schemas['Alerts'];
   script: Schemas['Script'];
 }

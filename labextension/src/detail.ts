@@ -10,6 +10,7 @@ import { DlcApi, DlcError } from './api';
 import { JobMetrics, Taken } from './bands';
 import { lineChart } from './charts';
 import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
+import { progressText, renderGoodputBar } from './goodput';
 import { stateClass } from './listview';
 import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, age, isActive } from './store';
@@ -124,7 +125,8 @@ export class DetailView {
 
     this.parts.meta = el('div', 'dlc-detail-meta');
     this.parts.reason = el('div', 'dlc-detail-reason');
-    this.node.append(this.parts.meta, this.parts.reason);
+    this.parts.goodput = el('div', 'dlc-goodput-box');
+    this.node.append(this.parts.meta, this.parts.reason, this.parts.goodput);
 
     const actions = el('div', 'dlc-actions');
     const button = (label: string, cls: string, fn: () => Promise<void>) => {
@@ -223,6 +225,7 @@ export class DetailView {
       this.parts.rankStates.textContent = '';
       this.parts.alerts.textContent = '';
       this.parts.diagnosis.textContent = '';
+      this.parts.goodput.textContent = '';
       (this.parts.logRank as HTMLSelectElement).textContent = '';
     }
     this.update(entry);
@@ -255,7 +258,9 @@ export class DetailView {
     this.parts.meta.textContent =
       `${j.id} · attempt ${j.attempt} · ${j.nodes} nodes × ${j.nproc_per_node} processes` +
       ` · ${j.backend ?? ''} · created ${age(j.created, Date.now())} ago` +
-      (j.last_step !== null && j.last_step !== undefined ? ` · step ${j.last_step}` : '') +
+      (j.last_step !== null && j.last_step !== undefined
+        ? ` · ${progressText(j.progress) || `step ${j.last_step}`}`
+        : '') +
       src;
     this.parts.reason.textContent = j.reason ? `${j.state}: ${j.reason}` : '';
     this.updateButtons();
@@ -311,11 +316,12 @@ export class DetailView {
     const api = this.host.api;
     const ask = this.ranks.ask();
     try {
-      const [job, logs, alerts, diagnosis] = await Promise.all([
+      const [job, logs, alerts, diagnosis, goodput] = await Promise.all([
         api.job(id, ask.query),
         api.sub(id, 'logs', { tail: LOG_TAIL, rank: this.logRank === '' ? undefined : this.logRank }),
         api.sub(id, 'alerts'),
-        api.sub(id, 'diagnosis')
+        api.sub(id, 'diagnosis'),
+        api.sub(id, 'goodput')
       ]);
       if (this.id !== id) {
         return;
@@ -325,6 +331,7 @@ export class DetailView {
       this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
       this.renderAlerts(alerts.alerts);
       this.renderDiagnosis(diagnosis.diagnoses);
+      this.parts.goodput.replaceChildren(renderGoodputBar(goodput));
     } catch (e) {
       if (e instanceof DlcError && e.status === 404) {
         this.host.removed(id);

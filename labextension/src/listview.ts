@@ -3,6 +3,7 @@
  * whose entry changed (`rev`) and moves rows only when the visible order changed, so a
  * stream of events against 500 jobs costs one row each. No JupyterLab imports (jest-tested).
  */
+import { percentText, progressText } from './goodput';
 import { JobEntry, State, age, sparklinePath, visibleIds } from './store';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
@@ -17,6 +18,7 @@ interface Row {
   attempt: HTMLElement;
   shape: HTMLElement;
   step: HTMLElement;
+  goodput: HTMLElement;
   spark: SVGPathElement;
   age: HTMLElement;
   created: number | null;
@@ -138,6 +140,8 @@ export class JobListView {
     el.appendChild(top);
     const state = cell('dlc-badge', top);
     const name = cell('dlc-name', top);
+    // in the top row: the bottom one's step, progress and loss need its width
+    const goodput = cell('dlc-goodput-cell', top);
     const ageEl = cell('dlc-age', top);
     const bottom = document.createElement('div');
     bottom.className = 'dlc-row-bottom';
@@ -153,7 +157,7 @@ export class JobListView {
     const spark = document.createElementNS(SVG_NS, 'path');
     svg.appendChild(spark);
     bottom.appendChild(svg);
-    return { el, rev: -1, name, state, attempt, shape, step, spark, age: ageEl, created: null };
+    return { el, rev: -1, name, state, attempt, shape, step, goodput, spark, age: ageEl, created: null };
   }
 
   private fill(row: Row, entry: JobEntry, nowMs: number): void {
@@ -173,8 +177,12 @@ export class JobListView {
       row.step,
       j.last_step === null || j.last_step === undefined
         ? ''
-        : `step ${j.last_step}${j.last_loss !== null && j.last_loss !== undefined ? ` · loss ${fmtLoss(j.last_loss)}` : ''}`
+        : `${progressText(j.progress) || `step ${j.last_step}`}` +
+            `${j.last_loss !== null && j.last_loss !== undefined ? ` · loss ${fmtLoss(j.last_loss)}` : ''}`
     );
+    const goodput = percentText(j.goodput);
+    setText(row.goodput, goodput ? `goodput ${goodput}` : '');
+    row.goodput.title = goodput ? 'productive step time over wall time since submit' : '';
     const d = sparklinePath(
       entry.history.map(p => p.loss),
       SPARK_W,

@@ -135,6 +135,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/jobs/{job}/goodput": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        /** @description The job's goodput ledger: wall time since submit split into waiting, start-up, productive steps, data wait, checkpoint stall, lost work, restart downtime, hung, stopped and shutdown, and its progress. */
+        get: operations["jobGoodput"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/jobs/{job}/logs": {
         parameters: {
             query?: never;
@@ -503,6 +523,33 @@ export interface components {
         Events: {
             events: components["schemas"]["Event"][];
         };
+        /** @description Where the job's wall time went, from its submit to now or to its end. */
+        Goodput: {
+            /** @description the rank whose step times, data_wait_ms and ckpt_stall_ms the ledger reads */
+            breakdown_rank: number;
+            /** @description parts.productive / wall_seconds; null until a step was reported */
+            goodput: number | null;
+            job: string;
+            parts: components["schemas"]["GoodputParts"];
+            progress: components["schemas"]["Progress"] | null;
+            state: components["schemas"]["JobState"];
+            /** @description rank 0's steps in `productive` */
+            steps_counted: number;
+            wall_seconds: number;
+        };
+        /** @description Seconds of wall time, disjoint and summing to `wall_seconds`; see jupyter_dlc/launcher/goodput.py for where each begins and ends. */
+        GoodputParts: {
+            checkpoint_stall: number;
+            data_wait: number;
+            hung: number;
+            lost_work: number;
+            productive: number;
+            restart_downtime: number;
+            shutdown: number;
+            startup: number;
+            stopped: number;
+            waiting: number;
+        };
         /** @description Asked with a nonce in `X-DLC-Nonce`, every answer of this route (a 401 without the token too) carries `X-DLC-Proof`, which proves the launcher with its connection file's `identity` key (jupyter_dlc/identity.py); clients check it before they send the token. Report answers prove the job's key the same way. */
         Health: {
             /** @description the process that parses and stores rank reports (launcher/ingest_worker.py); `starts` counts its restarts too */
@@ -567,6 +614,7 @@ export interface components {
             source?: {
                 [key: string]: (string | number | boolean | null) | ((string | number | boolean | null) | (string | number | boolean | null)[])[];
             };
+            steps?: number | null;
             stop_grace?: number | string;
             workdir?: string | null;
         };
@@ -581,6 +629,8 @@ export interface components {
             backend: "local" | "slurm" | "kubernetes" | "ssh";
             created: number;
             ended: number | null;
+            /** @description productive step time over wall time since submit (GET /api/jobs/{job}/goodput has the whole ledger); null until a step was reported */
+            goodput?: number | null;
             id: string;
             job_dir: string;
             last_loss: number | string | null;
@@ -588,6 +638,7 @@ export interface components {
             name: string;
             nodes: number;
             nproc_per_node: number;
+            progress?: components["schemas"]["Progress"] | null;
             reason: string | null;
             source: components["schemas"]["Source"];
             started: number | null;
@@ -662,6 +713,13 @@ export interface components {
         };
         Pools: {
             pools: components["schemas"]["Pool"][];
+        };
+        /** @description `total_steps` from the spec's `steps` or the script's runtime.init(total_steps=N); the rate is rank 0's over its last 20 steps of the current attempt; `eta_seconds` is null once the job ended or while either is unknown. */
+        Progress: {
+            eta_seconds: number | null;
+            step: number | null;
+            steps_per_second: number | null;
+            total_steps: number | null;
         };
         Rank: {
             exit_code: number | null;
@@ -1308,6 +1366,56 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job or pool */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    jobGoodput: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Goodput"];
                 };
             };
             /** @description Missing or wrong token */

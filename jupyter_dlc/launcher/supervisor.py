@@ -753,7 +753,8 @@ class Supervisor(threading.Thread):
                                stacks, live, backend.name == "local")
             self.store.add_event(ctx.job_id, ctx.attempt, "evidence",
                                  f"kept {len(index['files'])} files of evidence in {index['seconds']:.1f}s",
-                                 {"files": [f["name"] for f in index["files"]]})
+                                 {"files": [f["name"] for f in index["files"]],
+                                  "dir": os.path.dirname(ctx.attempt_dir + "/evidence/")})
         except Exception:  # noqa: BLE001 - evidence must never keep a failed attempt alive
             log.error("evidence of %s failed:\n%s", ctx.job_id, traceback.format_exc())
 

@@ -197,6 +197,8 @@ def diagnosis_text(diagnoses: list[dict], job: dict, verdict: dict | None = None
                 text.append(f"  {word} {number_ranges(again)}: the same error again")
             continue
         text.append(line)
+    if job["state"] != "FAILED" and verdict is not None:  # restarted, and running or done since
+        text.append(verdict_text(job, verdict))
     return "\n".join(text)
 
 

@@ -760,6 +760,7 @@ export interface components {
                 local_rank?: number | null;
                 main?: string | null;
                 message?: string | null;
+                nccl?: string | null;
                 node?: number | null;
                 path?: string | null;
                 pid?: number | null;
@@ -798,6 +799,7 @@ export interface components {
                     local_rank?: number | null;
                     main?: string | null;
                     message?: string | null;
+                    nccl?: string | null;
                     node?: number | null;
                     path?: string | null;
                     pid?: number | null;

@@ -161,7 +161,10 @@ def run_text_command(client: LauncherClient, options) -> None:
     elif command == "checkpoints":
         print(formatting.checkpoints_table(client.checkpoints(options.job)))
     elif command == "why":
-        print(formatting.diagnosis_text(client.diagnosis(options.job), client.job(options.job)))
+        answer = client.why(options.job)
+        print(formatting.diagnosis_text(answer["diagnoses"], client.job(options.job), answer.get("verdict")))
+    elif command == "evidence":
+        print(formatting.evidence_text(client.evidence(options.job)))
     elif command == "pool":
         print(pool_command(client, options))
     elif command == "export":

@@ -301,6 +301,15 @@ class LauncherClient:
     def diagnosis(self, job_id: str) -> list[dict]:
         return self._get(f"/api/jobs/{job_id}/diagnosis")["diagnoses"]
 
+    def why(self, job_id: str) -> dict:
+        """The diagnoses of failed attempts and, for a job that did not fail, the
+        performance verdict (`verdict`, None without a step breakdown)."""
+        return self._get(f"/api/jobs/{job_id}/diagnosis")
+
+    def evidence(self, job_id: str) -> list[dict]:
+        """The evidence folders kept before a hung or failing attempt was killed."""
+        return self._get(f"/api/jobs/{job_id}/evidence")["evidence"]
+
     def alerts(self, job_id: str) -> dict:
         return self._get(f"/api/jobs/{job_id}/alerts")
 

@@ -50,7 +50,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("resume", "resume an ended job from a committed checkpoint", (
         JOB, (("--step",), {"type": int, "default": None,
                             "help": "default: the newest committed step"}))),
-    Command("why", "why a job failed: the first error and what to do", (JOB,)),
+    Command("why", "why a job failed (the first error and what to do), or for a job that did "
+            "not fail where its step time goes (input, communication, checkpoint, straggler)", (JOB,)),
+    Command("evidence", "the evidence kept before a hung or failing attempt was killed", (JOB,)),
     Command("checkpoints", "committed checkpoints of a job", (JOB,)),
     Command("clone", "a new job from the same spec", (JOB,)),
     Command("delete", "delete an ended job", (JOB,)),

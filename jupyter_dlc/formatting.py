@@ -197,13 +197,35 @@ def number_ranges(numbers: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
+def verdict_text(job: dict, verdict: dict | None) -> str:
+    """The performance verdict of a job that did not fail (launcher/performance.py)."""
+    if verdict is None:
+        return (f"{job['id']} is {job['state']}: no failed attempt to explain, and no step "
+                "breakdown (step_ms, data_wait_ms, grad_sync_ms) logged to judge its speed")
+    return "\n".join([f"{job['id']} is {job['state']}: {verdict['verdict']}",
+                      f"  {verdict['line']}", f"  what to do: {verdict['suggestion']}"])
+
+
+def evidence_text(folders: list[dict]) -> str:
+    """`jupyter-dlc evidence JOB`: each attempt's evidence folder and what it holds."""
+    if not folders:
+        return "no evidence kept: no attempt of this job was killed hung or failing"
+    out = []
+    for folder in folders:
+        out.append(f"attempt {folder['attempt']}: {folder['dir']} ({folder['reason']}; "
+                   f"kept in {folder['seconds']:.1f}s)")
+        out += [f"  {f['name']:<28} {f['size']:>9} B  {f['what']}" for f in folder["files"]]
+        out += [f"  not kept: {why}" for why in folder.get("skipped", [])]
+    return "\n".join(out)
+
+
+def diagnosis_text(diagnoses: list[dict], job: dict, verdict: dict | None = None) -> str:
     """Each distinct first error in full once; repeats (other attempts, other ranks) grouped
-    in one line each."""
+    in one line each; for a job that did not fail, the performance verdict."""
     if not diagnoses:
         if job["state"] == "FAILED":
             return f"{job['id']} FAILED: {job.get('reason')}"
-        return f"{job['id']} is {job['state']}: no failed attempt to explain"
+        return verdict_text(job, verdict)
     out: list[str] = []
     shown: dict[tuple, list[int]] = {}  # error -> attempts with it, the first shown in full
     for d in diagnoses:
@@ -235,6 +257,8 @@ def diagnosis_text(diagnoses: list[dict], job: dict) -> str:
                 text.append(f"  {word} {number_ranges(again)}: the same error again")
             continue
         text.append(line)
+    if job["state"] != "FAILED" and verdict is not None:  # restarted, and running or done since
+        text.append(verdict_text(job, verdict))
     return "\n".join(text)
 
 

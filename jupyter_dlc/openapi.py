@@ -130,7 +130,42 @@ SCHEMAS: dict[str, dict] = {
     "JobDetail": {"allOf": [_ref("JobSummary"), _obj({
         "spec": _ANY_OBJ, "ranks": {"type": "array", "items": _ref("Rank")},
         "attempts": {"type": "array", "items": _ref("Attempt")},
-        "last_checkpoint": _null(_ref("Checkpoint"))}, {"rank_page": _ref("RankPage")})]},
+        "last_checkpoint": _null(_ref("Checkpoint")),
+        "stragglers": {"type": "array", "items": _ref("Straggler"),
+                       "description": "who the straggler detector names now, while the job "
+                                      "runs (launcher/stragglers.py); empty once it ended"}},
+        {"rank_page": _ref("RankPage")})]},
+    "Straggler": _obj(
+        {"key": {**_STR, "description": "`rank R` or `node N`"},
+         "kind": {"type": "string", "enum": ["rank", "node"]}, "node": _INT,
+         "ranks": {"type": "array", "items": _INT},
+         "own_ms": {**_NUM, "description": "its own work a step (step_ms - grad_sync_ms), "
+                                           "median of its recent steps"},
+         "median_ms": {**_NUM, "description": "the median rank's own work a step"},
+         "wait_ms": {**_NUM, "description": "the others' median wait in the all-reduce"},
+         "data_wait_ms": _NUM, "peer_data_wait_ms": _NUM,
+         "bound": {"type": "string", "enum": ["input", "compute"]}, "message": _STR},
+        description="A rank whose own work stays far above its peers' while they wait for it "
+                    "in the gradient sync, or a node all of whose ranks do."),
+    "PerformanceVerdict": _obj(
+        {"verdict": {"type": "string", "enum": ["input-bound", "communication-bound",
+                                                "checkpoint-bound", "straggler", "healthy"]},
+         "line": _STR, "suggestion": _STR,
+         "figures": _obj({"steps": _INT, "step_ms": _NUM, "data_wait_ms": _NUM,
+                          "grad_sync_ms": _NUM, "ckpt_stall_ms": _NUM, "compute_ms": _NUM,
+                          "shares": {"type": "object", "additionalProperties": _NUM}}),
+         "stragglers": {"type": "array", "items": _ref("Straggler")}},
+        description="Where the step time of a job that did not fail goes, over each rank's "
+                    "last 100 steps (launcher/performance.py)."),
+    "EvidenceFile": _obj({"name": _STR, "what": _STR, "size": _INT}),
+    "EvidenceFolder": _obj(
+        {"attempt": _INT, "t": _NUM, "reason": _STR, "seconds": _NUM, "dir": _STR,
+         "files": {"type": "array", "items": _ref("EvidenceFile")},
+         "skipped": {"type": "array", "items": _STR}},
+        description="What the supervisor kept of an attempt before killing it hung or failing "
+                    "(launcher/evidence.py): the folder and its files; `skipped` says what was "
+                    "not kept and why."),
+    "Evidence": _obj({"evidence": {"type": "array", "items": _ref("EvidenceFolder")}}),
     "RankPage": _obj(
         {"sort": {"type": "string", "enum": list(RANK_ORDERS)}, "page": _INT, "size": _INT,
          "total": _INT, "pages": _INT,
@@ -174,7 +209,10 @@ SCHEMAS: dict[str, dict] = {
     "Events": _obj({"events": {"type": "array", "items": _ref("Event")}}),
     "Checkpoints": _obj({"checkpoints": {"type": "array", "items": _ref("Checkpoint")}}),
     "Diagnoses": _obj({"diagnoses": {"type": "array", "items": {"allOf": [
-        _ref("Diagnosis"), _obj({"attempt": _INT, "reason": _null(_STR)})]}}}),
+        _ref("Diagnosis"), _obj({"attempt": _INT, "reason": _null(_STR)})]}},
+        "verdict": {**_null(_ref("PerformanceVerdict")),
+                    "description": "for a job that did not fail: where its step time goes; null "
+                                   "for a failed job or one that logged no step breakdown"}}),
     "Alert": _obj({"rule": _STR, "condition": _STR, "action": _STR, "active": {"type": "boolean"}},
                   {"since": _null(_NUM), "url": _null(_STR)}),
     "Alerts": _obj({"alerts": {"type": "array", "items": _ref("Alert")},
@@ -355,6 +393,11 @@ PATHS: dict[str, dict[str, Any]] = {
                        "start-up, productive steps, data wait, checkpoint stall, lost work, "
                        "restart downtime, hung, stopped and shutdown, and its progress.",
         "responses": {"200": _json("Goodput"), **_errors(*_ON_JOB)}}},
+    "/api/jobs/{job}/evidence": {"parameters": [_JOB], "get": {
+        "operationId": "jobEvidence",
+        "description": "The evidence folders kept before hung or failing attempts were killed, "
+                       "oldest first.",
+        "responses": {"200": _json("Evidence"), **_errors(*_ON_JOB)}}},
     "/api/jobs/{job}/alerts": {"parameters": [_JOB], "get": {
         "operationId": "jobAlerts", "responses": {"200": _json("Alerts"), **_errors(*_ON_JOB)}}},
     "/api/pools": {

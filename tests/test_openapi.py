@@ -35,7 +35,8 @@ ckpt = runtime.Checkpointer(model=model)
 step = ckpt.restore()
 while step < 6:
     step += 1
-    runtime.log(step, loss=1.0 / step)
+    # the step breakdown (issue 23's names), logged by hand: `why` then has a verdict
+    runtime.log(step, loss=1.0 / step, step_ms=10.0, data_wait_ms=1.0, grad_sync_ms=1.0)
     if step == 4:
         ckpt.save(step)
 print("done at step", step, flush=True)
@@ -146,7 +147,9 @@ def real_payloads(contract) -> dict[str, tuple[str, object]]:
         "job_succeeded": ("JobDetail", c.job(good)),
         "job_failed": ("JobDetail", c.job(bad)),
         "stream_job": ("JobSummary", summary),
-        "diagnosis_failed": ("Diagnoses", {"diagnoses": c.diagnosis(bad)}),
+        "diagnosis_failed": ("Diagnoses", c.why(bad)),
+        "diagnosis_succeeded": ("Diagnoses", c.why(good)),
+        "evidence": ("Evidence", {"evidence": c.evidence(bad)}),
         "goodput": ("Goodput", c.goodput(good)),
         "checkpoints": ("Checkpoints", {"checkpoints": c.checkpoints(good)}),
         "logs": ("Logs", logs),
@@ -176,6 +179,8 @@ def test_real_responses_validate_against_the_document(contract):
     doc = contract[3]
     payloads = real_payloads(contract)
     assert payloads["diagnosis_failed"][1]["diagnoses"], "the failed job has no diagnosis"
+    assert payloads["diagnosis_succeeded"][1]["verdict"]["verdict"] == "healthy"
+    assert payloads["evidence"][1]["evidence"], "the failed attempt kept no evidence"
     assert payloads["checkpoints"][1]["checkpoints"], "the good job committed no checkpoint"
     band = payloads["metrics_band"][1]
     assert [(row["step"], row["n"], row["outliers"][0]["rank"]) for row in band["bands"]] == [(1, 9, 8), (2, 9, 8)]

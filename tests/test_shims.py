@@ -348,3 +348,17 @@ def test_bokeh_patch_framing_is_jupyter_bokehs():
         _moved("bokeh_private", "jupyter_bokeh's PATCH-DOC framing")
     content = json.loads(sent["shim"][2][0]["payload"])
     assert [e["kind"] for e in content["events"]] == ["ColumnsStreamed"]
+
+
+def test_torch_nccl_flight_recorder_dump():
+    """The flight recorder's dump (evidence.py keeps it before a kill) is where the shim
+    reads it, and answers JSON; without an NCCL group the shim gives None."""
+    import json
+
+    import torch.distributed  # noqa: F401 - the shim looks only at what is imported
+    from jupyter_dlc.shims import torch_private
+
+    dump = torch_private.flight_recorder_dump()
+    assert dump is not None, "torch._C._distributed_c10d._dump_fr_trace_json moved"
+    assert "version" in json.loads(dump(True, True))
+    assert torch_private.nccl_flight_recorder() is None  # no NCCL group in this process

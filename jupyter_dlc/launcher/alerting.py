@@ -4,6 +4,11 @@ Per job: an `AlertEvaluator` fed only what is new since its last look (metric ro
 sequence number, log bytes by offset), so a tick costs what arrived, not the job's history.
 Its state (episodes, cursors) is saved with the job, so a restarted launcher neither fires
 an open episode twice nor forgets one.
+
+The same look feeds the straggler detector (stragglers.py) the new step-breakdown points;
+who it names now is saved with the alert state (`stragglers`, the job's detail shows it), and
+each change of who is named is a `straggler` event. The detector's windows are not saved: a
+restarted launcher refills them from the next WINDOW steps.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 
 from .. import layout
 from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
+from .stragglers import BREAKDOWN, StragglerDetector
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -39,12 +45,28 @@ class JobAlerts:
         self.log_turn = 0
         # Names an `is nan` rule alone reads: each series' latest point is all it judges.
         self.latest_names = sorted({r.metric for r in self.evaluator.rules if r.metric and r.kind == "nan"})
-        self.metric_names = sorted({r.metric for r in self.evaluator.rules if r.metric and r.kind != "nan"})
+        self.metric_names = sorted({r.metric for r in self.evaluator.rules if r.metric and r.kind != "nan"}
+                                   | set(BREAKDOWN))
+        self.nproc = int(spec.get("nproc_per_node") or 1)
+        self.world = int(spec.get("nodes") or 1) * self.nproc
+        self.detector = StragglerDetector(self.world, self.nproc)
+        self.stragglers: list[dict] = saved.get("stragglers") or []
 
     def state(self) -> dict:
         return {"evaluator": self.evaluator.state(), "alerts": self.evaluator.active(),
                 "metric_seq": self.metric_seq, "event_seq": self.event_seq,
-                "attempt": self.attempt, "log_offsets": self.log_offsets}
+                "attempt": self.attempt, "log_offsets": self.log_offsets,
+                "stragglers": self.stragglers}
+
+    def judge_stragglers(self, snap: JobSnapshot) -> bool:
+        """Feed the new breakdown points and judge; whether who is named changed."""
+        self.detector.add((name, point[0], point[1], point[2])
+                          for name in BREAKDOWN for point in snap.metrics.get(name, ()))
+        found = self.detector.judge()
+        snap.stragglers = found
+        changed = [f["key"] for f in found] != [f["key"] for f in self.stragglers]
+        self.stragglers = found
+        return changed
 
 
 # The rank logs one evaluation looks at. A job with more ranks has its logs read in turns
@@ -93,14 +115,21 @@ class Alerting:
         alerts.last_run = now
         if alerts.attempt != row["attempt"]:  # logs of a new attempt start from the top
             alerts.attempt, alerts.log_offsets = row["attempt"], {}
+            alerts.detector = StragglerDetector(alerts.world, alerts.nproc)
         snapshot = self.snapshot(row, alerts)
+        snapshot.progress = (now, row["last_step"], row["attempt"])
+        named = alerts.judge_stragglers(snapshot)
+        if named:
+            self.store.add_event(job_id, row["attempt"], "straggler",
+                                 "; ".join(f["message"] for f in alerts.stragglers)
+                                 or "no straggler any more", {"stragglers": alerts.stragglers})
         transitions = alerts.evaluator.evaluate(now, snapshot)
         for transition in transitions:
             self.act(row, transition)
         # The state (per-series cursors, thousands with many ranks) is what a restarted
         # launcher evaluates on from: saved at once after a transition, else every few
         # seconds; what it re-reads after a restart then changes no episode already recorded.
-        if transitions or final or now - alerts.last_saved >= SAVE_EVERY:
+        if transitions or named or final or now - alerts.last_saved >= SAVE_EVERY:
             alerts.last_saved = now
             self.store.update_job(job_id, alert_state=json.dumps(alerts.state()))
 

@@ -6,6 +6,8 @@ Rules (one per line of `JobSpec.alerts`):
     METRIC is nan                             loss is nan
     no progress for DURATION                  no progress for 15m
     METRIC OP Nx baseline K times             grad_sync_ms > 2x baseline 3 times
+    straggler for DURATION                    straggler for 5m (launcher/stragglers.py)
+    throughput OP Nx baseline for DURATION    throughput < 0.5x baseline for 5m
     log matches /REGEX/[i]                    log matches /CUDA out of memory/
     ... -> notify | webhook URL | stop | checkpoint-and-stop
 
@@ -53,6 +55,14 @@ OPS = {
 # Baseline = median of a rank's first BASELINE_WINDOW values: the median ignores the slow
 # warm-up steps that the first few collectives always have.
 BASELINE_WINDOW = 10
+# `throughput` is the job's steps per second over the last THROUGHPUT_WINDOW seconds (its
+# highest step, as the ranks report it). Its baseline is the median of that rate over
+# BASELINE_SPAN seconds of steady state, which starts BASELINE_SKIP seconds after the first
+# step the launcher saw (start-up, first collectives and compilation are not steady state).
+# A restart keeps the baseline; the rate is measured afresh within the new attempt.
+THROUGHPUT_WINDOW = 30.0
+BASELINE_SKIP = 60.0
+BASELINE_SPAN = 180.0
 # A log-match episode ends after this long without another matching line; without it, a
 # message printed every step would fire every tick.
 LOG_QUIET_SECONDS = 300.0
@@ -66,13 +76,15 @@ DEFAULT_RULES = (
     # The training heartbeat (last completed step) catches hangs that leave GPUs busy.
     "no progress for 15m",
     "log matches /CUDA out of memory/",
+    # Issue 23: a rank (or node) that keeps its peers waiting for five minutes is worth a word.
+    "straggler for 5m -> notify",
 )
 
 
 @dataclass(frozen=True)
 class Rule:
     text: str
-    kind: str  # "threshold" | "nan" | "no_progress" | "baseline" | "log"
+    kind: str  # "threshold" | "nan" | "no_progress" | "baseline" | "log" | "straggler" | "throughput"
     metric: str | None = None
     op: str | None = None
     value: float | None = None
@@ -94,6 +106,10 @@ class Rule:
         if self.kind == "log":
             pattern = (self.pattern or "").replace("/", "\\/")
             return f"log matches /{pattern}/{'i' if self.ignore_case else ''}"
+        if self.kind == "straggler":
+            return f"straggler for {format_duration(self.duration)}"
+        if self.kind == "throughput":
+            return f"throughput {self.op} {self.factor:g}x baseline for {format_duration(self.duration)}"
         if self.kind == "baseline":
             return f"{self.metric} {self.op} {self.factor:g}x baseline {self.times} times"
         tail = f" for {format_duration(self.duration)}" if self.duration else ""
@@ -249,6 +265,9 @@ def parse_rule(text: str) -> Rule:
         cur.take("progress", "'progress' (as in: no progress for 15m)")
         cur.take("for", "'for' (as in: no progress for 15m)")
         fields = {"kind": "no_progress", "duration": _duration(cur)}
+    elif cur.accept("straggler"):
+        cur.take("for", "'for' (as in: straggler for 5m)")
+        fields = {"kind": "straggler", "duration": _duration(cur)}
     elif cur.peek(re.compile(r"log\s+matches\b")):
         cur.take(re.compile(r"log\s+matches\b"), "'log matches'")
         pattern, ignore_case = _regex(cur)
@@ -264,6 +283,14 @@ def parse_rule(text: str) -> Rule:
             if factor and re.compile(r"\s*baseline\b").match(text, factor.end()):
                 cur.pos = factor.end()
                 cur.take("baseline", "'baseline'")
+                if metric == "throughput":
+                    cur.take("for", "'for DURATION' (as in: throughput < 0.5x baseline for 5m)")
+                    fields = {"kind": "throughput", "op": op, "factor": float(factor.group(1)),
+                              "duration": _duration(cur)}
+                    action, url = _action(cur)
+                    if not cur.at_end():
+                        raise cur.fail("'-> ACTION' or the end of the rule")
+                    return Rule(text=text, action=action, url=url, **fields)
                 times = int(cur.take(_INT, "a whole number of consecutive values (as in: 3 times)").group(0))
                 if times < 1:
                     raise cur.fail("at least 1 time", at=cur.pos - 1)
@@ -317,6 +344,9 @@ class JobSnapshot:
     checkpoints: list[tuple] = field(default_factory=list)  # (t, rank, seconds) per commit
     nan_events: list[tuple] = field(default_factory=list)  # (t, rank, metric name)
     log_lines: list[tuple] = field(default_factory=list)  # (t, rank, text), new since last tick
+    # The stragglers named now (stragglers.StragglerDetector.judge: dicts with key, message)
+    stragglers: list[dict] = field(default_factory=list)
+    progress: tuple | None = None  # (t, highest step, attempt) of the job now
 
 
 @dataclass
@@ -484,6 +514,56 @@ class AlertEvaluator:
         return (f"{key} at {_fmt(s['last'])}, {s['streak']} values in a row {rule.op} "
                 f"{rule.factor:g}x its baseline {_fmt(s['baseline'])}",
                 {"series": key, "value": s["last"], "baseline": s["baseline"], "streak": s["streak"]})
+
+    def _check_straggler(self, rule, st, now, snapshot):
+        runs = st["series"]  # "rank R" / "node N" -> [first t named, latest t, message]
+        named = {f["key"]: f["message"] for f in snapshot.stragglers}
+        for key in list(runs):
+            if key not in named:
+                del runs[key]
+        for key, message in named.items():
+            runs[key] = [runs[key][0] if key in runs else now, now, message]
+        met = [(key, run) for key, run in runs.items() if run[1] - run[0] >= rule.duration]
+        if not met:
+            return None
+        key, run = max(met, key=lambda item: item[1][1] - item[1][0])
+        return (f"{run[2]} (for {format_duration(round(run[1] - run[0]))})",
+                {"series": key, "since": run[0], "series_met": len(met)})
+
+    def _check_throughput(self, rule, st, now, snapshot):
+        s = st["series"] or {}
+        st["series"] = s
+        if snapshot.progress is None or snapshot.progress[1] is None:
+            return None
+        t, step, attempt = snapshot.progress
+        if s.get("attempt") != attempt:  # a restored attempt's steps go back: measure afresh
+            s.update(attempt=attempt, samples=[], run=None)
+        samples = s["samples"]
+        samples.append([float(t), float(step)])
+        while len(samples) > 2 and samples[-1][0] - samples[1][0] >= THROUGHPUT_WINDOW:
+            samples.pop(0)
+        s.setdefault("first", float(t))
+        span = samples[-1][0] - samples[0][0]
+        if span < THROUGHPUT_WINDOW / 2:
+            return None
+        rate = (samples[-1][1] - samples[0][1]) / span
+        s["rate"] = rate
+        if s.get("baseline") is None:
+            since_first = t - s["first"]
+            if since_first >= BASELINE_SKIP:
+                s.setdefault("pool", []).append(rate)
+            if since_first >= BASELINE_SKIP + BASELINE_SPAN and s.get("pool"):
+                s["baseline"], s["pool"] = statistics.median(s["pool"]), []
+            return None
+        if not OPS[rule.op](rate, rule.factor * s["baseline"]):
+            s["run"] = None
+            return None
+        run = s["run"] = [s["run"][0] if s.get("run") else float(t), float(t)]
+        if run[1] - run[0] < rule.duration:
+            return None
+        return (f"{rate:.3g} steps/s, {rule.op} {rule.factor:g}x the baseline {s['baseline']:.3g} "
+                f"steps/s for {format_duration(round(run[1] - run[0]))}",
+                {"series": "job", "value": rate, "baseline": s["baseline"], "since": run[0]})
 
     def _check_log(self, rule, st, now, snapshot):
         regex = log_regex(rule.pattern, rule.ignore_case)

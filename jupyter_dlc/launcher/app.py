@@ -22,7 +22,7 @@ from .. import __version__, bands, identity, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, checkpoints, goodput
+from . import bodies, checkpoints, evidence, goodput, performance, stragglers
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -318,6 +318,9 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
     job["attempts"] = attempts
     checkpoints = store.checkpoints(row["id"])
     job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
+    # Who the straggler detector names now (launcher/stragglers.py), while the job runs.
+    alert_state = json.loads(row["alert_state"]) if "alert_state" in row.keys() and row["alert_state"] else {}
+    job["stragglers"] = alert_state.get("stragglers") or [] if row["state"] in ACTIVE_STATES else []
     return job
 
 
@@ -717,12 +720,34 @@ class DiagnosisHandler(BaseHandler):
                     # missed, max runtime, the engine's word): the verdict is the explanation.
                     out.append({"class": "launcher_verdict", "line": a["reason"], "rank": None,
                                 "suggestion": None, "attempt": a["attempt"], "reason": a["reason"]})
-            return {"diagnoses": out}
+            # A job that did not fail gets the performance verdict (performance.py) instead.
+            return {"diagnoses": out,
+                    "verdict": None if row["state"] == "FAILED" else performance_of(self.store, row)}
 
         await self.reply_off_loop(answer)
 
 
 FAILED_OUTCOMES = ("failed", "timeout", "cancelled")
+
+
+def performance_of(store: Store, row) -> dict | None:
+    """The performance verdict over the job's newest breakdown points (at most
+    performance.READ_POINTS of its points are looked at); on a reader thread."""
+    newest = store.newest_metric_seq(row["id"]) or 0
+    _, points = store.metric_points(row["id"], max(0, newest - performance.READ_POINTS),
+                                    stragglers.BREAKDOWN)
+    spec = json.loads(row["spec"])
+    nproc = int(spec.get("nproc_per_node") or 1)
+    return performance.verdict([(name, t, rank, value) for _seq, name, t, rank, value, _d in points],
+                               int(spec.get("nodes") or 1) * nproc, nproc)
+
+
+class EvidenceHandler(BaseHandler):
+    """The evidence folders kept before a kill (evidence.py), one index per attempt."""
+
+    async def get(self, ref: str) -> None:
+        row = self.job_or_404(ref)
+        await self.reply_off_loop(lambda: {"evidence": evidence.listing(row["job_dir"])})
 
 
 class AlertsHandler(BaseHandler):
@@ -970,6 +995,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
         (job + r"/checkpoints", CheckpointsHandler, args),
         (job + r"/diagnosis", DiagnosisHandler, args),
         (job + r"/goodput", GoodputHandler, args),
+        (job + r"/evidence", EvidenceHandler, args),
         (job + r"/alerts", AlertsHandler, args),
         (job + r"/script", ScriptHandler, args),
         (r"/api/pools", PoolsHandler, args),

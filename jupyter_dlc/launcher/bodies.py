@@ -79,7 +79,9 @@ RANK_REPORT: dict[str, Any] = {
                 "traceback": nullable({"type": "string", "maxLength": MAX_TEXT}),
                 # `stacks`, a rank's answer to a suspected hang (runtime/stacks.py).
                 "main": nullable({"type": "string", "maxLength": MAX_TEXT}),
-                "threads": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
+                "threads": nullable({"type": "string", "maxLength": MAX_TEXT}),
+                # with them, the NCCL flight recorder's dump where the rank runs NCCL
+                "nccl": nullable({"type": "string", "maxLength": MAX_TEXT})}}},
     },
     # A newer runtime may send more identity fields; flat scalars are accepted and ignored.
     "additionalProperties": SCALAR,

@@ -686,6 +686,8 @@ class Supervisor(threading.Thread):
         full = self.store.job_row(job_id) or row  # `row` may be a tick's, without the alert state
         for hook in self.hooks:
             hook(full, time.time(), final=True)
+        if outcome == "failed":
+            self.keep_scene(ctx, backend, reason)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         backend.kill(ctx, handle)
         self.stacks_asked.pop(job_id, None)
@@ -745,6 +747,25 @@ class Supervisor(threading.Thread):
         # The survivors were SIGKILLed above and are gone in milliseconds: look again at
         # once rather than a tick later (recovery time is what users feel).
         self.wake.set()
+
+    def keep_scene(self, ctx, backend, reason: str) -> None:
+        """The evidence folder of an attempt about to be killed (evidence.py): bounded in
+        time and size, and never in the way of the kill."""
+        from .evidence import keep_scene
+
+        try:
+            stacks = {e["data"]["rank"]: e["data"] for e in self.store.events(ctx.job_id, types=("stacks",))
+                      if e["attempt"] == ctx.attempt and e["data"]}
+            live = {r["rank"]: r["pid"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)
+                    if r["exit_code"] is None and r["pid"]}
+            index = keep_scene(ctx.attempt_dir, ctx.attempt, reason, ctx.spec.nodes * ctx.spec.nproc_per_node,
+                               stacks, live, backend.name == "local")
+            self.store.add_event(ctx.job_id, ctx.attempt, "evidence",
+                                 f"kept {len(index['files'])} files of evidence in {index['seconds']:.1f}s",
+                                 {"files": [f["name"] for f in index["files"]],
+                                  "dir": os.path.dirname(ctx.attempt_dir + "/evidence/")})
+        except Exception:  # noqa: BLE001 - evidence must never keep a failed attempt alive
+            log.error("evidence of %s failed:\n%s", ctx.job_id, traceback.format_exc())
 
     def fail_for_disk(self, job_id: str, what: str, expect: tuple[str, ...]) -> bool:
         """End a job FAILED for the full disk, `what` saying what was not done, written even

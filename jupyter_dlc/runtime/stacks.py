@@ -16,6 +16,7 @@ import time
 import traceback
 
 from ..shims.python_private import current_frames
+from ..shims.torch_private import nccl_flight_recorder
 
 MAX_FRAMES = 40        # innermost frames kept per thread
 MAX_CHARS = 3800       # per field, from the innermost end (the route takes 4,000)
@@ -37,5 +38,9 @@ def snapshot() -> dict:
             main_stack = text
         else:
             others.append(f"Thread {names.get(ident, ident)}:\n{text}")
-    return {"type": "stacks", "t": time.time(), "main": main_stack[-MAX_CHARS:],
-            "threads": "".join(others)[-MAX_CHARS:]}
+    out = {"type": "stacks", "t": time.time(), "main": main_stack[-MAX_CHARS:],
+           "threads": "".join(others)[-MAX_CHARS:]}
+    nccl = nccl_flight_recorder()  # None but where the rank runs NCCL (never imports torch)
+    if nccl:
+        out["nccl"] = nccl[:MAX_CHARS]
+    return out

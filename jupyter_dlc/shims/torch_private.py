@@ -30,6 +30,12 @@
   `_comm_hooks` kept as DDP's own method keeps them). `GradBucket.is_last()` marks the
   bucket DDP reduces last in an iteration.
 
+- The NCCL flight recorder's dump, `torch._C._distributed_c10d._dump_fr_trace_json(
+  includeCollectives, onlyActive)` (bytes of JSON; torch 2.13 has it, CPU builds too, empty
+  there): `nccl_flight_recorder` reads it for the evidence kept before a kill
+  (launcher/evidence.py), only in a process whose default group runs NCCL, and never
+  imports torch (the reporter thread calls it while the main thread may hold any lock).
+
 Text patterns need no torch; the functions import it when called (the launcher never does).
 """
 
@@ -50,6 +56,32 @@ SUMMARY_BLOCK_START = re.compile(r"^\s*\[\d+\]:\s*$")
 # The agent's own log lines.
 AGENT_CLOSED = re.compile(r"Sending process (\d+) closing signal|Unable to shutdown process (\d+)")
 AGENT_DEATH = re.compile(r"Received (\d+|\w+) death signal|SignalException: Process \d+ got signal")
+
+
+def flight_recorder_dump() -> Any:
+    """torch's flight recorder dump function, or None where this torch has none (or torch
+    was not imported by the process)."""
+    import sys
+
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    return getattr(c10d, "_dump_fr_trace_json", None)
+
+
+def nccl_flight_recorder() -> str | None:
+    """The NCCL flight recorder's active collectives as JSON text, where this process's
+    default group runs NCCL; None elsewhere, and on any error."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "nccl":
+            return None
+        dump = flight_recorder_dump()
+        return None if dump is None else dump(True, True).decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - evidence must never break the rank's answer
+        return None
 
 
 def agent_hosts_store() -> bool:

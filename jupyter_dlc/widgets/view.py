@@ -82,6 +82,7 @@ class _Followed:
         self.system = SystemData(capacity)
         self.alerts: dict[str, dict] = {}
         self.diagnoses: list[dict] = []
+        self.evidence: list[dict] = []  # `evidence` events: what was kept before a kill
         self.diagnosis_count = -1
         self.checkpoints: list[dict] | None = None
         self.checkpoint_key = None
@@ -535,6 +536,8 @@ class JobView:
                     f.alerts.pop(key, None)
             elif kind == "diagnosis":
                 f.diagnosis_count = -1  # fetch it
+            elif kind == "evidence":
+                f.evidence.append(event)
             elif kind == "checkpoint":
                 f.checkpoint_key = None
 
@@ -728,6 +731,12 @@ class JobView:
             text = data.get("message") or event.get("reason") or ""
             rule = data.get("condition") or data.get("rule") or ""
             items.append(("#ef6c00", "alert", f"{text}" + (f" (rule: {rule})" if rule else "")))
+        for s in (f.job or {}).get("stragglers") or []:
+            items.append(("#f9a825", "straggler", s.get("message") or s.get("key") or ""))
+        for event in f.evidence[-1:]:
+            data = event.get("data") or {}
+            items.append(("#455a64", "evidence", f"attempt {event.get('attempt')}: {event.get('reason')} "
+                          f"in {data.get('dir')} (`%dlc evidence {f.job_id}` lists it)"))
         for d in f.diagnoses[-2:][::-1]:
             where = (f"rank {d.get('rank')} on node {d.get('node')}" if d.get("rank") is not None
                      else "job")

@@ -22,13 +22,16 @@ import {
   RANK_COLUMNS,
   RANK_SORTS,
   RankOrder,
+  Verdict,
   alertLine,
   checkpointLabel,
   diagnosisParts,
   logText,
   rankCells,
   rankPagerText,
-  rankStatesText
+  rankStatesText,
+  stragglerLines,
+  verdictParts
 } from './views';
 
 const LOG_TAIL = 200;
@@ -154,6 +157,7 @@ export class DetailView {
     this.node.appendChild(actions);
 
     this.parts.alerts = el('div', 'dlc-alerts');
+    this.parts.stragglers = el('div', 'dlc-stragglers');
     this.parts.diagnosis = el('div', 'dlc-diagnosis');
     this.parts.charts = el('div', 'dlc-charts');
     const ranksBox = el('details', 'dlc-section');
@@ -194,7 +198,7 @@ export class DetailView {
     this.parts.logs = el('pre', 'dlc-logs');
     logBox.appendChild(this.parts.logs);
     this.parts.retention = el('div', 'dlc-retention-note');
-    this.node.append(this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.retention, ranksBox, logBox);
+    this.node.append(this.parts.stragglers, this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.retention, ranksBox, logBox);
   }
 
   get jobId(): string | null {
@@ -224,6 +228,7 @@ export class DetailView {
       this.parts.rankPages.textContent = '';
       this.parts.rankStates.textContent = '';
       this.parts.alerts.textContent = '';
+      this.parts.stragglers.textContent = '';
       this.parts.diagnosis.textContent = '';
       this.parts.goodput.textContent = '';
       (this.parts.logRank as HTMLSelectElement).textContent = '';
@@ -330,7 +335,8 @@ export class DetailView {
       this.showRanks(ask, job);
       this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
       this.renderAlerts(alerts.alerts);
-      this.renderDiagnosis(diagnosis.diagnoses);
+      this.renderStragglers(job.stragglers);
+      this.renderDiagnosis(diagnosis.diagnoses, diagnosis.verdict ?? null);
       this.parts.goodput.replaceChildren(renderGoodputBar(goodput));
     } catch (e) {
       if (e instanceof DlcError && e.status === 404) {
@@ -480,17 +486,29 @@ export class DetailView {
     }
   }
 
-  private renderDiagnosis(diagnoses: Diagnosis[]): void {
+  /** The straggler banner (launcher/stragglers.py): who keeps the others waiting, and why. */
+  private renderStragglers(stragglers: JobDetail['stragglers'] | undefined): void {
+    const box = this.parts.stragglers;
+    box.textContent = '';
+    for (const line of stragglerLines(stragglers)) {
+      box.appendChild(el('div', 'dlc-straggler', line));
+    }
+  }
+
+  private renderDiagnosis(diagnoses: Diagnosis[], verdict: Verdict | null): void {
     const box = this.parts.diagnosis;
     box.textContent = '';
-    if (!diagnoses.length) {
+    if (!diagnoses.length && !verdict) {
       return;
     }
     box.appendChild(el('div', 'dlc-section-title', 'Diagnosis'));
-    for (const d of diagnoses) {
-      const { head, line, hint } = diagnosisParts(d);
+    const items = diagnoses.map(d => ({ cls: d.class, ...diagnosisParts(d) }));
+    if (verdict) {
+      items.push({ cls: verdict.verdict, ...verdictParts(verdict) });
+    }
+    for (const { cls, head, line, hint } of items) {
       const item = el('div', 'dlc-diag');
-      item.dataset.class = d.class;
+      item.dataset.class = cls;
       item.appendChild(el('div', 'dlc-diag-head', head));
       if (line) {
         item.appendChild(el('div', 'dlc-diag-text', line));

@@ -13,6 +13,8 @@ export type LogLine = Schemas['LogLine'];
 export type Alert = Schemas['Alert'];
 export type Checkpoint = Schemas['Checkpoint'];
 export type Diagnosis = Schemas['Diagnoses']['diagnoses'][number];
+export type Straggler = Schemas['Straggler'];
+export type Verdict = Schemas['PerformanceVerdict'];
 
 export const RANK_COLUMNS = ['rank', 'node', 'local', 'pid', 'state', 'exit', 'step', 'heartbeat'];
 
@@ -53,6 +55,16 @@ export function diagnosisParts(d: Diagnosis): { head: string; line: string; hint
     .filter(Boolean)
     .join(' · ');
   return { head, line: d.line ?? '', hint: d.suggestion ?? '' };
+}
+
+/** The straggler banner: one line per rank or node the launcher names now, with its reason. */
+export function stragglerLines(stragglers: Straggler[] | undefined): string[] {
+  return (stragglers ?? []).map(s => `straggler: ${s.message}`);
+}
+
+/** The performance verdict of a job that did not fail: its head, figures and what to do. */
+export function verdictParts(v: Verdict): { head: string; line: string; hint: string } {
+  return { head: `performance: ${v.verdict}`, line: v.line, hint: v.suggestion };
 }
 
 /** A checkpoint in the resume picker. */

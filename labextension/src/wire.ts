@@ -135,6 +135,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/jobs/{job}/evidence": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        /** @description The evidence folders kept before hung or failing attempts were killed, oldest first. */
+        get: operations["jobEvidence"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/jobs/{job}/goodput": {
         parameters: {
             query?: never;
@@ -484,6 +504,8 @@ export interface components {
                 attempt: number;
                 reason: string | null;
             })[];
+            /** @description for a job that did not fail: where its step time goes; null for a failed job or one that logged no step breakdown */
+            verdict: components["schemas"]["PerformanceVerdict"] | null;
         };
         /** @description The first error of an attempt: its class, the line, what to do. */
         Diagnosis: {
@@ -522,6 +544,24 @@ export interface components {
         };
         Events: {
             events: components["schemas"]["Event"][];
+        };
+        Evidence: {
+            evidence: components["schemas"]["EvidenceFolder"][];
+        };
+        EvidenceFile: {
+            name: string;
+            size: number;
+            what: string;
+        };
+        /** @description What the supervisor kept of an attempt before killing it hung or failing (launcher/evidence.py): the folder and its files; `skipped` says what was not kept and why. */
+        EvidenceFolder: {
+            attempt: number;
+            dir: string;
+            files: components["schemas"]["EvidenceFile"][];
+            reason: string;
+            seconds: number;
+            skipped: string[];
+            t: number;
         };
         /** @description Where the job's wall time went, from its submit to now or to its end. */
         Goodput: {
@@ -570,6 +610,8 @@ export interface components {
             rank_page?: components["schemas"]["RankPage"];
             ranks: components["schemas"]["Rank"][];
             spec: Record<string, never>;
+            /** @description who the straggler detector names now, while the job runs (launcher/stragglers.py); empty once it ended */
+            stragglers: components["schemas"]["Straggler"][];
         };
         JobList: {
             jobs: components["schemas"]["JobSummary"][];
@@ -679,6 +721,25 @@ export interface components {
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
         };
+        /** @description Where the step time of a job that did not fail goes, over each rank's last 100 steps (launcher/performance.py). */
+        PerformanceVerdict: {
+            figures: {
+                ckpt_stall_ms: number;
+                compute_ms: number;
+                data_wait_ms: number;
+                grad_sync_ms: number;
+                shares: {
+                    [key: string]: number;
+                };
+                step_ms: number;
+                steps: number;
+            };
+            line: string;
+            stragglers: components["schemas"]["Straggler"][];
+            suggestion: string;
+            /** @enum {string} */
+            verdict: "input-bound" | "communication-bound" | "checkpoint-bound" | "straggler" | "healthy";
+        };
         /** @description A warm pool: one agent per node with torch imported, serving one job at a time. */
         Pool: {
             agents?: number[];
@@ -757,6 +818,7 @@ export interface components {
                 local_rank?: number | null;
                 main?: string | null;
                 message?: string | null;
+                nccl?: string | null;
                 node?: number | null;
                 path?: string | null;
                 pid?: number | null;
@@ -795,6 +857,7 @@ export interface components {
                     local_rank?: number | null;
                     main?: string | null;
                     message?: string | null;
+                    nccl?: string | null;
                     node?: number | null;
                     path?: string | null;
                     pid?: number | null;
@@ -877,6 +940,26 @@ export interface components {
         };
         StopBody: {
             grace?: number | null;
+        };
+        /** @description A rank whose own work stays far above its peers' while they wait for it in the gradient sync, or a node all of whose ranks do. */
+        Straggler: {
+            /** @enum {string} */
+            bound: "input" | "compute";
+            data_wait_ms: number;
+            /** @description `rank R` or `node N` */
+            key: string;
+            /** @enum {string} */
+            kind: "rank" | "node";
+            /** @description the median rank's own work a step */
+            median_ms: number;
+            message: string;
+            node: number;
+            /** @description its own work a step (step_ms - grad_sync_ms), median of its recent steps */
+            own_ms: number;
+            peer_data_wait_ms: number;
+            ranks: number[];
+            /** @description the others' median wait in the all-reduce */
+            wait_ms: number;
         };
         /**
          * @description The states a job ends in; only resume or clone leave them.
@@ -1366,6 +1449,56 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job or pool */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    jobEvidence: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Evidence"];
                 };
             };
             /** @description Missing or wrong token */
@@ -2317,6 +2450,9 @@ export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<component
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
 export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
+export const performanceVerdictVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PerformanceVerdict"]["verdict"]> = ["input-bound", "communication-bound", "checkpoint-bound", "straggler", "healthy"];
 export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];
 export const rankPageSortValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RankPage"]["sort"]> = ["rank", "step", "heartbeat"];
+export const stragglerBoundValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Straggler"]["bound"]> = ["input", "compute"];
+export const stragglerKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Straggler"]["kind"]> = ["rank", "node"];
 export const terminalStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalState"]> = ["SUCCEEDED", "FAILED", "STOPPED"];

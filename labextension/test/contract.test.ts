@@ -28,7 +28,9 @@ import {
   logText,
   rankCells,
   rankPagerText,
-  rankStatesText
+  rankStatesText,
+  stragglerLines,
+  verdictParts
 } from '../src/views';
 
 interface Fixtures {
@@ -38,6 +40,7 @@ interface Fixtures {
   job_rank_page: JobDetail;
   stream_job: JobSummary;
   diagnosis_failed: Schemas['Diagnoses'];
+  diagnosis_succeeded: Schemas['Diagnoses'];
   checkpoints: Schemas['Checkpoints'];
   logs: Schemas['Logs'];
   metrics: Schemas['Metrics'];
@@ -81,6 +84,16 @@ describe('real launcher payloads through the panel', () => {
     expect(notice?.kind).toBe('error');
     expect(notice?.message).toContain(fx.job_failed.reason ?? 'no reason sent');
     expect(fx.job_failed.reason).toBeTruthy();
+  });
+
+  it('a job that did not fail shows its performance verdict; an ended one names no straggler', () => {
+    const v = fx.diagnosis_succeeded.verdict!;
+    const parts = verdictParts(v);
+    expect(parts.head).toBe('performance: healthy');
+    expect(parts.line).toContain('gradient sync');
+    expect(parts.hint.length).toBeGreaterThan(0);
+    expect(fx.diagnosis_failed.verdict).toBeNull();
+    expect(stragglerLines(fx.job_succeeded.stragglers)).toEqual([]);
   });
 
   it('the diagnosis shows the class, the first error line and the suggestion', () => {

@@ -1,0 +1,254 @@
+"""Stragglers named while a job runs, the performance verdict of `why`, the straggler and
+throughput rule forms, and the evidence folder kept before a hung attempt is killed.
+
+The straggler job is real torchrun, 3 nodes x 2 processes (6 ranks, so that one node's two
+ranks are a third of the world and the median is the healthy ranks'). Its ranks log the step
+breakdown themselves (issue 23's contract: a value the script logs wins), with the numbers a
+synchronous job would show, in phases the test switches through a file:
+
+- balanced: every rank ~50 ms of own work with jitter, the all-reduce absorbing the rest;
+  logged fast (synthetic steps, 4 ms of sleep each) so many windows pass in a few seconds;
+- rank: rank 3 60% slower (80 ms of own work, of it 31 ms data wait), the others wait;
+- node: both ranks of node 2 slower (compute);
+- input: every rank waits 300 ms of a 352 ms step for its data (input-bound);
+- end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import wait_for
+from jupyter_dlc import formatting
+from jupyter_dlc.launcher import alerts, stragglers
+from jupyter_dlc.launcher.alerts import AlertEvaluator, JobSnapshot, parse_rule
+from jupyter_dlc.spec import SpecError
+
+PHASED = """
+import os, random, sys, time
+from jupyter_dlc import runtime
+runtime.init()
+rank = int(os.environ["RANK"])
+phase_file = sys.argv[1]
+rng = random.Random(rank)
+step = 0
+phase = "balanced"
+while phase != "end":
+    step += 1
+    if step % 5 == 1:
+        with open(phase_file) as f:
+            phase = f.read().strip() or phase
+    own, data, total, pause = 50 + rng.uniform(-2.5, 2.5), 1 + rng.uniform(0, 0.5), 58, 0.004
+    if phase == "rank":
+        total, pause = 84, 0.05
+        if rank == 3:
+            own, data = 80.0, 31.0
+    elif phase == "node":
+        total, pause = 84, 0.05
+        if rank in (4, 5):
+            own = 80.0
+    elif phase == "input":
+        own, data, total, pause = 350.0, 300.0, 352, 0.01
+    runtime.log(step, loss=1.0 / step, step_ms=total, grad_sync_ms=total - own,
+                data_wait_ms=data, ckpt_stall_ms=0.0)
+    time.sleep(pause)
+"""
+
+
+def _set_phase(path: str, phase: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(phase)
+    os.replace(path + ".tmp", path)
+
+
+def _named(client, job_id: str) -> list[str]:
+    return [f["key"] for f in client.job(job_id)["stragglers"]]
+
+
+@pytest.fixture(scope="module")
+def hung_job(shared_launcher) -> str:
+    """The hung job of the evidence test, submitted first so that it hangs and is judged
+    while the straggler job runs (the two share the module's launcher)."""
+    script = shared_launcher.script("hangs.py", HANGS)
+    return shared_launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2,
+                                          "heartbeat_interval": 1, "progress_timeout": "5s",
+                                          "max_restarts": 0})["id"]
+
+
+def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_launcher, tmp_path):
+    launcher, client = shared_launcher, shared_launcher.client
+    phase = str(tmp_path / "phase")
+    _set_phase(phase, "balanced")
+    script = launcher.script("phased.py", PHASED)
+    job = client.submit({"script": script, "args": [phase], "nodes": 3, "nproc_per_node": 2,
+                         "max_restarts": 0, "alerts": ["straggler for 2s"]})
+    job_id = job["id"]
+    try:
+        # Balanced: many windows of steps judged, nobody named.
+        wait_for(lambda: (client.job(job_id)["last_step"] or 0) >= 600, 90, what="600 balanced steps")
+        assert _named(client, job_id) == []
+        answer = client.why(job_id)
+        assert answer["verdict"]["verdict"] == "healthy", answer["verdict"]
+        assert "what to do" in formatting.diagnosis_text(answer["diagnoses"], client.job(job_id),
+                                                         answer["verdict"])
+
+        # One rank 60% slower: named within 10 s, with the reason.
+        _set_phase(phase, "rank")
+        found = wait_for(lambda: client.job(job_id)["stragglers"] or None, 10, what="rank 3 named")
+        assert [f["key"] for f in found] == ["rank 3"], found
+        message = found[0]["message"]
+        # Named as its window fills, so its median may still be between 50 and 80 ms.
+        assert re.match(r"rank 3 on node 1: \d+ ms of its own work a step against a median of "
+                        r"\d+ ms, the others wait \d+ ms in the all-reduce; its data wait is "
+                        r"\d+ ms, the others' 1.\d ms: input-bound on that node", message), message
+        assert 47 < found[0]["median_ms"] < 53 and found[0]["own_ms"] > 1.2 * found[0]["median_ms"], found
+        # `straggler for 2s` (the default's 5m, shortened) fires, naming it.
+        fired = wait_for(lambda: [e for e in client.events(job_id) if e["type"] == "alert"
+                                  and e["data"]["condition"] == "straggler for 2s"], 15,
+                         what="straggler alert")
+        assert "rank 3 on node 1" in fired[0]["reason"], fired[0]
+        assert client.why(job_id)["verdict"]["verdict"] == "straggler"
+        # The notebook view's banner names it (a view not displayed: the widgets' values).
+        from jupyter_dlc.widgets import JobView
+
+        view = JobView(client, job_id)
+        wait_for(lambda: view.refresh_now() and "dlc-banner-straggler" in view.banner.value, 10,
+                 what="straggler banner")
+        assert "rank 3 on node 1" in view.banner.value
+        view.close()
+
+        # Both ranks of node 2 slow: the node is named.
+        _set_phase(phase, "node")
+        found = wait_for(lambda: [f for f in client.job(job_id)["stragglers"] if f["key"] == "node 2"]
+                         or None, 10, what="node 2 named")
+        assert found[0]["ranks"] == [4, 5] and "compute-bound" in found[0]["message"], found
+
+        _set_phase(phase, "input")
+        wait_for(lambda: client.why(job_id)["verdict"]["verdict"] == "input-bound", 20,
+                 what="input-bound verdict while running")
+        _set_phase(phase, "end")
+        final = client.wait(job_id, timeout=60)
+        assert final["state"] == "SUCCEEDED", final["reason"]
+        assert final["stragglers"] == []
+        answer = client.why(job_id)
+        assert answer["verdict"]["verdict"] == "input-bound", answer["verdict"]
+        assert "DataLoader workers" in answer["verdict"]["suggestion"]
+        # The balanced phase named nobody: the first straggler event is rank 3's.
+        events = [e for e in client.events(job_id) if e["type"] == "straggler"]
+        assert events and events[0]["data"]["stragglers"][0]["key"] == "rank 3", events[:2]
+    finally:
+        _set_phase(phase, "end")
+
+
+def _balanced_steps(detector, ranks: int, steps: int, rng: random.Random, judge_every: int) -> list:
+    named = []
+    for step in range(steps):
+        points = []
+        for rank in range(ranks):
+            own = 50 + rng.gauss(0, 2) + (15 if rng.random() < 0.01 else 0)  # rare spikes
+            total = 60 + rng.gauss(0, 1)
+            points += [("step_ms", step, rank, total), ("grad_sync_ms", step, rank, max(0.0, total - own)),
+                       ("data_wait_ms", step, rank, 1 + rng.random())]
+        detector.add(points)
+        if step % judge_every == 0:
+            named += detector.judge()
+    return named
+
+
+def test_a_balanced_job_names_nobody_in_five_minutes_of_steps():
+    """Five minutes of 50 ms steps (6,000 per rank) on 8 ranks, with jitter and rare
+    spikes, judged every window: nobody is named. The same detector then names a rank
+    made 60% slower within one window."""
+    rng = random.Random(7)
+    detector = stragglers.StragglerDetector(8, 4)
+    assert _balanced_steps(detector, 8, 6000, rng, stragglers.WINDOW) == []
+    for step in range(6000, 6000 + stragglers.WINDOW):
+        points = []
+        for rank in range(8):
+            own = 80.0 if rank == 5 else 50 + rng.gauss(0, 2)
+            points += [("step_ms", step, rank, 84.0), ("grad_sync_ms", step, rank, 84.0 - own)]
+        detector.add(points)
+    found = detector.judge()
+    assert [f["key"] for f in found] == ["rank 5"] and found[0]["bound"] == "compute", found
+
+
+def test_the_rule_forms_parse_and_bad_forms_name_the_field():
+    rule = parse_rule("straggler for 5m")
+    assert rule.kind == "straggler" and rule.duration == 300 and rule.condition == "straggler for 5m"
+    rule = parse_rule("throughput < 0.5x baseline for 5m -> webhook http://127.0.0.1:1/h")
+    assert (rule.kind, rule.op, rule.factor, rule.duration, rule.action) == \
+        ("throughput", "<", 0.5, 300, "webhook")
+    assert rule.condition == "throughput < 0.5x baseline for 5m"
+    assert "straggler for 5m -> notify" in [r.key for r in alerts.rules_for([], True)]
+    for text, expected in (("straggler 5m", "expected 'for'"),
+                           ("straggler for soon", "expected a duration"),
+                           ("throughput < 0.5x baseline 3 times", "expected 'for DURATION'"),
+                           ("straggler for 5m -> page", "expected an action")):
+        with pytest.raises(SpecError) as error:
+            parse_rule(text)
+        line = str(error.value)
+        assert line.startswith("alerts: ") and expected in line and "\n" not in line, line
+
+
+def test_throughput_rule_fires_below_its_baseline(monkeypatch):
+    monkeypatch.setattr(alerts, "BASELINE_SKIP", 2.0)
+    monkeypatch.setattr(alerts, "BASELINE_SPAN", 4.0)
+    monkeypatch.setattr(alerts, "THROUGHPUT_WINDOW", 2.0)
+    evaluator = AlertEvaluator([parse_rule("throughput < 0.5x baseline for 3s")])
+    step, fired = 0.0, []
+    for tick in range(60):  # 10 steps/s for 15 s, then 3 steps/s
+        t = tick * 0.5
+        step += 5 if t < 15 else 1.5
+        fired += evaluator.evaluate(t, JobSnapshot(progress=(t, int(step), 1)))
+    assert [tr.kind for tr in fired] == ["fired"], fired
+    assert "baseline 10 steps/s" in fired[0].message, fired[0].message
+
+
+HANGS = """
+import os, sys, time
+import torch.distributed as dist
+from jupyter_dlc import runtime
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(1, 10_000):
+    if rank == 1 and step == 4:
+        print("rank 1 about to wait for ever", flush=True)
+        time.sleep(3600)
+    dist.barrier()
+    print(f"step {step} done", flush=True)
+    runtime.log(step, loss=1.0 / step)
+    time.sleep(0.05)
+"""
+
+
+def test_a_hung_job_keeps_its_evidence_and_the_cli_lists_it(hung_job, shared_launcher):
+    client = shared_launcher.client
+    job = {"id": hung_job}
+    final = client.wait(job["id"], timeout=120)
+    assert final["state"] == "FAILED" and "hang" in final["reason"], final["reason"]
+    [folder] = client.evidence(job["id"])
+    names = {f["name"] for f in folder["files"]}
+    assert {f"stacks-rank-{r}.txt" for r in range(2)} <= names, names
+    assert "logs-tail.txt" in names
+    with open(os.path.join(folder["dir"], "stacks-rank-1.txt")) as f:
+        assert "time.sleep(3600)" in f.read()
+    with open(os.path.join(folder["dir"], "logs-tail.txt")) as f:
+        tail = f.read()
+    assert "rank 1 about to wait for ever" in tail and "step 3 done" in tail, tail
+    from jupyter_dlc.widgets import JobView
+
+    view = JobView(client, job["id"])
+    wait_for(lambda: view.refresh_now() and "dlc-banner-evidence" in view.banner.value, 10,
+             what="evidence banner")
+    assert folder["dir"] in view.banner.value, view.banner.value
+    view.close()
+    out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "evidence", job["id"]],
+                         capture_output=True, text=True, timeout=60, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    assert "stacks-rank-1.txt" in out.stdout and folder["dir"] in out.stdout, out.stdout

@@ -136,6 +136,10 @@ def _walk(page, lab) -> None:
     later = wait_until(lambda: ((page.evaluate(CHART_STEPS_JS) or [0])[-1] or 0) > first + 30, 60,
                        "the loss chart to grow")
     assert _state(page)[0] == "RUNNING"
+    # the goodput bar under the header (launcher/goodput.py): productive steps drawn, with the %
+    page.wait_for_selector('.dlc-job-view .dlc-goodput-bar .dlc-goodput-part[data-part="productive"]',
+                           state="visible", timeout=30000)
+    assert page.locator(".dlc-job-view .dlc-goodput-value").inner_text().endswith("%")
     page.locator(".dlc-job-view").screenshot(path=str(ART / "01-running.png"))
     steps = page.evaluate(CHART_STEPS_JS)
     assert steps == sorted(steps) and steps[0] == 1 and later

@@ -36,7 +36,8 @@ step = ckpt.restore()
 while step < 6:
     step += 1
     # the step breakdown (issue 23's names), logged by hand: `why` then has a verdict
-    runtime.log(step, loss=1.0 / step, step_ms=10.0, data_wait_ms=1.0, grad_sync_ms=1.0)
+    runtime.log(step, loss=1.0 / step, step_ms=10.0, data_wait_ms=1.0, grad_sync_ms=1.0,
+                ckpt_stall_ms=0.0)
     if step == 4:
         ckpt.save(step)
 print("done at step", step, flush=True)

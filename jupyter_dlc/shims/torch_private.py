@@ -28,7 +28,9 @@
   `register_comm_hook` (or `_register_builtin_comm_hook`) becomes that inner hook, as the
   reducer takes one hook only (`_check_comm_hook`, `logger._set_comm_hook_name` and
   `_comm_hooks` kept as DDP's own method keeps them). `GradBucket.is_last()` marks the
-  bucket DDP reduces last in an iteration.
+  bucket DDP reduces last in an iteration. DDP's default mean goes through the process
+  group's own `allreduce([tensor])`, and a Python hook's future must hold a Python object
+  (DDP's PythonCommHook parses it so): hence one `then` a bucket.
 
 Text patterns need no torch; the functions import it when called (the launcher never does).
 """

@@ -44,22 +44,26 @@ runtime.log(step)  # the first boundary: steps are measured from here
 
 # DDP, wrapped here by the script: a 4 MB gradient, so the all-reduce dominates the step.
 model = DDP(torch.nn.Linear(1024, 1024))
+torch.manual_seed(info.rank)  # each rank its own input: DDP's mean is not any rank's own
 x = torch.randn(1, 1024)
-hand = torch.ones(sum(p.numel() for p in model.parameters()))
 for _ in range({SYNC_STEPS}):
     # Each all-reduce after the same lead: a barrier, then forward and backward, so that
     # the ranks come to both as far apart (a loaded machine spreads them).
     dist.barrier()
-    model(x).sum().backward()
+    model.zero_grad()
+    model(x).sum().backward()  # DDP reduces: the mean over the ranks
+    synced = torch.cat([p.grad.flatten() for p in model.parameters()])
     dist.barrier()
+    model.zero_grad()
     with model.no_sync():
-        model(x).sum().backward()
+        model(x).sum().backward()  # this rank's own gradient
+    hand = torch.cat([p.grad.flatten() for p in model.parameters()])
     started = time.perf_counter()
     hand.div_(info.world_size)  # what DDP's reduction does: the mean
     dist.all_reduce(hand)
     hand_ms = (time.perf_counter() - started) * 1e3
     step += 1
-    runtime.log(step, hand_sync_ms=hand_ms)
+    runtime.log(step, hand_sync_ms=hand_ms, grad_error=(hand - synced).abs().max().item())
 
 
 class Slow(torch.utils.data.Dataset):
@@ -131,6 +135,8 @@ def test_grad_sync_is_the_allreduce_timed_by_hand(job):
     by_hand = statistics.median(_values(points, "hand_sync_ms", 2, SYNC_STEPS - 1))
     assert by_hand > 2.0, by_hand  # an all-reduce that takes time, or the test proves nothing
     assert abs(measured - by_hand) <= 0.2 * by_hand, (measured, by_hand)
+    # DDP's gradients through the timing hook are the mean over the ranks.
+    assert max(_values(points, "grad_error", 1, SYNC_STEPS)) < 1e-5
     # The data phases run no collective.
     assert max(_values(points, "grad_sync_ms", FIRST_DATA0, 2 * DATA_STEPS)) == 0.0
 

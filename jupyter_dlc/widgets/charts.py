@@ -10,6 +10,7 @@ it bounded; `stream(..., rollover=capacity)` bounds the browser's copy the same 
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -24,6 +25,9 @@ from .series import BREAKDOWN_NAMES, STEP_PARTS, SystemData, TrainData, label_fo
 
 WIDTH, HEIGHT = 470, 270
 STEPS_HEIGHT = 230
+# The step chart is redrawn whole (its last 200 bars), so at most this often while a job
+# runs: a page re-lays out four stacked glyphs at each redraw.
+STEPS_REDRAW_SECONDS = 1.0
 COMPUTE_COLOUR = "#b0bec5"
 
 
@@ -115,6 +119,8 @@ class Charts:
         self._sys_title = ""
 
         self.steps_of: int | None = None  # None: the median over ranks; else that rank
+        self._steps_dirty = False
+        self._steps_drawn_at = float("-inf")
         self.steps_source = ColumnDataSource({"x": [], "data": [], "sync": [], "ckpt": [], "compute": []},
                                              name="dlc-step-breakdown")
         self.steps_fig = figure(name="dlc-steps", width=2 * WIDTH, height=STEPS_HEIGHT,
@@ -192,9 +198,15 @@ class Charts:
         title = self._system_title()
         if title != self._sys_title:
             self.sys_fig.title.text = self._sys_title = title
-        if steps_changed:
+        self._steps_dirty |= steps_changed
+        if self._steps_dirty and time.monotonic() - self._steps_drawn_at >= STEPS_REDRAW_SECONDS:
             sent += self._draw_steps()
         return sent
+
+    def flush_steps(self) -> None:
+        """Draw the steps a throttled push left out (before the document is re-sent whole)."""
+        if self._steps_dirty:
+            self._draw_steps()
 
     # -- where each step goes -------------------------------------------------------------
     def select_steps_of(self, rank: int | None) -> None:
@@ -204,6 +216,7 @@ class Charts:
         self._draw_steps()
 
     def _draw_steps(self) -> int:
+        self._steps_dirty, self._steps_drawn_at = False, time.monotonic()
         columns = step_breakdown(self.train, self.steps_of)
         self.steps_source.data = columns
         if columns["x"] and not self.steps_fig.visible:

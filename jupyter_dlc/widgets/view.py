@@ -575,6 +575,7 @@ class JobView:
         key = (job.get("attempt"), f.metrics_seq)
         if f.finalised != key:
             f.finalised = key
+            self.charts.flush_steps()
             self.bokeh.update_from_model(self.charts.layout)
 
     # -- rendering ------------------------------------------------------------------------

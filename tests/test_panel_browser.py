@@ -1,9 +1,10 @@
 """The DLC jobs panel in a real JupyterLab, driven through real Chromium (Playwright).
 
 One purposeful walk: open the panel; a job started from the CLI appears and changes state;
-Stop and Resume (from a picked checkpoint) from the panel; a failing job raises a JupyterLab
-notification while the panel is closed; the launcher going away shows one line and the
-panel recovers by itself. Screenshots go to artifacts/panel/.
+Stop and Resume (from a picked checkpoint) from the panel; the detail's "where each step
+goes" chart (the runtime logs the breakdown by itself); a straggler banner for a job whose
+rank 1 is slow; a failing job raises a JupyterLab notification while the panel is closed;
+the launcher going away shows one line and the panel recovers by itself. Screenshots go to artifacts/panel/.
 """
 
 from __future__ import annotations
@@ -49,6 +50,23 @@ while step < 100000:
     time.sleep(0.05)
 '''
 
+# Rank 1 works 80 ms a step (none of it in the all-reduce) while the others work 50 ms and
+# wait 30 ms for it: the values the script logs win over the runtime's own breakdown. The
+# detector (launcher/stragglers.py) judges windows of 20 steps: at 20 steps a second rank 1
+# is named within a few seconds of its first steps.
+STRAGGLE = r'''
+import os, time
+from jupyter_dlc import runtime
+runtime.init()
+rank = int(os.environ["RANK"])
+step = 0
+while True:
+    step += 1
+    runtime.log(step, loss=1.0 / step, step_ms=80.0, data_wait_ms=1.0, ckpt_stall_ms=0.0,
+                grad_sync_ms=0.0 if rank == 1 else 30.0)
+    time.sleep(0.05)
+'''
+
 
 @pytest.fixture(scope="module")
 def lab():
@@ -58,6 +76,7 @@ def lab():
     # the panel must be built (CI runs scripts/build-labextension.sh; so does running_lab)
     with running_lab("dlc-lab-", BASE, TOKEN) as lab:
         (lab["root"] / "train.py").write_text(TRAIN)
+        (lab["root"] / "straggle.py").write_text(STRAGGLE)
         ART.mkdir(parents=True, exist_ok=True)
         yield lab
         stop_launcher(lab["env"])  # its jobs too (`launcher stop` leaves them running)
@@ -152,6 +171,9 @@ def test_panel_end_to_end(lab):
             expect(r.locator(".dlc-goodput-cell")).to_contain_text("goodput ", timeout=30000)
             job_id = r.get_attribute("data-job-id")
             page.screenshot(path=str(ART / "02-job-running.png"))
+            # the straggler job starts now, so that it has run its windows when its detail opens
+            cli(env, "run", str(tmp / "root" / "straggle.py"), "--nodes", "2", "--nproc-per-node", "2",
+                "--name", "panel-straggler")
 
             # -- detail view: charts, ranks, logs; wait for a few checkpoints -------------------
             r.click()
@@ -164,6 +186,15 @@ def test_panel_end_to_end(lab):
             expect(detail.locator('svg[data-chart="loss"] path.dlc-chart-line').first).to_be_visible(timeout=30000)
             expect(detail.locator(".dlc-rank-table tr[data-rank]")).to_have_count(2, timeout=30000)
             expect(detail.locator(".dlc-rank-pages")).to_have_text("2 ranks · page 1 of 1")
+            # "where each step goes": stacked bars from the breakdown the runtime logs itself
+            steps = detail.locator('svg[data-chart="steps"]')
+            expect(steps.locator("g.dlc-step-bar").first).to_be_visible(timeout=30000)
+            expect(steps.locator(".dlc-chart-title")).to_have_text("where each step goes (median of the ranks)")
+            expect(steps.locator('g.dlc-step-bar rect[data-part="compute"]').first).to_be_attached()
+            steps.scroll_into_view_if_needed()
+            steps.screenshot(path=str(ART / "03-step-chart.png"))
+            # its names are this chart's, not line charts of their own
+            expect(detail.locator('svg[data-chart="step_ms"]')).to_have_count(0)
             # points are pushed over the metrics stream; cut, it polls, then it is back
             expect(detail).to_have_attribute("data-feed", "live", timeout=30000)
             wait_until(lambda: int(detail.get_attribute("data-pushed") or 0) > 0, 30, "pushed points")
@@ -214,6 +245,23 @@ def test_panel_end_to_end(lab):
             expect(detail).to_have_count(0)
             expect(panel.locator(".dlc-joblist")).to_be_visible()
 
+            # -- a slow rank: the straggler banner, and the others' wait in the step chart --------
+            r = row(page, "panel-straggler")
+            straggler_id = r.get_attribute("data-job-id")
+            r.click()
+            detail = page.locator("#jp-main-dock-panel .dlc-detail-tab .dlc-detail")
+            expect(detail).to_have_attribute("data-job-id", straggler_id)
+            banner = detail.locator(".dlc-stragglers .dlc-straggler")
+            expect(banner).to_have_count(1, timeout=60000)
+            expect(banner).to_contain_text("straggler: rank 1 on node 0: 80 ms of its own work a step")
+            expect(detail.locator('svg[data-chart="steps"] g.dlc-step-bar rect[data-part="sync"]').first
+                   ).to_be_attached(timeout=30000)
+            page.screenshot(path=str(ART / "07-straggler.png"))
+            client.stop(straggler_id, grace=1)
+            expect(detail).to_have_attribute("data-state", "STOPPED", timeout=90000)
+            detail.locator(".dlc-back").click()
+            expect(detail).to_have_count(0)
+
             # -- a failing job notifies, while the panel is closed --------------------------------
             tab.click()  # collapse the left area
             expect(panel).to_be_hidden()
@@ -222,7 +270,7 @@ def test_panel_end_to_end(lab):
             toast = page.locator(".Toastify__toast", has_text="panel-fail")
             expect(toast).to_be_visible(timeout=120000)
             expect(toast).to_contain_text("failed")
-            page.screenshot(path=str(ART / "07-failure-notification.png"))
+            page.screenshot(path=str(ART / "08-failure-notification.png"))
 
             # -- the launcher goes away: one line, then recovery by itself ------------------------
             tab.click()
@@ -246,7 +294,7 @@ def test_panel_end_to_end(lab):
             # still live after the recovery: the list shows the jobs
             expect(row(page, "panel-e2e")).to_be_visible()
             expect(row(page, "panel-fail")).to_have_attribute("data-state", "FAILED")
-            page.screenshot(path=str(ART / "08-recovered.png"))
+            page.screenshot(path=str(ART / "09-recovered.png"))
             assert not errors, errors
         except Exception:
             page.screenshot(path=str(ART / "failure.png"))

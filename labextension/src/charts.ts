@@ -12,7 +12,7 @@ export interface Series {
   points: [number, number][];
 }
 
-const SVG_NS = 'http://www.w3.org/2000/svg';
+export const SVG_NS = 'http://www.w3.org/2000/svg';
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
 export const MAX_POINTS_PER_SERIES = 2000;
 
@@ -170,6 +170,52 @@ function fmt(v: number): string {
   return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toFixed(3);
 }
 
+/** A chart's box in px: width, height and the margins left, right, top, bottom. */
+export interface ChartBox {
+  W: number;
+  H: number;
+  L: number;
+  R: number;
+  T: number;
+  B: number;
+}
+
+/** An empty chart: the <svg> (data-chart = `title`), its title and its frame, and a helper
+ * that adds a text. */
+export function chartSvg(
+  title: string,
+  { W, H, L, R, T, B }: ChartBox,
+  cls = 'dlc-chart'
+): { svg: SVGSVGElement; text: (x: number, y: number, s: string, anchor?: string, cls?: string, fill?: string) => void } {
+  const svg = document.createElementNS(SVG_NS, 'svg');
+  svg.setAttribute('class', cls);
+  svg.setAttribute('width', String(W));
+  svg.setAttribute('height', String(H));
+  svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
+  svg.dataset.chart = title;
+  const text = (x: number, y: number, s: string, anchor = 'start', textCls = 'dlc-chart-text', fill?: string) => {
+    const t = document.createElementNS(SVG_NS, 'text');
+    t.setAttribute('x', String(x));
+    t.setAttribute('y', String(y));
+    t.setAttribute('text-anchor', anchor);
+    t.setAttribute('class', textCls);
+    if (fill) {
+      t.setAttribute('fill', fill);
+    }
+    t.textContent = s;
+    svg.appendChild(t);
+  };
+  text(L, 11, title, 'start', 'dlc-chart-title');
+  const frame = document.createElementNS(SVG_NS, 'rect');
+  frame.setAttribute('x', String(L));
+  frame.setAttribute('y', String(T));
+  frame.setAttribute('width', String(W - L - R));
+  frame.setAttribute('height', String(H - T - B));
+  frame.setAttribute('class', 'dlc-chart-frame');
+  svg.appendChild(frame);
+  return { svg, text };
+}
+
 /**
  * An SVG line chart of `series` (x ascending per series). With `opts.band`, the band and its
  * mean are drawn and `series` are its outlier lines; without, more than MAX_RANK_LINES
@@ -186,22 +232,7 @@ export function lineChart(
   const R = 6;
   const T = 16;
   const B = 16;
-  const svg = document.createElementNS(SVG_NS, 'svg');
-  svg.setAttribute('class', 'dlc-chart');
-  svg.setAttribute('width', String(W));
-  svg.setAttribute('height', String(H));
-  svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
-  svg.dataset.chart = title;
-  const text = (x: number, y: number, s: string, anchor = 'start', cls = 'dlc-chart-text') => {
-    const t = document.createElementNS(SVG_NS, 'text');
-    t.setAttribute('x', String(x));
-    t.setAttribute('y', String(y));
-    t.setAttribute('text-anchor', anchor);
-    t.setAttribute('class', cls);
-    t.textContent = s;
-    svg.appendChild(t);
-  };
-  text(L, 11, title, 'start', 'dlc-chart-title');
+  const { svg, text } = chartSvg(title, { W, H, L, R, T, B });
   let x0 = Infinity;
   let x1 = -Infinity;
   let y0 = Infinity;
@@ -226,13 +257,6 @@ export function lineChart(
   for (const [x, , lo, hi] of band?.rows ?? []) {
     extend(x, lo, hi);
   }
-  const frame = document.createElementNS(SVG_NS, 'rect');
-  frame.setAttribute('x', String(L));
-  frame.setAttribute('y', String(T));
-  frame.setAttribute('width', String(W - L - R));
-  frame.setAttribute('height', String(H - T - B));
-  frame.setAttribute('class', 'dlc-chart-frame');
-  svg.appendChild(frame);
   if (!isFinite(x0)) {
     text(W / 2, H / 2 + 4, 'no data yet', 'middle');
     return svg;

@@ -11,6 +11,7 @@ import { JobMetrics, Taken } from './bands';
 import { lineChart } from './charts';
 import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
 import { progressText, renderGoodputBar } from './goodput';
+import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTitle } from './steps';
 import { stateClass } from './listview';
 import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, age, isActive } from './store';
@@ -112,6 +113,9 @@ export class DetailView {
   /** the job's metric points: pushed by the launcher, polled while the stream is down */
   feed: MetricsFeed | null = null;
   private chartFrame: number | null = null;
+  /** the step chart's next draw (at most one a STEPS_REDRAW_MS), and when it last drew */
+  private stepsTimer: number | null = null;
+  private stepsDrawnAt = 0;
   /** the rank table's order and page, read from the launcher a page at a time */
   private ranks = new RankPager();
 
@@ -160,6 +164,7 @@ export class DetailView {
     this.parts.stragglers = el('div', 'dlc-stragglers');
     this.parts.diagnosis = el('div', 'dlc-diagnosis');
     this.parts.charts = el('div', 'dlc-charts');
+    this.parts.steps = el('div', 'dlc-steps');
     const ranksBox = el('details', 'dlc-section');
     ranksBox.open = true;
     ranksBox.appendChild(el('summary', '', 'Ranks'));
@@ -198,7 +203,7 @@ export class DetailView {
     this.parts.logs = el('pre', 'dlc-logs');
     logBox.appendChild(this.parts.logs);
     this.parts.retention = el('div', 'dlc-retention-note');
-    this.node.append(this.parts.stragglers, this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.retention, ranksBox, logBox);
+    this.node.append(this.parts.stragglers, this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.steps, this.parts.retention, ranksBox, logBox);
   }
 
   get jobId(): string | null {
@@ -222,6 +227,8 @@ export class DetailView {
       this.lastFullRev = -1;
       this.logRank = '';
       this.parts.charts.textContent = '';
+      this.cancelSteps();
+      this.parts.steps.textContent = '';
       this.parts.retention.textContent = '';
       this.parts.logs.textContent = '';
       this.parts.ranks.textContent = '';
@@ -242,6 +249,7 @@ export class DetailView {
     this.entry = null;
     this.feed?.dispose();
     this.feed = null;
+    this.cancelSteps();
     if (this.timer !== null) {
       window.clearTimeout(this.timer);
       this.timer = null;
@@ -371,6 +379,31 @@ export class DetailView {
         this.renderCharts();
       });
     }
+    if (this.stepsTimer === null && metrics.charts().includes(STEP_MS)) {
+      // the step chart: at most one draw a STEPS_REDRAW_MS (200 steps of every rank's parts)
+      const wait = Math.max(0, this.stepsDrawnAt + STEPS_REDRAW_MS - Date.now());
+      this.stepsTimer = window.setTimeout(() => {
+        this.stepsTimer = null;
+        this.stepsDrawnAt = Date.now();
+        if (metrics === this.metrics) {
+          this.renderSteps();
+        }
+      }, wait);
+    }
+  }
+
+  private cancelSteps(): void {
+    if (this.stepsTimer !== null) {
+      window.clearTimeout(this.stepsTimer);
+      this.stepsTimer = null;
+    }
+  }
+
+  /** "Where each step goes": hidden until a rank logs the breakdown (steps.ts). */
+  private renderSteps(): void {
+    const rows = stepRows(name => this.metrics.chart(name));
+    const world = this.entry ? this.entry.job.nodes * this.entry.job.nproc_per_node : 0;
+    this.parts.steps.replaceChildren(...(rows.length ? [stepChart(stepsTitle(this.metrics.band !== null, world), rows)] : []));
   }
 
   private feedStatus(status: FeedStatus): void {
@@ -381,7 +414,8 @@ export class DetailView {
     const box = this.parts.charts;
     box.textContent = '';
     const names = this.metrics.charts();
-    const train = names.filter(n => !SYSTEM_ORDER.includes(n));
+    // the breakdown's names have the step chart (renderSteps)
+    const train = names.filter(n => !SYSTEM_ORDER.includes(n) && !BREAKDOWN_NAMES.includes(n));
     train.sort((a, b) => (a === 'loss' ? -1 : b === 'loss' ? 1 : a.localeCompare(b)));
     if (!train.includes('loss')) {
       train.unshift('loss');

@@ -121,6 +121,8 @@ def test_environment_contract_on_a_warm_pool(pooled, tmp_path):
     })
     job = client.wait(job["id"], timeout=120)
     assert job["state"] == "SUCCEEDED", job["reason"]
+    # A second attempt would mean the first failed on the pool: say why it did.
+    assert job["attempt"] == 1, [(e["type"], e["reason"]) for e in client.events(job["id"])]
     assert ran_warm(client, job["id"]) and job["attempts"][0]["start"] == "warm pool local-2x2"
     assert "  start: warm pool local-2x2" in formatting.status_text(job).splitlines()
     for rank, env in rank_env(client, job["id"], 4).items():

@@ -77,11 +77,15 @@ if rank == 0:
 dist.all_reduce(torch.ones(1))
 time.sleep(30)
 """,
-    # Rank 1 never joins the collective: rank 0 times out after 3 s.
-    "timeout": GLOO.replace("TIMEOUT", "3") + """
+    # Rank 1 never joins the collective: rank 0 times out after 3 s. The 3 s is the timeout of
+    # a second group that both ranks make once joined, not of the default group: on a loaded
+    # machine rank 1 can reach init more than 3 s after rank 0, and rank 0 would then time out
+    # in the address exchange (a DistStoreError) rather than in the collective this tests.
+    "timeout": GLOO.replace("TIMEOUT", "60") + """
+group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
 if rank == 1:
     time.sleep(60)
-dist.all_reduce(torch.ones(1))
+dist.all_reduce(torch.ones(1), group=group)
 """,
     # The failures below need no process group; rank 0 waits until its agent stops it.
     "module": """

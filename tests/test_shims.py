@@ -243,6 +243,53 @@ def test_torch_ddp_sync_timing_hook(tmp_path):
     assert proc.returncode == 0 and "ok" in proc.stdout, \
         _moved("torch_private", "DDP's comm hook internals") + "\n" + proc.stderr
 
+def test_torch_ddp_own_timers_sampled_every_iteration(tmp_path):
+    """In a fresh Python, a gloo group of one: with `on_cpu`, a CPU DDP built after
+    time_ddp_sync gets no hook, samples DDP's own reducer timers every iteration (DDP's
+    default is every iteration up to the 10th, then one in 100: so 30 are run here) and
+    ddp_last_exposed_sync reads each iteration's end and exposed part once it ran, also
+    after a bucket layout is installed on restore (a new reducer)."""
+    code = textwrap.dedent("""
+        import torch, torch.nn as nn, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from jupyter_dlc.shims import torch_private as tp
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        sampled = []
+        tp.time_ddp_sync(lambda ddp: 1 / 0, on_cpu=sampled.append)
+        def net():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(4, 300), nn.Tanh(), nn.Linear(300, 1))
+        x = torch.randn(2, 4)
+        def ends(ddp, n):
+            seen = []
+            for _ in range(n):
+                ddp(x).sum().backward()
+                last = tp.ddp_last_exposed_sync(ddp)
+                assert last is not None and 0 <= last[1] < 10e9, last
+                assert tp.ddp_last_exposed_sync(ddp) == last  # the same iteration, read again
+                seen.append(last[0])
+            return seen
+        timed = DDP(net(), bucket_cap_mb=0.001)
+        assert sampled == [timed] and tp.ddp_last_exposed_sync(timed) is None
+        seen = ends(timed, 30)
+        assert seen == sorted(set(seen)), "an iteration past the 10th was not sampled"
+        with timed.no_sync():
+            timed(x).sum().backward()
+        assert tp.ddp_last_exposed_sync(timed)[0] == seen[-1]  # no reduction: no new end
+        restored = DDP(net(), bucket_cap_mb=0.001)
+        tp.install_bucket_layout(restored, tp.bucket_layout(timed))
+        seen = ends(restored, 30)
+        assert seen == sorted(set(seen)), "the restored reducer is not sampled every iteration"
+        tp.untime_ddp_sync()
+        print("ok")
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "ok" in proc.stdout, \
+        _moved("torch_private", "DDP's logger timers (set_runtime_stats_and_log, "
+               "_get_ddp_logging_data, _set_ddp_runtime_logging_sample_rate)") + "\n" + proc.stderr
+
+
 # -- Python -----------------------------------------------------------------------------
 
 def test_python_run_exit_handlers():

@@ -10,12 +10,16 @@ metric):
   at `runtime.init()` or the first `log()`), plus sections in `with runtime.timer("data"):`
   for loaders that are not torch's (nested sections count once; like every section here,
   only on the thread that calls `runtime.log`: a prefetch thread's waits block no one);
-- `grad_sync_ms`: DDP's gradient all-reduce as the loop sees it: from the launch of the
-  iteration's last bucket (which DDP reduces when backward has computed every gradient) to
-  the completion of the last bucket's reduction. That is the exposed communication, the time
-  backward waits in DDP's finalisation, including the wait for a slower peer; reductions that
-  overlap backward's compute are not counted twice. On CUDA the two ends are CUDA events,
-  read at a later boundary once the device passed them (`query()`, never a synchronise);
+- `grad_sync_ms`: DDP's gradient all-reduce as the loop sees it: from the moment backward
+  has computed every gradient (and DDP launches the last bucket) to the completion of the
+  last bucket's reduction. That is the exposed communication, the time backward waits in
+  DDP's finalisation, including the wait for a slower peer; reductions that overlap
+  backward's compute are not counted twice. On CPU these are DDP's own reducer timers, made
+  to sample every iteration and read at each boundary (no hook: on a 10 ms step a Python
+  comm hook cost 4-9%, the timers' read about 140 us; benchmarks/telemetry.py). On CUDA a
+  timing comm hook records two CUDA events, read at a later boundary once the device
+  passed them (`query()`, never a synchronise; DDP's own CUDA timers synchronise an event
+  at each read);
 - `ckpt_stall_ms`: time the loop spent in the Checkpointer's `save()` and `wait()`.
 
 Compute is the rest and is not sent. A value the script logs itself under one of these
@@ -31,6 +35,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from typing import Any
 
 from ..shims import torch_private
@@ -47,6 +52,8 @@ _lock = threading.Lock()
 _sums: dict[str, float] = {}  # metric name -> seconds in this step
 _seen: list[str] = []  # every name this rank has timed: each step carries all of them
 _cuda_pending: list[tuple[Any, Any]] = []  # (start, end) CUDA events not read yet
+# CPU DDPs timed by their own reducer timers -> the end (ns) of the last reduction counted.
+_sampled: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _last_boundary: float | None = None
 _installed = False
 
@@ -167,6 +174,20 @@ def _read_cuda_pending() -> None:
             _cuda_pending[:0] = later
 
 
+def _sampled_ddp(ddp: Any) -> None:
+    _sampled[ddp] = 0
+
+
+def _read_sampled_ddps() -> None:
+    """Add each CPU DDP's exposed reduction since the last boundary (once: a step that ran
+    none, under no_sync or in eval, finds the same end and adds nothing)."""
+    for ddp, counted in list(_sampled.items()):
+        last = torch_private.ddp_last_exposed_sync(ddp)
+        if last is not None and last[0] != counted:
+            _sampled[ddp] = last[0]
+            _add(GRAD_SYNC, last[1] / 1e9)
+
+
 def install() -> None:
     """Time DataLoader waits and DDP's gradient sync from now on (once; DDPs built before
     this are not timed). Called by `runtime.init()` and the first `runtime.log()`."""
@@ -176,7 +197,7 @@ def install() -> None:
     _installed = True
     try:
         torch_private.time_dataloader_next(_sections[DATA_WAIT])
-        torch_private.time_ddp_sync(lambda ddp: _SyncClock())
+        torch_private.time_ddp_sync(lambda ddp: _SyncClock(), on_cpu=_sampled_ddp)
     except ImportError:
         pass  # no torch: nothing to time but the runtime's own sections
 
@@ -198,6 +219,8 @@ def close_step() -> dict[str, float]:
         return {}
     now = _clock()
     _loop_thread = threading.get_ident()
+    if _sampled:  # before the first boundary too, so that what came before is not counted
+        _read_sampled_ddps()
     if _last_boundary is None:
         install()
         _last_boundary = now

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from . import shell
+from . import layout, shell
 
 FILE_NAME = "dlc_clusters.yaml"
 ENGINES = ("local", "slurm", "kubernetes", "ssh")
@@ -230,11 +230,8 @@ def remove_profile(name: str) -> str:
 
 def _write(path: str, clusters: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write("# jupyter-dlc cluster profiles (see README, Clusters)\n")
-        yaml.safe_dump({"clusters": clusters}, f, sort_keys=False)
-    os.replace(tmp, path)
+    layout.write_atomic(path, "# jupyter-dlc cluster profiles (see README, Clusters)\n"
+                        + yaml.safe_dump({"clusters": clusters}, sort_keys=False))
 
 
 def check_clusters() -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import threading
 import time
 
 MANIFEST = "manifest.json"
@@ -369,21 +369,61 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_json_atomic(path, obj):
-    """Temp file in the same directory, fsync, rename, fsync the directory: after a crash
-    the path holds either nothing or the whole document, never a torn one."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+def write_atomic(path, text, mode=0o666, durable=False):
+    """Write `text` (str or bytes) to `path` so that a reader, a second writer or a crash
+    finds the old document or the new one, never a part of either: a temp file of a name no
+    other writer uses (pid and thread) in the same directory, then a rename over `path`.
+    `mode` is the new file's, less the umask (0o600 for files that hold a token). With
+    `durable`, the file and the directory are fsynced too, for what must survive a power
+    cut (checkpoint manifests); without, a kill -9 at any point is covered, which is what
+    the launcher's and the nodes' own records need. A kill -9 between the two leaves a
+    `.<name>.<pid>.<thread>.tmp` beside the file, which no reader opens."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+    data = text.encode() if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         _remove_quietly(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
+
+
+def write_json(path, obj, mode=0o666, durable=False):
+    """`obj` as JSON, written as `write_atomic` writes."""
+    write_atomic(path, json.dumps(obj), mode, durable)
+
+
+def write_json_atomic(path, obj):
+    """write_json, durable: after a crash or a power cut the path holds either nothing, the
+    old document or the whole new one."""
+    write_json(path, obj, durable=True)
+
+
+def read_json(path):
+    """The parsed document, or None when it is missing or unreadable (a reader never sees a
+    torn one from write_atomic, but a file from elsewhere may be anything)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_int(path):
+    """The whole number a file holds, or None when it is missing or holds something else."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def write_manifest(step_path, step, world_size, files):

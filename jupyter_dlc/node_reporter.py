@@ -35,7 +35,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import identity
+from . import identity, layout
 
 COALESCE = 0.05            # seconds a batch waits for more ranks after its first report
 FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIMEOUT)
@@ -278,9 +278,7 @@ def start_serving(server: ThreadingHTTPServer) -> None:
 
 def publish(server: ThreadingHTTPServer, path: str) -> None:
     """Write the server's URL where the node's ranks look ($DLC_NODE_REPORTER)."""
-    with open(path + ".tmp", "w") as f:
-        f.write(f"http://127.0.0.1:{server.server_address[1]}\n")
-    os.replace(path + ".tmp", path)
+    layout.write_atomic(path, f"http://127.0.0.1:{server.server_address[1]}\n")
 
 
 def from_env(env, start: bool = True) -> tuple[NodeReporter, ThreadingHTTPServer]:

@@ -1,7 +1,7 @@
 """Stragglers named while a job runs, the performance verdict of `why`, the straggler and
 throughput rule forms, and the evidence folder kept before a hung attempt is killed.
 
-The straggler job is real torchrun, 3 nodes x 2 processes (6 ranks, so that one node's two
+The straggler job is real torchrun, 3 nodes x 3 processes (9 ranks, so that one node's three
 ranks are a third of the world and the median is the healthy ranks'). Its ranks log the step
 breakdown themselves (issue 23's contract: a value the script logs wins), with the numbers a
 synchronous job would show, in phases the test switches through a file:
@@ -9,7 +9,7 @@ synchronous job would show, in phases the test switches through a file:
 - balanced: every rank ~50 ms of own work with jitter, the all-reduce absorbing the rest;
   logged fast (synthetic steps, 4 ms of sleep each) so many windows pass in a few seconds;
 - rank: rank 3 60% slower (80 ms of own work, of it 31 ms data wait), the others wait;
-- node: both ranks of node 2 slower (compute);
+- node: the three ranks of node 2 slower (compute);
 - input: every rank waits 300 ms of a 352 ms step for its data (input-bound);
 - end.
 """
@@ -51,7 +51,7 @@ while phase != "end":
             own, data = 80.0, 31.0
     elif phase == "node":
         total, pause = 84, 0.05
-        if rank in (4, 5):
+        if rank in (6, 7, 8):
             own = 80.0
     elif phase == "input":
         own, data, total, pause = 350.0, 300.0, 352, 0.01
@@ -86,7 +86,7 @@ def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_
     phase = str(tmp_path / "phase")
     _set_phase(phase, "balanced")
     script = launcher.script("phased.py", PHASED)
-    job = client.submit({"script": script, "args": [phase], "nodes": 3, "nproc_per_node": 2,
+    job = client.submit({"script": script, "args": [phase], "nodes": 3, "nproc_per_node": 3,
                          "max_restarts": 0, "alerts": ["straggler for 2s"]})
     job_id = job["id"]
     try:
@@ -123,11 +123,11 @@ def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_
         assert "rank 3 on node 1" in view.banner.value
         view.close()
 
-        # Both ranks of node 2 slow: the node is named.
+        # The three ranks of node 2 slow: the node is named.
         _set_phase(phase, "node")
         found = wait_for(lambda: [f for f in client.job(job_id)["stragglers"] if f["key"] == "node 2"]
                          or None, 10, what="node 2 named")
-        assert found[0]["ranks"] == [4, 5] and "compute-bound" in found[0]["message"], found
+        assert found[0]["ranks"] == [6, 7, 8] and "compute-bound" in found[0]["message"], found
 
         _set_phase(phase, "input")
         wait_for(lambda: client.why(job_id)["verdict"]["verdict"] == "input-bound", 20,

@@ -272,10 +272,9 @@ def rank_records(ctx: AttemptContext) -> dict[int, dict]:
     local engine's fast path, and readable while the launcher was down), over what the
     rank reported through the report route (the only source without a shared filesystem)."""
     from .. import layout
-    from .local import _read_json
 
     reported, _ = reported_records(ctx.reported)
-    return {rank: {**reported.get(rank, {}), **(_read_json(layout.rank_json(ctx.attempt_dir, rank)) or {})}
+    return {rank: {**reported.get(rank, {}), **(layout.read_json(layout.rank_json(ctx.attempt_dir, rank)) or {})}
             for rank in range(ctx.spec.world_size)}
 
 

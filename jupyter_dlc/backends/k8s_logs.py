@@ -18,6 +18,8 @@ import os
 import time
 from collections.abc import Callable
 
+from .. import layout
+
 CURSORS = "pod-log-cursors.json"
 # Seconds after which no more lines stamped with a given second can appear: the kubelet
 # stamps a line as it takes it, so only clock skew between node and launcher is covered.
@@ -80,6 +82,4 @@ def load_cursors(attempt_dir: str) -> dict[str, dict]:
 def save_cursors(attempt_dir: str, cursors: dict[str, dict]) -> None:
     os.makedirs(attempt_dir, exist_ok=True)
     path = os.path.join(attempt_dir, CURSORS)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(cursors, f)
-    os.replace(f"{path}.tmp", path)
+    layout.write_json(path, cursors)

@@ -13,7 +13,6 @@ mid-fork or mid-exec included. The environment scan stays as the fallback.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal as signals
@@ -327,7 +326,7 @@ class LocalBackend(Backend):
         """Pids of a standby agent for every node of this attempt, if all are alive."""
         pids = []
         for node in range(ctx.spec.nodes):
-            pid = _read_int(_go_file(ctx, node) + ".pid")
+            pid = layout.read_int(_go_file(ctx, node) + ".pid")
             if pid is None or not _alive(pid):
                 return None
             pids.append(pid)
@@ -338,11 +337,10 @@ class LocalBackend(Backend):
         standbys = self._standbys(ctx)
         if standbys:
             for node, argv in enumerate(request["commands"]):
-                tmp = _go_file(ctx, node) + ".tmp"
-                with open(tmp, "w") as f:
-                    # argv[3:] drops `python -m torch.distributed.run`; the standby is that.
-                    json.dump({"args": argv[3:], "env": dict(ctx.env, DLC_NODE_RANK=str(node))}, f)
-                os.replace(tmp, _go_file(ctx, node))
+                # argv[3:] drops `python -m torch.distributed.run`; the standby is that. The
+                # env holds the attempt's token.
+                layout.write_json(_go_file(ctx, node), {"args": argv[3:], "env": dict(
+                    ctx.env, DLC_NODE_RANK=str(node))}, mode=0o600)
             return {"nodes": [{"node": n, "pid": pid} for n, pid in enumerate(standbys)],
                     "standby": True}
         nodes = []
@@ -366,14 +364,14 @@ class LocalBackend(Backend):
         alive = set(processes.get((ctx.job_id, ctx.attempt), []))
         status = AttemptStatus()
         for node in range(ctx.spec.nodes):
-            exit_code = _read_int(layout.node_exit(ctx.attempt_dir, node))
+            exit_code = layout.read_int(layout.node_exit(ctx.attempt_dir, node))
             pid = next((n["pid"] for n in handle.get("nodes", []) if n["node"] == node), None)
             running = exit_code is None and pid is not None and pid in alive
             status.nodes.append(NodeStatus(node, running, exit_code))
         summary_codes = self._agent_summary_codes(ctx)
         peers_failing = None  # looked up only when a rank vanished
         for rank in range(ctx.spec.world_size):
-            record = _read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
+            record = layout.read_json(layout.rank_json(ctx.attempt_dir, rank)) or {}
             pid = record.get("pid")
             exit_code = record.get("exit_code")
             if exit_code is None and rank in summary_codes:
@@ -530,20 +528,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 TERM, KILL = signals.SIGTERM, signals.SIGKILL

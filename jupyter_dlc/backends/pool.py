@@ -7,7 +7,6 @@ a pool is for, and when one starts or goes, is the launcher's policy (`launcher/
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ from typing import Any
 
 from .. import layout
 from . import AttemptContext, children, local
-from .local import _alive, _read_json, attempt_cgroup, torchrun_argv
+from .local import _alive, attempt_cgroup, torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
 # Room in each agent's exec'd environment for a job's markers (see pool_agent).
@@ -65,14 +64,14 @@ def agent_pids(pool_dir: str, nodes: int, here: bool = True) -> list[int | None]
     nothing here (a Slurm pool's liveness is its allocation's, launcher/pools.py)."""
     pids: list[int | None] = []
     for node in range(nodes):
-        info = _read_json(os.path.join(pool_dir, f"node-{node}.pid")) or {}
+        info = layout.read_json(os.path.join(pool_dir, f"node-{node}.pid")) or {}
         pid = info.get("pid")
         pids.append(pid if pid and (not here or _alive(pid)) else None)
     return pids
 
 
 def keeper_pid(pool_dir: str, here: bool = True) -> int | None:
-    pid = (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("keeper")
+    pid = (layout.read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("keeper")
     return pid if pid and (not here or _alive(pid)) else None
 
 
@@ -115,7 +114,7 @@ def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0
     """An agent or the store keeper that was up and is gone (seen only `here`), or an agent
     that never became ready: the pool must be replaced."""
     for node in range(nodes):
-        info = _read_json(os.path.join(pool_dir, f"node-{node}.pid"))
+        info = layout.read_json(os.path.join(pool_dir, f"node-{node}.pid"))
         if info is None:
             if time.time() - started > warm_within:
                 return True
@@ -128,7 +127,7 @@ def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0
 
 def head_address(pool_dir: str) -> str:
     """Node 0's address, as its agent recorded it: the jobs' MASTER_ADDR."""
-    return (_read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
+    return (layout.read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
 
 
 def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> dict[str, Any] | None:
@@ -137,12 +136,10 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
     the agents run on this machine, so the job's processes join the attempt's cgroup (on
     other hosts that path means nothing, and Slurm's own tracking of the step holds them)."""
     spec = ctx.spec
-    store = _read_json(os.path.join(pool_dir, "store-ready.json")) or {}
+    store = layout.read_json(os.path.join(pool_dir, "store-ready.json")) or {}
     if store.get("seq") != seq:
         return None  # the keeper has not opened this job's store yet
-    with open(os.path.join(pool_dir, "store-claim.tmp"), "w") as f:
-        f.write(str(seq))
-    os.replace(os.path.join(pool_dir, "store-claim.tmp"), os.path.join(pool_dir, "store-claim"))
+    layout.write_atomic(os.path.join(pool_dir, "store-claim"), str(seq))
     argv = torchrun_argv(spec, 0, store["port"], ctx.script_path, sys.executable)
     cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True) if here else None
     os.makedirs(ctx.attempt_dir, exist_ok=True)
@@ -154,15 +151,12 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
                  "attempt_dir": ctx.attempt_dir, "node_log": layout.node_log(ctx.attempt_dir, node),
                  "exit_file": layout.node_exit(ctx.attempt_dir, node)}
         path = os.path.join(pool_dir, f"node-{node}.order")
-        # Mode 0600 from the launcher's umask: the order holds the attempt's token.
-        with open(path + ".tmp", "w") as f:
-            json.dump(order, f)
-        os.replace(path + ".tmp", path)
+        layout.write_json(path, order, mode=0o600)  # it holds the attempt's token
     nodes = []
     deadline = time.monotonic() + ACK_TIMEOUT
     for node in range(spec.nodes):
         while True:
-            ack = _read_json(os.path.join(pool_dir, f"node-{node}.ack")) or {}
+            ack = layout.read_json(os.path.join(pool_dir, f"node-{node}.ack")) or {}
             if ack.get("seq") == seq:
                 nodes.append({"node": node, "pid": ack["pid"]})
                 break

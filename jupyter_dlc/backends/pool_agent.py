@@ -38,9 +38,8 @@ import socket
 import sys
 import time
 
-from .. import node_reporter
+from .. import layout, node_reporter
 from ..runtime.bootstrap import _write_json
-from .local import _read_json
 from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
@@ -246,7 +245,7 @@ def run_node(order: dict) -> int:
         code = os.waitstatus_to_exitcode(status)
         code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
         record_path = os.path.join(order["attempt_dir"], f"rank-{rank}.json")
-        record = _read_json(record_path) or {"rank": rank, "pid": pid}
+        record = layout.read_json(record_path) or {"rank": rank, "pid": pid}
         if record.get("exit_code") is None:
             record.update(exit_code=code, end=time.time())
             _write_json(record_path, record)
@@ -271,7 +270,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _read_order(path: str) -> str:
-    return (_read_json(path) or {}).get("signal") or ""
+    return (layout.read_json(path) or {}).get("signal") or ""
 
 
 def _signal_ranks(pids: list[int], sig: int) -> None:
@@ -318,7 +317,7 @@ def main(pool_dir: str, node: int) -> int:
     while not _lease_expired(pool_dir):
         _reap()
         if os.path.exists(order_path):
-            order = _read_json(order_path)
+            order = layout.read_json(order_path)
             os.unlink(order_path)
             if order is None:
                 continue

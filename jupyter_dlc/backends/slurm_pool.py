@@ -20,7 +20,6 @@ from .. import layout, shell
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
 from . import local
-from .local import _read_int, _read_json
 from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
 POOL_SBATCH = """#!/bin/bash
@@ -108,8 +107,8 @@ def allocation_held(state: str) -> bool:
 
 
 def _node_host(ctx: AttemptContext, handle: dict, node: int) -> str:
-    alive = _read_json(os.path.join(ctx.attempt_dir, f"node-{node}.alive")) or {}
-    agent = _read_json(os.path.join(handle.get("pool_dir", ""), f"node-{node}.pid")) or {}
+    alive = layout.read_json(os.path.join(ctx.attempt_dir, f"node-{node}.alive")) or {}
+    agent = layout.read_json(os.path.join(handle.get("pool_dir", ""), f"node-{node}.pid")) or {}
     return alive.get("host") or agent.get("host") or agent.get("addr") or "?"
 
 
@@ -152,7 +151,7 @@ def nodes_left(attempt_dir: str, nodes: int) -> list[int]:
 
 def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:
     nodes = ctx.spec.nodes
-    exits = {n: _read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(nodes)}
+    exits = {n: layout.read_int(layout.node_exit(ctx.attempt_dir, n)) for n in range(nodes)}
     records = rank_records(ctx)
     waiting = [n for n, code in exits.items() if code is None]
     failing = [n for n, code in exits.items() if code] or \

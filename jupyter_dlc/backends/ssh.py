@@ -57,7 +57,7 @@ from . import (
     rank_records,
     remove_preflight_markers,
 )
-from .local import _alive, _read_int, _spawn, agent_summary_codes, torchrun_argv
+from .local import _alive, _spawn, agent_summary_codes, torchrun_argv
 from .slurm import job_script_env
 
 CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
@@ -362,12 +362,12 @@ class SSHBackend(Backend):
         status = AttemptStatus()
         keepers = {n["node"]: n for n in handle.get("nodes", [])}
         for node in range(ctx.spec.nodes):
-            code = _read_int(layout.node_exit(ctx.attempt_dir, node))
+            code = layout.read_int(layout.node_exit(ctx.attempt_dir, node))
             keeper = keepers.get(node, {})
             running = code is None and bool(keeper.get("pid")) and _alive(keeper["pid"])
             if code is None and keeper.get("pid") and not running:
                 # Gone: it recorded ssh's exit as it left, or it was killed before it could.
-                code = _read_int(layout.node_exit(ctx.attempt_dir, node))
+                code = layout.read_int(layout.node_exit(ctx.attempt_dir, node))
                 code = KILLED if code is None else code
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)

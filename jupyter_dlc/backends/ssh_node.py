@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any
 
-from .. import node_reporter
+from .. import layout, node_reporter
 
 # After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
 SWEEP_GRACE = 3.0
@@ -235,19 +235,7 @@ def _end(reporter: subprocess.Popen | None) -> None:
 
 
 def _write_code(path: str, code: int) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{code}\n")
-    os.replace(tmp, path)
-
-
-def _read_code(path: str) -> int | None:
-    # local._read_int's twin: this module runs on the hosts and imports nothing of ours.
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
+    layout.write_atomic(path, f"{code}\n")
 
 
 def _gate(request: dict) -> bool:
@@ -270,7 +258,7 @@ def _gate(request: dict) -> bool:
     _write_code(gate["result"], 128 - code if code < 0 else code)
     deadline = time.monotonic() + PREFLIGHT_TIMEOUT
     while time.monotonic() < deadline:
-        codes = [_read_code(path) for path in gate["results"]]
+        codes = [layout.read_int(path) for path in gate["results"]]
         if any(c not in (None, 0) for c in codes):
             return False
         if all(c == 0 for c in codes):

@@ -186,10 +186,7 @@ class ForkedWorker:
                 record = json.load(f)
             if record.get("exit_code") is None and record.get("pid") == self.pid:
                 record.update(end=time.time(), exit_code=code)
-                tmp = f"{self._record}.agent.tmp"
-                with open(tmp, "w") as f:
-                    json.dump(record, f)
-                os.replace(tmp, self._record)
+                layout.write_json(self._record, record)
         except (OSError, ValueError):
             pass  # no record yet: the launcher's scan still finds the pid gone
 

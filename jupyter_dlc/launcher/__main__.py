@@ -21,7 +21,7 @@ import urllib.parse
 import tornado.httpserver
 import tornado.ioloop
 
-from .. import paths
+from .. import layout, paths
 from .app import HEADER_LIMIT, Launcher, make_app
 from .pacing import ReportPacer
 from .retention import RetentionPolicy
@@ -77,11 +77,7 @@ def make_private(data_dir: str) -> None:
 
 def write_connection_file(path: str, info: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, path)
+    layout.write_json(path, info, mode=0o600)  # it holds the token
 
 
 def _read_port(port_file: str) -> int | None:

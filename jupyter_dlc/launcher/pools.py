@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from .. import layout
 from ..backends import AttemptContext, pool
 from ..backends.local import job_processes, kill_job
 from ..spec import SpecError, parse_duration
@@ -82,9 +83,7 @@ class Pools:
 
     def _save(self, record: dict) -> None:
         path = os.path.join(self._dir(record["id"]), "pool.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
+        layout.write_json(path, record)
 
     def records(self) -> list[dict]:
         found = []

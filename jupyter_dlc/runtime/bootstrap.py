@@ -12,7 +12,6 @@ Stdlib only, and nothing heavy at import: this sits on every rank's launch path.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -43,18 +42,12 @@ def _run_exit_handlers() -> None:
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        layout.write_json(path, data)
     except OSError:
-        # A full disk: the record still goes over the report route, and the rank (or its
-        # exit code) must not change for want of a file.
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        # A full disk (write_atomic removed its temp file): the record still goes over the
+        # report route, and the rank (or its exit code) must not change for want of a file.
+        pass
 
 
 def _redirect_output(log_path: str) -> int | None:

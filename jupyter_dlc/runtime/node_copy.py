@@ -47,9 +47,7 @@ def hold(job_dir, rank, step_path):
         os.replace(tmp, data)
         meta = {"step_path": os.path.abspath(step_path), "step": manifest["step"],
                 "size": record["size"], "sha256": record["sha256"]}
-        with open(f"{sidecar}.tmp", "w") as f:
-            json.dump(meta, f)
-        os.replace(f"{sidecar}.tmp", sidecar)
+        layout.write_json(sidecar, meta)
         return True
     except OSError as error:
         _remove_quietly(tmp)

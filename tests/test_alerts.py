@@ -354,3 +354,62 @@ def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_p
         f.write("CUDA out of memory\n")
     later = [line for turn in range(5, 8) for line in _new_log_lines(attempt_dir, world, offsets, turn)]
     assert [(rank, text) for _t, rank, text in later] == [(world - 1, "CUDA out of memory")]
+
+
+def test_webhooks_go_through_one_bounded_executor_and_idle_jobs_are_forgotten(tmp_path):
+    """A real HTTP receiver on loopback that holds every POST until released, a real store:
+    an alert storm past the workers and the backlog is not sent (an event says so each
+    time), what was taken is delivered once released, and no thread is started per webhook.
+    A job not evaluated for FORGET_AFTER leaves the evaluator's memory (its state is in the
+    store)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from conftest import wait_for
+    from jupyter_dlc.launcher import alerting
+    from jupyter_dlc.launcher.store import Store
+
+    release, arrived = threading.Event(), []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            arrived.append(1)
+            release.wait(30)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    store = Store(str(tmp_path / "launcher.sqlite"))
+    store.insert_job("j1", "storm", {"script": "x.py"}, "token", str(tmp_path))
+    hooks = alerting.Alerting(SimpleNamespace(store=store))
+    taken = alerting.WEBHOOK_WORKERS + alerting.WEBHOOK_BACKLOG
+    try:
+        for i in range(taken + 3):
+            hooks.send_webhook("j1", 1, url, {"n": i})
+        refused = [e for e in store.events("j1") if e["type"] == "webhook"]
+        assert len(refused) == 3 and all("webhook not sent" in e["reason"] for e in refused), refused
+        wait_for(lambda: len(arrived) == alerting.WEBHOOK_WORKERS, 10, what="the workers' POSTs")
+        senders = [t for t in threading.enumerate() if t.name.startswith("dlc-webhook")]
+        assert len(senders) == alerting.WEBHOOK_WORKERS, senders
+        release.set()
+        wait_for(lambda: len([e for e in store.events("j1") if (e["data"] or {}).get("ok")]) == taken, 30,
+                 what="every webhook taken delivered")
+        assert len(arrived) == taken
+    finally:
+        release.set()
+        hooks.close()
+        server.shutdown()
+
+    forgotten = alerting.JobAlerts({"script": "x.py"}, None)
+    kept = alerting.JobAlerts({"script": "x.py"}, None)
+    forgotten.last_run, kept.last_run = 1000.0, 1000.0 + alerting.FORGET_AFTER
+    hooks.jobs.update(old=forgotten, recent=kept)
+    hooks(None, 1001.0 + alerting.FORGET_AFTER)
+    assert list(hooks.jobs) == ["recent"]

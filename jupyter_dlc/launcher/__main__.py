@@ -273,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop.start()
     finally:
-        supervisor.stopped.set()
-        supervisor.pools.shutdown()
+        supervisor.close()
         supervisor.release_cgroups()
         try:
             with open(conn_path) as f:

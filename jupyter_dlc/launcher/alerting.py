@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import layout
 from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
@@ -27,6 +28,13 @@ log = logging.getLogger("jupyter_dlc.launcher")
 
 EVALUATE_EVERY = 0.5  # seconds; a NaN reported mid-interval fires at the next tick
 SAVE_EVERY = 5.0  # seconds between saves of the evaluation state when nothing fired
+# A job not evaluated for this long (ended, or waiting for a restart or a slot) is dropped
+# from memory; its state is in the store, where the next look reads it back.
+FORGET_AFTER = 60.0
+# Webhooks go out on a few threads of one executor; past this many waiting, a webhook is not
+# sent and says so in an event (a slow receiver and an alert storm must not grow threads or
+# memory without bound).
+WEBHOOK_WORKERS, WEBHOOK_BACKLOG = 4, 64
 _LOG_READ_LIMIT = 1 << 20
 
 
@@ -100,9 +108,26 @@ class Alerting:
         self.supervisor = supervisor
         self.store = supervisor.store
         self.jobs: dict[str, JobAlerts] = {}
+        self._webhooks = ThreadPoolExecutor(WEBHOOK_WORKERS, thread_name_prefix="dlc-webhook")
+        self._webhooks_waiting = 0
+        self._webhooks_lock = threading.Lock()
+        self._last_forget = 0.0
+
+    def close(self) -> None:
+        """At the launcher's shutdown: webhooks not begun are dropped (those on the way
+        finish on their own threads, within post_webhook's timeout)."""
+        self._webhooks.shutdown(wait=False, cancel_futures=True)
+
+    def forget_idle(self, now: float) -> None:
+        if now - self._last_forget < FORGET_AFTER:
+            return
+        self._last_forget = now
+        for job_id in [j for j, a in self.jobs.items() if now - a.last_run > FORGET_AFTER]:
+            del self.jobs[job_id]
 
     def __call__(self, row, now: float, final: bool = False) -> None:
         """Evaluate a running job; `final` for the last look as its attempt ends."""
+        self.forget_idle(now)
         if row is None or row["state"] not in ("STARTING", "RUNNING", "STOPPING"):
             return
         job_id = row["id"]
@@ -168,17 +193,35 @@ class Alerting:
             return
         action = transition.rule.action
         if action == "webhook" and transition.rule.url:
-            threading.Thread(target=self._post, args=(job_id, row["attempt"], transition.rule.url,
-                                                      payload), daemon=True).start()
+            self.send_webhook(job_id, row["attempt"], transition.rule.url, payload)
         elif action == "stop":
             self.supervisor.request_stop(job_id, None, reason=f"alert: {transition.message}")
         elif action == "checkpoint-and-stop":
             self.supervisor.checkpoint_and_stop(job_id, f"alert: {transition.message}")
 
+    def send_webhook(self, job_id: str, attempt: int, url: str, payload: dict) -> None:
+        with self._webhooks_lock:
+            waiting = self._webhooks_waiting
+            if waiting < WEBHOOK_WORKERS + WEBHOOK_BACKLOG:
+                self._webhooks_waiting += 1
+        if waiting >= WEBHOOK_WORKERS + WEBHOOK_BACKLOG:
+            self.store.add_event(job_id, attempt, "webhook", f"webhook not sent: {waiting} webhooks "
+                                 "are waiting for slow receivers", {"url": url, "ok": False})
+            return
+        try:
+            self._webhooks.submit(self._post, job_id, attempt, url, payload)
+        except RuntimeError:  # shut down: the launcher is ending
+            with self._webhooks_lock:
+                self._webhooks_waiting -= 1
+
     def _post(self, job_id: str, attempt: int, url: str, payload: dict) -> None:
-        ok, detail = post_webhook(url, payload)
-        self.store.add_event(job_id, attempt, "webhook", f"webhook {'delivered' if ok else 'failed'}: "
-                             f"{detail}", {"url": url, "ok": ok})
+        try:
+            ok, detail = post_webhook(url, payload)
+            self.store.add_event(job_id, attempt, "webhook", f"webhook {'delivered' if ok else 'failed'}: "
+                                 f"{detail}", {"url": url, "ok": ok})
+        finally:
+            with self._webhooks_lock:
+                self._webhooks_waiting -= 1
 
 
 def attach_alerts(supervisor) -> None:

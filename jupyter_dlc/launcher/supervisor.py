@@ -159,6 +159,20 @@ class Supervisor(threading.Thread):
         return sorted(self.pending.get(job_id, ()))
 
     # -- the loop -----------------------------------------------------------------------
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the loop after its tick and join it (a tick in an engine call may take up
+        to that call's own timeout; past `timeout` the launcher exits and the next one
+        adopts), then close the hooks that hold threads (alerting's webhooks) and the pools."""
+        self.stopped.set()
+        self.wake.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+        for hook in self.hooks:
+            close = getattr(hook, "close", None)
+            if close is not None:
+                close()
+        self.pools.shutdown()
+
     def run(self) -> None:
         while not self.stopped.is_set():
             try:

@@ -413,3 +413,13 @@ def test_webhooks_go_through_one_bounded_executor_and_idle_jobs_are_forgotten(tm
     hooks.jobs.update(old=forgotten, recent=kept)
     hooks(None, 1001.0 + alerting.FORGET_AFTER)
     assert list(hooks.jobs) == ["recent"]
+
+
+def test_throughput_windows_from_the_launchers_environment():
+    from jupyter_dlc.launcher.alerts import THROUGHPUT_DEFAULTS, throughput_windows
+
+    assert throughput_windows(None) == THROUGHPUT_DEFAULTS == (30.0, 60.0, 180.0)
+    assert throughput_windows("2,1,4") == (2.0, 1.0, 4.0)
+    for bad in ("2,1", "a,b,c", "2,0,4", "2,1,inf", "2;1;4"):
+        with pytest.raises(SpecError, match=r"^DLC_THROUGHPUT_WINDOWS: .* is not three positive numbers"):
+            throughput_windows(bad)

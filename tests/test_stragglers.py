@@ -21,6 +21,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -71,6 +72,19 @@ def _named(client, job_id: str) -> list[str]:
     return [f["key"] for f in client.job(job_id)["stragglers"]]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_throughput_windows():
+    """The module's launcher judges throughput on 2 s windows, after 1 s, over 4 s (the
+    defaults need four minutes of steady state)."""
+    saved = os.environ.get("DLC_THROUGHPUT_WINDOWS")
+    os.environ["DLC_THROUGHPUT_WINDOWS"] = "2,1,4"
+    yield
+    if saved is None:
+        os.environ.pop("DLC_THROUGHPUT_WINDOWS", None)
+    else:
+        os.environ["DLC_THROUGHPUT_WINDOWS"] = saved
+
+
 @pytest.fixture(scope="module")
 def hung_job(shared_launcher) -> str:
     """The hung job of the evidence test, submitted first so that it hangs and is judged
@@ -87,11 +101,16 @@ def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_
     _set_phase(phase, "balanced")
     script = launcher.script("phased.py", PHASED)
     job = client.submit({"script": script, "args": [phase], "nodes": 3, "nproc_per_node": 3,
-                         "max_restarts": 0, "alerts": ["straggler for 2s"]})
+                         "max_restarts": 0, "alerts": ["straggler for 2s",
+                                                       "throughput < 0.5x baseline for 2s"]})
     job_id = job["id"]
     try:
-        # Balanced: many windows of steps judged, nobody named.
-        wait_for(lambda: (client.job(job_id)["last_step"] or 0) >= 600, 90, what="600 balanced steps")
+        # Balanced: many windows of steps judged, nobody named; and the throughput baseline
+        # taken (its 1 s skip and 4 s span past the first step the launcher saw).
+        wait_for(lambda: client.job(job_id)["last_step"], 90, what="a first step")
+        first_step_seen = time.time()
+        wait_for(lambda: (client.job(job_id)["last_step"] or 0) >= 600
+                 and time.time() - first_step_seen > 6, 90, what="600 balanced steps, 6 s")
         assert _named(client, job_id) == []
         answer = client.why(job_id)
         assert answer["verdict"]["verdict"] == "healthy", answer["verdict"]
@@ -100,6 +119,7 @@ def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_
 
         # One rank 60% slower: named within 10 s, with the reason.
         _set_phase(phase, "rank")
+        slowed = time.time()
         found = wait_for(lambda: client.job(job_id)["stragglers"] or None, 10, what="rank 3 named")
         assert [f["key"] for f in found] == ["rank 3"], found
         message = found[0]["message"]
@@ -114,6 +134,11 @@ def test_stragglers_named_in_a_real_job_and_the_verdict_of_why(hung_job, shared_
                          what="straggler alert")
         assert "rank 3 on node 1" in fired[0]["reason"], fired[0]
         assert client.why(job_id)["verdict"]["verdict"] == "straggler"
+        # Its steps come ten times slower (50 ms pauses, not 4 ms): the throughput rule fires.
+        slow = wait_for(lambda: [e for e in client.events(job_id) if e["type"] == "alert"
+                                 and e["data"]["condition"].startswith("throughput")
+                                 and e["t"] > slowed], 20, what="throughput alert")
+        assert re.search(r"steps/s, < 0.5x the baseline [\d.]+ steps/s for \d+s", slow[0]["reason"]), slow[0]
         # The notebook view's banner names it (a view not displayed: the widgets' values).
         from jupyter_dlc.widgets import JobView
 

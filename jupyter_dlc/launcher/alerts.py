@@ -32,8 +32,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import statistics
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -60,9 +62,32 @@ BASELINE_WINDOW = 10
 # BASELINE_SPAN seconds of steady state, which starts BASELINE_SKIP seconds after the first
 # step the launcher saw (start-up, first collectives and compilation are not steady state).
 # A restart keeps the baseline; the rate is measured afresh within the new attempt.
-THROUGHPUT_WINDOW = 30.0
-BASELINE_SKIP = 60.0
-BASELINE_SPAN = 180.0
+# The launcher's DLC_THROUGHPUT_WINDOWS="WINDOW,SKIP,SPAN" (seconds) sets the three, for
+# jobs whose steady state comes sooner or lasts less than four minutes.
+THROUGHPUT_DEFAULTS = (30.0, 60.0, 180.0)
+
+
+def throughput_windows(raw: str | None) -> tuple[float, float, float]:
+    """DLC_THROUGHPUT_WINDOWS's three durations; SpecError naming it when it is not three
+    positive numbers (the launcher says so at start and keeps the defaults)."""
+    if not raw:
+        return THROUGHPUT_DEFAULTS
+    try:
+        parts = tuple(float(x) for x in raw.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or not all(math.isfinite(x) and x > 0 for x in parts):
+        raise SpecError("DLC_THROUGHPUT_WINDOWS", f"{raw!r} is not three positive numbers of "
+                        "seconds; write WINDOW,SKIP,SPAN, e.g. 30,60,180")
+    return parts[0], parts[1], parts[2]
+
+
+try:
+    THROUGHPUT_WINDOW, BASELINE_SKIP, BASELINE_SPAN = throughput_windows(os.environ.get("DLC_THROUGHPUT_WINDOWS"))
+except SpecError as error:
+    print(f"jupyter-dlc launcher: {error}; using {','.join(f'{x:g}' for x in THROUGHPUT_DEFAULTS)}",
+          file=sys.stderr, flush=True)
+    THROUGHPUT_WINDOW, BASELINE_SKIP, BASELINE_SPAN = THROUGHPUT_DEFAULTS
 # A log-match episode ends after this long without another matching line; without it, a
 # message printed every step would fire every tick.
 LOG_QUIET_SECONDS = 300.0

@@ -15,9 +15,29 @@ from jupyter_dlc.client import LauncherClient
 from labserver import wait_until
 
 
+# The fast tier (`bash scripts/test.sh --fast`, under 3 minutes with lint, types and jest):
+# modules that need no cluster, browser, notebook kernel or many ranks, and run in seconds.
+# A module joins when it stays that way; what it covers is still real (SQLite, loopback
+# HTTP, torch in a process of its own), only small.
+FAST_MODULES = frozenset({
+    "test_alerts", "test_atomic_files", "test_bench_results", "test_bootstrap", "test_clusters",
+    "test_engine_features", "test_event_loop", "test_kubernetes_export", "test_kubernetes_manifests",
+    "test_magic_arguments", "test_metric_chunks", "test_node_copy", "test_pacing",
+    "test_rank_records", "test_runtime_checkpoint", "test_runtime_layout", "test_shims",
+    "test_supervisor_engine", "test_view_escaping",
+})
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives a real JupyterLab in Chromium")
     config.addinivalue_line("markers", "slow: takes more than half a minute")
+    config.addinivalue_line("markers", "fast: in the fast tier (FAST_MODULES)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
 
 
 class LauncherEnv:

@@ -19,6 +19,7 @@ fi
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 python3 -m ruff check .          # rules: [tool.ruff] in pyproject.toml
 python3 -m mypy                  # launcher, spec, client, runtime, shims: [tool.mypy]
+lint-imports                     # ARCHITECTURE.md's import table: [tool.importlinter]
 (cd labextension && npm test --silent)
 if (( fast )); then
     exec python3 -m pytest -q -ra -m fast --durations=5 tests "$@"

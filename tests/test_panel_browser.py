@@ -191,7 +191,9 @@ def test_panel_end_to_end(lab):
             expect(steps.locator("g.dlc-step-bar").first).to_be_visible(timeout=30000)
             expect(steps.locator(".dlc-chart-title")).to_have_text("where each step goes (median of the ranks)")
             expect(steps.locator('g.dlc-step-bar rect[data-part="compute"]').first).to_be_attached()
-            steps.scroll_into_view_if_needed()
+            # In one JS call: the chart is redrawn (replaced) up to once a second, and
+            # scroll_into_view_if_needed waits for a stable element that a redraw detaches.
+            steps.evaluate("e => e.scrollIntoView({block: 'center'})")
             steps.screenshot(path=str(ART / "03-step-chart.png"))
             # its names are this chart's, not line charts of their own
             expect(detail.locator('svg[data-chart="step_ms"]')).to_have_count(0)

@@ -143,7 +143,7 @@ def run_text_command(client: LauncherClient, options) -> None:
     """The job commands whose answer is text, the same for `jupyter-dlc X` and `%dlc X`."""
     command = options.command
     if command == "list":
-        print(formatting.jobs_table(client.jobs()))
+        print(formatting.jobs_table(client.jobs(), tree=options.tree))
     elif command == "status" and options.json:
         print(json.dumps(client.job(options.job), indent=1))
     elif command == "status":

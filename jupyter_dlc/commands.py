@@ -33,7 +33,8 @@ COMMANDS: tuple[Command, ...] = (
         (("script",), {}), *JOB_OPTIONS,
         (("--wait",), {"action": "store_true", "help": "follow the job; exit 0 only if it succeeded"}),
     ), only=("cli",), usage="jupyter-dlc run SCRIPT [SCRIPT_ARGS...] [options] [-- SCRIPT_ARGS...]"),
-    Command("list", "every job the launcher knows"),
+    Command("list", "every job the launcher knows", ((("--tree",), {
+        "action": "store_true", "help": "each branch (--from) under the job it started from"}),)),
     Command("status", "one job in detail", (JOB, (("--json",), {"action": "store_true",
                                                                   "help": "the launcher's JSON"}))),
     Command("wait", "wait for a job to end; fail unless it succeeded", (JOB,)),

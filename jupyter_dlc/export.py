@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from . import shell
-from .spec import JobSpec, network_env
+from .spec import JobSpec, network_env, parse_branch
 
 RESERVED = ("script.py", "job.yaml", "run.sh", "job.sbatch", "files", "checkpoints")
 DEFAULT_PORT = 29500
@@ -57,11 +58,42 @@ def _check_extra_name(name: str) -> None:
 EXPORTED_MARK = "DLC_EXPORTED"
 
 
-def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Branch:
+    """A branch's step as a bundle restores it: PARENT@STEP, and the step's directory."""
+    ref: str
+    path: str
+
+
+def branch_step(client, spec: JobSpec, job_id: str | None = None) -> Branch | None:
+    """Where a bundle of `spec` finds its branch step: the branch's own copy (the job
+    `job_id`, which the launcher planted) while it keeps it, else the parent's; None for a
+    job that is no branch. ExportError when neither holds it any more."""
+    if spec.branch_from is None:
+        return None
+    from .client import LauncherError
+
+    ref, step = parse_branch(spec.branch_from)
+    for owner in ([job_id] if job_id else []) + [ref]:
+        try:
+            usable = [c for c in client.checkpoints(owner) if c.get("verification") != "corrupt"]
+        except LauncherError:
+            continue
+        picked = [c for c in usable if c["step"] == step] if step is not None else usable[-1:]
+        if picked and owner == ref:
+            return Branch(f"{client.job(ref)['id']}@{picked[0]['step']}", picked[0]["path"])
+        if picked:
+            return Branch(spec.branch_from, picked[0]["path"])
+    raise ExportError(f"branch_from: step {step if step is not None else '(newest)'} of {ref} is kept "
+                      "neither by the branch nor by its parent, so no bundle can restore it")
+
+
+def bundle_env(spec: JobSpec, job_id: str | None = None, branch: Branch | None = None) -> list[str]:
     """The environment every rank gets (README, "The environment every rank gets"), as the
     `export` lines of run.sh and job.sbatch, less what talks to the launcher (its URL and
     the token): "$HERE" is the bundle. Each is a default: a value already set (even empty)
-    in the caller's environment wins."""
+    in the caller's environment wins. A branch's bundle restores its step from where this
+    machine keeps it (`branch`), running the bundle's code as the branch did."""
     lines = [
         # DLC_JOB_DIR is this bundle, so pushed values load from files/.
         'export DLC_JOB_DIR="$HERE"',
@@ -71,7 +103,7 @@ def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
         shell.export("DLC_NPROC_PER_NODE", str(spec.nproc_per_node)),
         shell.export_default("DLC_ATTEMPT", "1"),
         shell.export_default("DLC_CHECKPOINT_DIR", shell_word='"$HERE/checkpoints"', empty_wins=False),
-        shell.export_default("DLC_RESUME_PATH", ""),
+        shell.export_default("DLC_RESUME_PATH", branch.path if branch else ""),
         shell.export_default("EASYCKPT_RESUME_PATH", shell_word='"$DLC_RESUME_PATH"'),
         # No launcher to remove node-held checkpoint copies again: the ranks keep none.
         shell.export("DLC_NODE_COPY", "0"),
@@ -80,13 +112,17 @@ def bundle_env(spec: JobSpec, job_id: str | None = None) -> list[str]:
         # the launcher's (backends/local.py job_processes).
         shell.export(EXPORTED_MARK, "1"),
     ]
+    if branch:
+        lines += [shell.export_default("DLC_BRANCH_FROM", branch.ref),
+                  shell.export_default("DLC_FRESH_OPTIMIZER", "1" if spec.fresh_optimizer else "")]
     env = dict(network_env(spec.network))
     env.update(spec.env)  # the user's --env wins, as in the launcher
     env.setdefault("PYTHONUNBUFFERED", "1")
     return lines + [shell.export_default(key, value) for key, value in env.items()]
 
 
-def render_run_sh(spec: JobSpec, uses_runtime: bool = False, job_id: str | None = None) -> str:
+def render_run_sh(spec: JobSpec, uses_runtime: bool = False, job_id: str | None = None,
+                  branch: Branch | None = None) -> str:
     nodes, nproc = spec.nodes, spec.nproc_per_node
     torchrun = [spec.python, "-m", "torch.distributed.run"] if spec.python else ["torchrun"]
     node_lines = "\n".join(
@@ -94,7 +130,7 @@ def render_run_sh(spec: JobSpec, uses_runtime: bool = False, job_id: str | None 
     if nodes > 4:
         node_lines += f"\n#     ... up to ./run.sh {nodes - 1}"
     needs = "torch" + (" and jupyter-dlc (the script imports jupyter_dlc)" if uses_runtime else "")
-    env = "\n".join(bundle_env(spec, job_id))
+    env = "\n".join(bundle_env(spec, job_id, branch))
     return f"""#!/usr/bin/env bash
 # Job {spec.name!r} exported by jupyter-dlc: {nodes} node(s) x {nproc} process(es) per node,
 # started with plain torchrun (static rendezvous). Needs {needs}.
@@ -184,10 +220,12 @@ DLC_NODE_RANK="$MODE" exec "${{TORCHRUN[@]}}" --nnodes "$NNODES" --nproc-per-nod
 
 def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: str,
                   files: dict[str, str] | None = None, extra: dict[str, str] | None = None,
-                  overwrite: bool = False, job_id: str | None = None) -> list[str]:
+                  overwrite: bool = False, job_id: str | None = None,
+                  branch: Branch | None = None) -> list[str]:
     """Write the bundle into `dest_dir` and return the paths written.
 
     `job_id` is the bundle's DLC_JOB_ID (the job's, when it ran; else the job's name).
+    `branch`: where a branch's step is (branch_step); the bundle restores it.
 
     `files` (name -> path) are the pushed values to copy into files/; when None, the spec's
     own `files` are used. `extra` (relative name -> text) are backends' native forms.
@@ -229,10 +267,11 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
     header = ("# jupyter-dlc job spec, exported with its bundle. Paths are relative to this\n"
               "# directory; script.py is what the ranks ran (captured code + the cell).\n")
     write("job.yaml", header + yaml.safe_dump(record, sort_keys=False))
-    write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text, job_id=job_id), 0o755)
+    write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text, job_id=job_id,
+                                  branch=branch), 0o755)
     from .backends.slurm import export_sbatch
 
-    write("job.sbatch", export_sbatch(job, bundle_env(job, job_id)), 0o755)
+    write("job.sbatch", export_sbatch(job, bundle_env(job, job_id, branch)), 0o755)
     from .backends.kubernetes import export_manifests
 
     for rel, text in export_manifests(job, script_text, files, job_id=job_id).items():
@@ -251,4 +290,6 @@ def export_job(client, job_id: str, dest_dir: str) -> list[str]:
     job = client.job(job_id)
     recorded = client.script(job["id"])
     files = {name: os.path.join(job["job_dir"], "files", name) for name in recorded["files"]}
-    return export_bundle(job["spec"], recorded["script"], dest_dir, files=files, job_id=job["id"])
+    branch = branch_step(client, JobSpec.from_dict(dict(job["spec"], files={})), job["id"])
+    return export_bundle(job["spec"], recorded["script"], dest_dir, files=files, job_id=job["id"],
+                         branch=branch)

@@ -34,17 +34,44 @@ def _loss(value) -> str:
         return str(value)
 
 
-def jobs_table(jobs: list[dict]) -> str:
+def jobs_table(jobs: list[dict], tree: bool = False) -> str:
+    """The job list; `tree`: each branch under its parent, indented, with the step it left from."""
     if not jobs:
         return "no jobs"
     header = ("ID", "STATE", "ATTEMPT", "NODESxPROCS", "STEP", "LOSS", "GOODPUT", "AGE")
+    placed = lineage(jobs) if tree else [(j, 0) for j in jobs]
     rows = [header] + [
-        (j["id"], j["state"], str(j["attempt"]), f"{j['nodes']}x{j['nproc_per_node']}",
-         _step_cell(j), _loss(j.get("last_loss")), percent(j.get("goodput")),
-         age(j.get("created")))
-        for j in jobs
+        (_tree_id(j, depth) if tree else j["id"], j["state"], str(j["attempt"]),
+         f"{j['nodes']}x{j['nproc_per_node']}", _step_cell(j), _loss(j.get("last_loss")),
+         percent(j.get("goodput")), age(j.get("created")))
+        for j, depth in placed
     ]
     return _table(rows)
+
+
+def lineage(jobs: list[dict]) -> list[tuple[dict, int]]:
+    """(job, depth) in tree order: each job followed by its branches (oldest first), a branch
+    whose parent is not listed (deleted) at the top. What `list --tree` and the panel draw."""
+    ids = {j["id"] for j in jobs}
+    children: dict[str | None, list[dict]] = {}
+    for job in sorted(jobs, key=lambda j: (j.get("created") or 0, j["id"])):
+        parent = (job.get("parent") or {}).get("job")
+        children.setdefault(parent if parent in ids else None, []).append(job)
+    out: list[tuple[dict, int]] = []
+    stack = [(job, 0) for job in reversed(children.get(None, []))]
+    while stack:
+        job, depth = stack.pop()
+        out.append((job, depth))
+        stack.extend((child, depth + 1) for child in reversed(children.get(job["id"], [])))
+    return out
+
+
+def _tree_id(job: dict, depth: int) -> str:
+    parent = job.get("parent")
+    if not parent:
+        return job["id"]
+    return "  " * (depth - 1) + ("└─ " if depth else "") + f"{job['id']} @{parent['step']}" + (
+        "" if depth else f" (from {parent['job']}, deleted)")
 
 
 def _step_cell(job: dict) -> str:
@@ -142,6 +169,8 @@ def engine_text(job: dict) -> str | None:
 
 def status_text(job: dict, ledger: dict | None = None) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
+    if job.get("parent"):
+        lines.append(f"  branched from: {job['parent']['job']} at step {job['parent']['step']}")
     if ledger:
         lines.append(f"  {goodput_line(ledger)}")
     if engine_text(job):

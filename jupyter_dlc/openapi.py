@@ -75,7 +75,10 @@ SCHEMAS: dict[str, dict] = {
         {"goodput": {**_null(_NUM), "description": "productive step time over wall time since "
                      "submit (GET /api/jobs/{job}/goodput has the whole ledger); null until a "
                      "step was reported"},
-         "progress": _null(_ref("Progress"))}),
+         "progress": _null(_ref("Progress")),
+         "parent": {**_null(_ref("Parent")), "description": "the job and step a branch "
+                    "(`--from JOB@STEP`) started from; null for a job that is no branch"}}),
+    "Parent": _obj({"job": _STR, "step": _INT}),
     "Progress": _obj({"step": _null(_INT), "total_steps": _null(_INT),
                       "steps_per_second": _null(_NUM), "eta_seconds": _null(_NUM)},
                      description="`total_steps` from the spec's `steps` or the script's "

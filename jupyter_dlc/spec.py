@@ -377,6 +377,32 @@ def _resources(value: Any, name: str) -> dict[str, int]:
 
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# `--from JOB[@STEP]`: a job id (or a unique prefix of one, or "last") and a committed step.
+_BRANCH = re.compile(r"^(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,62})(?:@(?P<step>\d{1,16}))?$")
+
+
+def parse_branch(value: str) -> tuple[str, int | None]:
+    """(job reference, step or None for the newest) of a `branch_from` value checked by its rule."""
+    match = _BRANCH.fullmatch(value)
+    assert match is not None, value
+    step = match.group("step")
+    return match.group("job"), (int(step) if step is not None else None)
+
+
+def branch_parent(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """{"job", "step"} of a stored spec's parent (resolved to PARENT_ID@STEP at submit), or None."""
+    value = spec.get("branch_from")
+    if not isinstance(value, str) or "@" not in value or not _BRANCH.fullmatch(value):
+        return None
+    job, step = parse_branch(value)
+    return {"job": job, "step": step}
+
+
+def _branch_from(value: Any, name: str) -> str:
+    if not isinstance(value, str) or len(value) > 80 or not _BRANCH.fullmatch(value):
+        raise SpecError(name, f"expected JOB or JOB@STEP (a job id and a committed step, e.g. "
+                        f"train-3f2a1c@2800), got {show(value)}; `jupyter-dlc checkpoints JOB` lists the steps")
+    return value
 
 
 def _cluster_name(value: Any, name: str) -> str:
@@ -426,6 +452,12 @@ SPEC_FIELDS: dict[str, FieldRule] = {
     "cluster": FieldRule(_cluster_name, {"type": "string", "pattern": _PROFILE_NAME.pattern},
                          nullable=True),
     "resources": FieldRule(_resources, _RESOURCES_SCHEMA),
+    "branch_from": FieldRule(_branch_from, {"type": "string", "maxLength": 80,
+                                            "pattern": re.sub(r"\(\?P<\w+>", "(", _BRANCH.pattern),
+                                            "description": "JOB or JOB@STEP: start from that job's "
+                                            "committed step (the newest if no step), running this code"},
+                             nullable=True),
+    "fresh_optimizer": FieldRule(_bool, {"type": "boolean"}),
 }
 
 # The paths a spec may hold; the client makes them absolute against the user's directory.
@@ -492,6 +524,11 @@ class JobSpec:
     cluster: str | None = None
     # Per node: {"gpus": int, "cpus": int, "memory_mb": int}; each engine checks it at submit.
     resources: dict[str, int] = field(default_factory=dict)
+    # A branch (`--from JOB@STEP`): the first attempt restores that job's step, running this
+    # spec's code; the launcher stores it as PARENT_ID@STEP once resolved (launcher/branches.py).
+    branch_from: str | None = None
+    # With branch_from: restore the model (and the rest) but not the optimizer's state.
+    fresh_optimizer: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -516,6 +553,9 @@ class JobSpec:
         if self.code is not None and not self.code.strip():
             raise SpecError("code", "the cell is empty; write the training code in the cell")
         self._check_timeout_order()
+        if self.fresh_optimizer and self.branch_from is None:
+            raise SpecError("fresh_optimizer", "only applies to a branch; give --from JOB@STEP too, "
+                            "or drop --fresh-optimizer")
         for name, path in self.files.items():
             if "/" in name or name.startswith(".") or not isinstance(path, str) or not os.path.isfile(path):
                 raise SpecError("files", f"{show(name)} → {show(path)} is not a plain name and a readable file")
@@ -597,6 +637,11 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--no-default-alerts",), dict(action="store_true", help="turn the default alert rules off")),
     (("--backend",), dict(default="local", choices=list(BACKENDS), help="engine to run on")),
     (("--cluster",), dict(default=None, help="cluster profile to run on (see jupyter-dlc clusters)")),
+    (("--from",), dict(dest="branch_from", default=None, metavar="JOB[@STEP]",
+                       help="branch: start from that job's committed step (default its newest), "
+                            "running this code")),
+    (("--fresh-optimizer",), dict(action="store_true",
+                                  help="with --from: restore the model but not the optimizer's state")),
     (("--gpus-per-node",), dict(type=int, default=None, help="GPUs each node needs")),
     (("--cpus-per-node",), dict(type=int, default=None, help="CPU cores each node needs")),
     (("--memory-per-node",), dict(default=None, help="memory each node needs, e.g. 64G")),
@@ -617,5 +662,7 @@ def spec_from_options(options: Any, **fields: Any) -> JobSpec:
         keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
         progress_timeout=options.progress_timeout, alerts=list(options.alert),
         default_alerts=not options.no_default_alerts, backend=options.backend,
-        cluster=options.cluster, resources={"gpus": options.gpus_per_node, "cpus": options.cpus_per_node,
-                                            "memory": options.memory_per_node}, **fields)))
+        cluster=options.cluster, branch_from=options.branch_from,
+        fresh_optimizer=options.fresh_optimizer,
+        resources={"gpus": options.gpus_per_node, "cpus": options.cpus_per_node,
+                   "memory": options.memory_per_node}, **fields)))

@@ -85,10 +85,11 @@ class DLCMagics(Magics):
         if args.show_capture:
             print(captured or "# nothing captured")
         if args.export:
-            from ..export import export_bundle
+            from ..export import branch_step, export_bundle
 
             try:
-                paths = export_bundle(spec, script, args.export, files=files)
+                branch = branch_step(self.client, spec) if spec.branch_from else None
+                paths = export_bundle(spec, script, args.export, files=files, branch=branch)
             except ValueError as error:
                 raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
@@ -121,7 +122,7 @@ class DLCMagics(Magics):
 
     @line_magic("dlc")
     def dlc_line(self, line):
-        """%dlc list | status JOB [--json] | wait JOB | attach JOB |
+        """%dlc list [--tree] | status JOB [--json] | wait JOB | attach JOB |
         logs JOB [--rank R] [--tail N] [--follow] [--raw] | stop JOB [--grace S] |
         resume JOB [--step N] | why JOB | checkpoints JOB | clone JOB | delete JOB |
         export JOB DIR | clusters | pool up|down|status [--nodes N] [--nproc-per-node M]

@@ -143,6 +143,9 @@ class Capabilities:
     # The engine runs preflight on its nodes (runtime.node_preflight: torch, the shared
     # checkpoint directory), so the launcher's own host checks say nothing and are skipped.
     node_preflight: bool = _can("Preflight runs on the nodes themselves")
+    # `--from JOB@STEP` plants the parent's step in the new job's checkpoint directory, which
+    # the launcher must therefore see where the ranks do (launcher/branches.py).
+    branches: bool = _can("Branch from another job's committed step (--from JOB@STEP)", True)
 
 
 class Backend:

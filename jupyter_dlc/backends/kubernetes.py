@@ -150,7 +150,9 @@ class KubernetesBackend(Backend):
                 "PyTorchJob" if "kubeflow.org" in groups else "Job")
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
-        return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False)
+        # Without the PVC mounted the launcher cannot plant a branch's step where pods read it.
+        return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False,
+                            branches=bool(profile_of(spec, lenient=True).get("launcher_pvc_dir")))
 
     def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
         """A launcher that mounts the PVC (`launcher_pvc_dir`; the in-cluster one does) reads

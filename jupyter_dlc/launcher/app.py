@@ -22,7 +22,7 @@ from .. import __version__, bands, identity, layout, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, checkpoints, evidence, goodput, performance, stragglers
+from . import bodies, branches, checkpoints, evidence, goodput, performance, stragglers
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -402,13 +402,24 @@ def submit(launcher: Launcher, spec: JobSpec) -> dict:
     if launcher.store.storage_problem:
         raise no_space  # the space left is kept for the state of jobs already running
     try:
+        branch = branches.resolve(launcher.store, launcher.supervisor, spec)
+    except SpecError as error:
+        raise Refused(str(error)) from None
+    try:
         job_dir = create_job_dir(launcher.data_dir, job_id, spec)
+        if branch is not None:
+            # Before the job is stored: its first attempt must find the step in place.
+            branches.plant(branch, get_backend(spec.backend).checkpoint_dir(spec, job_id, job_dir))
+            spec.branch_from = branch.ref
         token = base64.urlsafe_b64encode(os.urandom(18)).decode()
         launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
+    except SpecError as error:
+        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
+        raise Refused(str(error)) from None
     except (OSError, sqlite3.OperationalError) as error:
+        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
         if not is_disk_full(error):
             raise
-        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
         raise no_space from None
     launcher.supervisor.wake.set()
     return job_detail(launcher.store, launcher.store.job_row(job_id))

@@ -63,6 +63,8 @@ _CLASSES = [
     ("cuda_mismatch", re.compile(
         r"CUDA driver version is insufficient|libcudart\.so[\w.]*: cannot open|"
         r"no kernel image is available|CUDA error: forward compatibility", re.I)),
+    # The code's model no longer fits the checkpoint it restores (runtime/restore_state.py).
+    ("checkpoint_mismatch", re.compile(r"CheckpointMismatch")),
     ("missing_module", re.compile(r"ModuleNotFoundError|^ImportError|\bImportError:|No module named")),
     ("missing_file", re.compile(r"FileNotFoundError|No such file or directory")),
 ]
@@ -385,6 +387,11 @@ def _suggest(found: dict, r: _Rank, ranks: dict[int, _Rank], findings: dict,
     if cls == "preempted":
         return ("the job was stopped by SIGTERM (preemption or a stop request): resume it; it "
                 "continues from the last committed checkpoint")
+    if cls == "checkpoint_mismatch":
+        return (f"{who}'s code no longer fits the checkpoint it restores{f' (at {where})' if where else ''}: "
+                "the line above names the keys. For a new or reshaped layer restore with "
+                "ckpt.restore(strict=False); add --fresh-optimizer to restore the weights only; "
+                "or undo the change")
     if cls == "user_exception":
         kind = (r.error or {}).get("type") or line.split(":")[0].strip()
         return f"{who} raised {kind}{f' at {where}' if where else ''}: fix it there and resume or clone the job"

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import layout
+from ..spec import branch_parent
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from . import metric_chunks
 from .storage import DiskGuard, is_disk_full
@@ -259,6 +260,7 @@ class Store:
         out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
                    backend=spec.get("backend", "local"), source=spec.get("source") or {},
                    job_dir=row["job_dir"], stop_requested=row["stop_requested"],
+                   parent=branch_parent(spec),
                    storage=self.storage_problem)
         if isinstance(out["last_loss"], float) and not math.isfinite(out["last_loss"]):
             out["last_loss"] = str(out["last_loss"])

@@ -332,6 +332,9 @@ class Supervisor(threading.Thread):
             "DLC_HEARTBEAT_INTERVAL": f"{spec.heartbeat_interval:g}",
             "DLC_KEEP_LAST": str(spec.keep_last),
             "DLC_COLLECTIVE_TIMEOUT": f"{spec.collective_timeout:g}",
+            # A branch's ranks restore its parent's step running edited code (restore_state.py).
+            "DLC_BRANCH_FROM": spec.branch_from or "",
+            "DLC_FRESH_OPTIMIZER": "1" if spec.fresh_optimizer else "",
             # Node-held checkpoint copies only where this launcher can remove them again:
             # engines whose nodes are this machine (runtime/node_copy.py).
             "DLC_NODE_COPY": "1" if get_backend(spec.backend).capabilities(spec).node_copies else "0",

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
-from . import breakdown, control, ddp_layout, node_copy, persist, rng, sharded_state
+from . import breakdown, control, ddp_layout, node_copy, persist, restore_state, rng, sharded_state
 from .dist_init import job_store
 from .env import rank_info
 from .report import get_reporter
@@ -130,10 +130,16 @@ class Checkpointer:
         return self._last_saved_step is not None and \
             self.last_committed_step == self._last_saved_step
 
-    def restore(self):
+    def restore(self, strict=True):
         """Load DLC_RESUME_PATH (else the newest committed step in checkpoint_dir) into the
-        objects and RNGs; returns the step to continue from, 0 when there is none."""
-        path = rank_info().resume_path
+        objects and RNGs; returns the step to continue from, 0 when there is none.
+
+        A model that no longer fits the checkpoint (edited code) raises CheckpointMismatch,
+        which lists the missing, unexpected and reshaped keys; with strict=False what matches
+        is restored and the rest keeps the code's initial values (restore_state.py).
+        A branch's step (`--from`) keeps the code's optimizer settings (its learning rate)."""
+        info = rank_info()
+        path = info.resume_path
         if not path:
             latest = layout.latest_committed(self.checkpoint_dir)
             if latest is None:
@@ -149,12 +155,15 @@ class Checkpointer:
             raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
                                f"this run has {world_size}")
         state = self._load_rank_file(path, rank, manifest)
-        for name, obj in self.objects.items():
-            if name not in state:
-                raise RuntimeError(f"resume path {path} holds no state for {name!r}")
-            obj.load_state_dict(sharded_state.globalize(state[name], obj))
+        # The branch's own step, restored by its first attempt (or by a restart before its
+        # first save): the code running may differ from the code that saved it.
+        branch = info.branch_from if info.branch_step == state["step"] else ""
+        changed = restore_state.load(self.objects, state, path, strict=strict, branch=branch,
+                                     fresh_optimizer=info.fresh_optimizer)
         rng.restore(state["rng"])
-        ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
+        # DDP's saved bucket layout is of the saved parameters: a changed model keeps its own.
+        if not changed:
+            ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
 

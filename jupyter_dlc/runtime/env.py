@@ -31,6 +31,14 @@ class RankInfo:
     heartbeat_interval: float
     keep_last: int
     collective_timeout: float
+    branch_from: str = ""      # PARENT_ID@STEP for a branch (`--from`); "": none
+    fresh_optimizer: bool = False
+
+    @property
+    def branch_step(self):
+        """The step a branch starts from, or None for a job that is no branch."""
+        job, _, step = self.branch_from.rpartition("@")
+        return int(step) if job and step.isdigit() else None
 
     @property
     def reporting(self):
@@ -75,4 +83,6 @@ def rank_info():
         heartbeat_interval=_float("DLC_HEARTBEAT_INTERVAL", 5.0),
         keep_last=_int("DLC_KEEP_LAST", 3),
         collective_timeout=_float("DLC_COLLECTIVE_TIMEOUT", 1800.0),
+        branch_from=os.environ.get("DLC_BRANCH_FROM", ""),
+        fresh_optimizer=os.environ.get("DLC_FRESH_OPTIMIZER", "") == "1",
     )

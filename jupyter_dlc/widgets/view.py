@@ -656,6 +656,10 @@ class JobView:
                          f"({_text(formatting.age(_seconds(last.get('time'))))} ago)")
         else:
             parts.append("no checkpoint yet")
+        parent = job.get("parent")
+        if parent:
+            parts.append(f'<span class="dlc-parent">branched from {_text(parent.get("job"))} at step '
+                         f'{_text(parent.get("step"))}</span>')
         text = " · ".join(parts)
         extra = []
         if f.note:

@@ -274,7 +274,8 @@ export class DetailView {
       (j.last_step !== null && j.last_step !== undefined
         ? ` · ${progressText(j.progress) || `step ${j.last_step}`}`
         : '') +
-      src;
+      src +
+      (j.parent ? ` · branched from ${j.parent.job} at step ${j.parent.step}` : '');
     this.parts.reason.textContent = j.reason ? `${j.state}: ${j.reason}` : '';
     this.updateButtons();
     if (prevRev !== undefined && prevRev !== entry.rev) {

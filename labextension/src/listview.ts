@@ -4,7 +4,7 @@
  * stream of events against 500 jobs costs one row each. No JupyterLab imports (jest-tested).
  */
 import { percentText, progressText } from './goodput';
-import { JobEntry, State, age, sparklinePath, visibleIds } from './store';
+import { JobEntry, State, age, sparklinePath, visibleTree } from './store';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 export const SPARK_W = 64;
@@ -14,6 +14,7 @@ interface Row {
   el: HTMLElement;
   rev: number;
   name: HTMLElement;
+  branch: HTMLElement;
   state: HTMLElement;
   attempt: HTMLElement;
   shape: HTMLElement;
@@ -77,10 +78,23 @@ export class JobListView {
     // order and filter, only when something relevant changed
     if (state.listRev !== this.listRev) {
       this.listRev = state.listRev;
-      const ids = visibleIds(state);
+      const tree = visibleTree(state);
+      const ids = tree.map(row => row.id);
       if (!sameArray(ids, this.order)) {
         this.reorder(ids);
         this.order = ids;
+      }
+      for (const { id, depth } of tree) {
+        // a branch sits indented under the job it started from
+        const el = this.rows.get(id)!.el;
+        if (el.dataset.depth !== String(depth)) {
+          el.dataset.depth = String(depth);
+          if (depth) {
+            el.style.paddingLeft = `${Math.min(depth, 6) * 14}px`;
+          } else {
+            el.style.removeProperty('padding-left');
+          }
+        }
       }
     }
   }
@@ -140,6 +154,7 @@ export class JobListView {
     el.appendChild(top);
     const state = cell('dlc-badge', top);
     const name = cell('dlc-name', top);
+    const branch = cell('dlc-branch', top);
     // in the top row: the bottom one's step, progress and loss need its width
     const goodput = cell('dlc-goodput-cell', top);
     const ageEl = cell('dlc-age', top);
@@ -157,7 +172,7 @@ export class JobListView {
     const spark = document.createElementNS(SVG_NS, 'path');
     svg.appendChild(spark);
     bottom.appendChild(svg);
-    return { el, rev: -1, name, state, attempt, shape, step, goodput, spark, age: ageEl, created: null };
+    return { el, rev: -1, name, branch, state, attempt, shape, step, goodput, spark, age: ageEl, created: null };
   }
 
   private fill(row: Row, entry: JobEntry, nowMs: number): void {
@@ -168,6 +183,8 @@ export class JobListView {
     row.el.dataset.state = j.state;
     setText(row.name, j.name);
     row.name.title = `${j.name} (${j.id})`;
+    setText(row.branch, j.parent ? `⑂ @${j.parent.step}` : '');
+    row.branch.title = j.parent ? `branched from ${j.parent.job} at step ${j.parent.step}` : '';
     setText(row.state, j.state);
     row.state.className = `dlc-badge ${stateClass(j.state)}`;
     setText(row.attempt, `attempt ${j.attempt}`);

@@ -387,14 +387,41 @@ export function matches(job: JobSummary, filter: Filter): boolean {
 
 /** Ids to show, newest first. */
 export function visibleIds(state: State): string[] {
-  const out: JobSummary[] = [];
+  return visibleTree(state).map(row => row.id);
+}
+
+/**
+ * The visible jobs in tree order, each with its depth: newest first, and each job followed
+ * by its branches (`parent`, from `--from JOB@STEP`), newest first. A branch whose parent is
+ * not visible (filtered out, deleted) stands at the top.
+ */
+export function visibleTree(state: State): { id: string; depth: number }[] {
+  const shown: JobSummary[] = [];
   for (const e of state.jobs.values()) {
     if (matches(e.job, state.filter)) {
-      out.push(e.job);
+      shown.push(e.job);
     }
   }
-  out.sort((a, b) => (b.created ?? 0) - (a.created ?? 0) || (a.id < b.id ? 1 : -1));
-  return out.map(j => j.id);
+  shown.sort((a, b) => (b.created ?? 0) - (a.created ?? 0) || (a.id < b.id ? 1 : -1));
+  const ids = new Set(shown.map(j => j.id));
+  const children = new Map<string | null, string[]>();
+  for (const j of shown) {
+    const parent = j.parent && ids.has(j.parent.job) ? j.parent.job : null;
+    const list = children.get(parent) ?? [];
+    list.push(j.id);
+    children.set(parent, list);
+  }
+  const out: { id: string; depth: number }[] = [];
+  const stack = (children.get(null) ?? []).map(id => ({ id, depth: 0 })).reverse();
+  while (stack.length) {
+    const row = stack.pop()!;
+    out.push(row);
+    const below = children.get(row.id) ?? [];
+    for (let i = below.length - 1; i >= 0; i--) {
+      stack.push({ id: below[i], depth: row.depth + 1 });
+    }
+  }
+  return out;
 }
 
 /** Counts per state, for the filter's labels. */

@@ -622,6 +622,7 @@ export interface components {
             args?: string[];
             /** @enum {string} */
             backend?: "local" | "slurm" | "kubernetes" | "ssh";
+            branch_from?: string | null;
             checkpoint_dir?: string | null;
             cluster?: string | null;
             code?: string | null;
@@ -633,6 +634,7 @@ export interface components {
             files?: {
                 [key: string]: string | null;
             };
+            fresh_optimizer?: boolean;
             heartbeat_interval?: number | string;
             heartbeat_misses?: number;
             keep_last?: number;
@@ -680,6 +682,8 @@ export interface components {
             name: string;
             nodes: number;
             nproc_per_node: number;
+            /** @description the job and step a branch (`--from JOB@STEP`) started from; null for a job that is no branch */
+            parent?: components["schemas"]["Parent"] | null;
             progress?: components["schemas"]["Progress"] | null;
             reason: string | null;
             source: components["schemas"]["Source"];
@@ -720,6 +724,10 @@ export interface components {
             downsampled: components["schemas"]["Downsampled"] | null;
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
+        };
+        Parent: {
+            job: string;
+            step: number;
         };
         /** @description Where the step time of a job that did not fail goes, over each rank's last 100 steps (launcher/performance.py). */
         PerformanceVerdict: {

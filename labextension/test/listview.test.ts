@@ -25,6 +25,29 @@ describe('JobListView', () => {
     expect(rows[0].querySelector('.dlc-shape')!.textContent).toBe('2×4');
   });
 
+  it('puts each branch under the job it started from, indented, with its step', () => {
+    const view = new JobListView(() => undefined);
+    const jobs = [job(0), job(1, { parent: { job: 'j0', step: 10 } }), job(2),
+      job(3, { parent: { job: 'j0', step: 20 } }), job(4, { parent: { job: 'j1', step: 15 } }),
+      job(5, { parent: { job: 'gone', step: 5 } })];
+    let s = reduce(initialState(), { type: 'snapshot', jobs }).state;
+    view.render(s);
+    const rows = () => Array.from(view.node.querySelectorAll<HTMLElement>('.dlc-row'));
+    expect(rows().map(r => `${r.dataset.jobId}:${r.dataset.depth}`)).toEqual(
+      ['j5:0', 'j2:0', 'j0:0', 'j3:1', 'j1:1', 'j4:2']);
+    const j4 = rows()[5];
+    expect(j4.querySelector('.dlc-branch')!.textContent).toBe('⑂ @15');
+    expect((j4.querySelector('.dlc-branch') as HTMLElement).title).toBe('branched from j1 at step 15');
+    expect(j4.style.paddingLeft).toBe('28px');
+    expect(rows()[1].querySelector('.dlc-branch')!.textContent).toBe('');
+    // the parent deleted: its branches move to the top level
+    s = reduce(s, { type: 'removed', id: 'j0' }).state;
+    view.render(s);
+    expect(rows().map(r => `${r.dataset.jobId}:${r.dataset.depth}`)).toEqual(
+      ['j5:0', 'j3:0', 'j2:0', 'j1:0', 'j4:1']);
+    expect(rows().map(r => r.style.paddingLeft)).toEqual(['', '', '', '', '14px']);
+  });
+
   it('an event for one of 500 jobs re-renders exactly one row and moves none', () => {
     const view = new JobListView(() => undefined);
     let s = load(500);

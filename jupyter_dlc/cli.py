@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-from . import formatting, paths
+from . import formatting, paths, sweeps
 from .client import TERMINAL, LauncherClient, LauncherError
 from .commands import add_commands
 from .spec import SpecError, spec_from_options
@@ -119,6 +119,9 @@ def _dispatch(options, script_args: list[str]) -> int:
             raise SpecError("script", f"{options.script} does not exist; give a path to a Python file")
         spec = spec_from_options(options, script=script, args=script_args,
                                  source={"kind": "cli", "path": script})
+        trials = sweeps.from_options(options, spec)
+        if trials:
+            return _run_sweep(client, trials, options.wait)
         job = client.submit(spec)
         print(job["id"], flush=True)
         if not options.wait:
@@ -137,6 +140,18 @@ def _dispatch(options, script_args: list[str]) -> int:
     else:
         run_text_command(client, options)
     return 0
+
+
+def _run_sweep(client: LauncherClient, trials: list, wait: bool) -> int:
+    """Submit a sweep's trials; with --wait, wait for them all and print the table."""
+    jobs = sweeps.submit(client, trials)
+    sweep_id = trials[0].sweep["id"]
+    print(f"sweep {sweep_id}: {len(jobs)} trials ({', '.join(j['id'] for j in jobs)})", flush=True)
+    if not wait:
+        return 0
+    ended = [client.wait(job["id"]) for job in jobs]
+    print(formatting.sweep_table(sweeps.trials_of(client, sweep_id)))
+    return 0 if all(job["state"] == "SUCCEEDED" for job in ended) else 1
 
 
 def run_text_command(client: LauncherClient, options) -> None:
@@ -160,6 +175,8 @@ def run_text_command(client: LauncherClient, options) -> None:
         print(f"deleted {options.job}")
     elif command == "checkpoints":
         print(formatting.checkpoints_table(client.checkpoints(options.job)))
+    elif command == "sweep":
+        print(formatting.sweep_table(sweeps.trials_of(client, options.sweep, options.metric), options.metric))
     elif command == "why":
         answer = client.why(options.job)
         print(formatting.diagnosis_text(answer["diagnoses"], client.job(options.job), answer.get("verdict")))

@@ -55,6 +55,9 @@ COMMANDS: tuple[Command, ...] = (
             "not fail where its step time goes (input, communication, checkpoint, straggler)", (JOB,)),
     Command("evidence", "the evidence kept before a hung or failing attempt was killed", (JOB,)),
     Command("checkpoints", "committed checkpoints of a job", (JOB,)),
+    Command("sweep", "a sweep's trials: state, parameters, last and best loss", (
+        (("sweep",), {"help": "the sweep's id (printed when it was submitted)"}),
+        (("--metric",), {"default": "loss", "help": "the metric to rank trials by"}))),
     Command("clone", "a new job from the same spec", (JOB,)),
     Command("delete", "delete an ended job", (JOB,)),
     Command("export", "write a bundle that runs with plain torchrun", (

@@ -42,7 +42,7 @@ def jobs_table(jobs: list[dict], tree: bool = False) -> str:
     placed = lineage(jobs) if tree else [(j, 0) for j in jobs]
     rows = [header] + [
         (_tree_id(j, depth) if tree else j["id"], j["state"], str(j["attempt"]),
-         f"{j['nodes']}x{j['nproc_per_node']}", _step_cell(j), _loss(j.get("last_loss")),
+         f"{j['nodes']}x{j['nproc_per_node']}", step_cell(j), _loss(j.get("last_loss")),
          percent(j.get("goodput")), age(j.get("created")))
         for j, depth in placed
     ]
@@ -74,7 +74,7 @@ def _tree_id(job: dict, depth: int) -> str:
         "" if depth else f" (from {parent['job']}, deleted)")
 
 
-def _step_cell(job: dict) -> str:
+def step_cell(job: dict) -> str:
     step, total = job.get("last_step"), (job.get("progress") or {}).get("total_steps")
     if step is None:
         return "-" if total is None else f"0/{total}"
@@ -314,3 +314,26 @@ def downsampled_note(thinned: dict | None) -> str:
     return (f"Points logged before {until} are downsampled (min, max and last of every "
             f"{bucket:g} s, NaN kept) to keep this job's storage bounded; "
             f"{thinned.get('dropped', 0):,} points thinned so far.")
+
+
+def sweep_table(trials: list[dict], metric: str = "loss") -> str:
+    """A sweep's trials (sweeps.trials_of): state, each parameter, step, last and best `metric`."""
+    if not trials:
+        return "no trials"
+    names = list(dict.fromkeys(name for t in trials for name in (t.get("params") or {})))
+    header = ("TRIAL", "JOB", "STATE", *(n.upper() for n in names), "STEP", f"LAST {metric.upper()}",
+              f"BEST {metric.upper()}")
+    best = min((t["best"] for t in trials if t.get("best") is not None), default=None)
+    rows = [header] + [
+        (str(t["sweep"]["trial"]), t["id"], t["state"], *(param_text(t["params"].get(n)) for n in names),
+         step_cell(t), _loss(t.get("last")), _loss(t.get("best")) + (" *" if t.get("best") == best else ""))
+        for t in trials]
+    return _table(rows)
+
+
+def param_text(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

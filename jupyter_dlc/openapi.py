@@ -77,8 +77,13 @@ SCHEMAS: dict[str, dict] = {
                      "step was reported"},
          "progress": _null(_ref("Progress")),
          "parent": {**_null(_ref("Parent")), "description": "the job and step a branch "
-                    "(`--from JOB@STEP`) started from; null for a job that is no branch"}}),
+                    "(`--from JOB@STEP`) started from; null for a job that is no branch"},
+         "sweep": {**_null(_ref("SweepRef")), "description": "null for a job that is no trial"},
+         "params": {"type": "object", "description": "a trial's parameters (runtime.params())"}}),
     "Parent": _obj({"job": _STR, "step": _INT}),
+    "SweepRef": _obj({"id": _STR, "trial": _INT, "parallel": _null(_INT)},
+                     description="The sweep a trial belongs to, its number, and how many of the "
+                                 "sweep's trials run at once (null: as admission allows)."),
     "Progress": _obj({"step": _null(_INT), "total_steps": _null(_INT),
                       "steps_per_second": _null(_NUM), "eta_seconds": _null(_NUM)},
                      description="`total_steps` from the spec's `steps` or the script's "

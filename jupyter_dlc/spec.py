@@ -405,6 +405,70 @@ def _branch_from(value: Any, name: str) -> str:
     return value
 
 
+_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+MAX_PARAMS = 64
+
+
+def _params(value: Any, name: str) -> dict[str, Any]:
+    """A trial's parameters (`runtime.params()`): identifiers to finite numbers, booleans or
+    short strings. Each also reaches the ranks as DLC_PARAM_<NAME>, so the names are words."""
+    if not isinstance(value, dict):
+        raise SpecError(name, f"expected a mapping of names to values, got {show(value)}")
+    if len(value) > MAX_PARAMS:
+        raise SpecError(name, f"{len(value)} parameters; at most {MAX_PARAMS} are allowed")
+    for key, item in value.items():
+        if not isinstance(key, str) or not _PARAM_NAME.fullmatch(key):
+            raise SpecError(name, f"{show(key)} is not a parameter name; use letters, digits and _ "
+                            "(not first), e.g. lr or batch_size")
+        if isinstance(item, str):
+            check_text(item, f"{name}.{key}", 256)
+            try:  # it reaches generated scripts (run.sh, job.sbatch) as DLC_PARAM_<NAME>
+                shell.refuse_control(item, f"{name}.{key}", "give a value without newlines or other "
+                                     "control characters")
+            except shell.UnsafeValue as error:
+                raise SpecError(f"{name}.{key}", error.reason) from None
+        elif isinstance(item, bool) or (isinstance(item, (int, float)) and is_finite(item)):
+            pass
+        else:
+            raise SpecError(f"{name}.{key}", f"expected a finite number, true, false or a string, got {show(item)}")
+    upper = [key.upper() for key in value]
+    if len(set(upper)) < len(upper):
+        raise SpecError(name, "two names differ only in case, and would be one DLC_PARAM_<NAME>; rename one")
+    return value
+
+
+_SWEEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _sweep(value: Any, name: str) -> dict[str, Any]:
+    """{"id", "trial", "parallel"}: the sweep a trial belongs to, its number, and how many of
+    the sweep's trials may run at once (None: as admission allows)."""
+    if not isinstance(value, dict) or set(value) - {"id", "trial", "parallel"} or "id" not in value:
+        raise SpecError(name, f"expected {{id, trial, parallel}}, got {show(value)}")
+    if not isinstance(value["id"], str) or not _SWEEP_ID.fullmatch(value["id"]):
+        raise SpecError(f"{name}.id", "expected letters, digits, '.', '_' and '-' (at most 63), "
+                        f"got {show(value['id'])}")
+    out = {"id": value["id"], "trial": _int(value.get("trial", 0), f"{name}.trial", 0, 100_000),
+           "parallel": None}
+    if value.get("parallel") is not None:
+        out["parallel"] = _int(value["parallel"], f"{name}.parallel", 1, 1024)
+    return out
+
+
+def params_env(params: dict[str, Any]) -> dict[str, str]:
+    """What the ranks get of a trial's parameters: DLC_PARAMS (JSON, typed) and one
+    DLC_PARAM_<NAME> each (the value as text; true/false for booleans)."""
+    if not params:
+        return {}
+    import json
+
+    env = {"DLC_PARAMS": json.dumps(params, sort_keys=True)}
+    for key, value in params.items():
+        env[f"DLC_PARAM_{key.upper()}"] = (("true" if value else "false") if isinstance(value, bool)
+                                           else repr(value) if isinstance(value, float) else str(value))
+    return env
+
+
 def _cluster_name(value: Any, name: str) -> str:
     if not _PROFILE_NAME.fullmatch(check_text(value, name, 63)):
         raise SpecError(name, f"{show(value)} is not a profile name; see `jupyter-dlc clusters`")
@@ -458,6 +522,20 @@ SPEC_FIELDS: dict[str, FieldRule] = {
                                             "committed step (the newest if no step), running this code"},
                              nullable=True),
     "fresh_optimizer": FieldRule(_bool, {"type": "boolean"}),
+    "params": FieldRule(_params, {"type": "object", "maxProperties": MAX_PARAMS,
+                                  "propertyNames": {"pattern": _PARAM_NAME.pattern},
+                                  "additionalProperties": {"anyOf": [
+                                      {"type": "string", "maxLength": 256}, FINITE_SCHEMA,
+                                      {"type": "boolean"}]},
+                                  "description": "a trial's parameters: runtime.params(), DLC_PARAM_<NAME>"}),
+    "sweep": FieldRule(_sweep, {"type": "object", "additionalProperties": False, "required": ["id"],
+                                "properties": {"id": {"type": "string", "pattern": _SWEEP_ID.pattern},
+                                               "trial": {"type": "integer", "minimum": 0, "maximum": 100_000},
+                                               "parallel": {"type": ["integer", "null"], "minimum": 1,
+                                                            "maximum": 1024}},
+                                "description": "the sweep a trial belongs to; at most `parallel` of "
+                                               "its trials run at once"},
+                       nullable=True),
 }
 
 # The paths a spec may hold; the client makes them absolute against the user's directory.
@@ -529,6 +607,9 @@ class JobSpec:
     branch_from: str | None = None
     # With branch_from: restore the model (and the rest) but not the optimizer's state.
     fresh_optimizer: bool = False
+    # A sweep's trial: its parameters (runtime.params()) and {"id", "trial", "parallel"}.
+    params: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -642,6 +723,14 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                             "running this code")),
     (("--fresh-optimizer",), dict(action="store_true",
                                   help="with --from: restore the model but not the optimizer's state")),
+    (("--sweep",), dict(action="append", default=[], metavar="NAME=VALUES",
+                        help="a sweep axis, each trial a job: lr=1e-3,3e-4 (grid) or "
+                             "'lr=loguniform(1e-4,1e-2)' with --trials (repeatable)")),
+    (("--trials",), dict(type=int, default=None, metavar="N",
+                         help="sweep: trials drawn at random (each grid point N times)")),
+    (("--parallel",), dict(type=int, default=None, metavar="K",
+                           help="sweep: at most K trials run at once")),
+    (("--sweep-seed",), dict(type=int, default=0, metavar="S", help="sweep: the random draws' seed")),
     (("--gpus-per-node",), dict(type=int, default=None, help="GPUs each node needs")),
     (("--cpus-per-node",), dict(type=int, default=None, help="CPU cores each node needs")),
     (("--memory-per-node",), dict(default=None, help="memory each node needs, e.g. 64G")),

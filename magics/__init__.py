@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .. import formatting
+from .. import formatting, sweeps
 from ..client import LauncherClient, LauncherError
 from ..commands import add_commands
 from ..spec import JOB_OPTIONS, SpecError, spec_from_options
@@ -78,6 +78,7 @@ class DLCMagics(Magics):
             script, files, summary, captured, where = self._capture(cell, args)
             spec = spec_from_options(args, code=script, files=files,
                                      source={"kind": "notebook", "path": _notebook_path(self.shell), **where})
+            trials = sweeps.from_options(args, spec)
         except (SpecError, ValueError) as error:
             raise UsageError(f"%%dlc: {error}") from None
         if summary:
@@ -94,6 +95,8 @@ class DLCMagics(Magics):
                 raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
             return
+        if trials:
+            return self._sweep(trials, args.wait)
         try:
             job = self.client.submit(spec)
         except LauncherError as error:
@@ -106,6 +109,25 @@ class DLCMagics(Magics):
             if job["state"] != "SUCCEEDED":
                 raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('reason')}")
         return
+
+    def _sweep(self, trials, wait: bool):
+        """Submit a sweep's trials; the cell's output is the sweep's view (widgets/sweep.py)."""
+        try:
+            jobs = sweeps.submit(self.client, trials)
+        except LauncherError as error:
+            raise UsageError(f"%%dlc: {error}") from None
+        sweep_id = trials[0].sweep["id"]
+        print(f"sweep {sweep_id}: {len(jobs)} trials")
+        from ..widgets import show_sweep
+
+        view = show_sweep(self.client, sweep_id)
+        if wait:
+            ended = [self.client.wait(job["id"]) for job in jobs]
+            view.refresh_now()
+            failed = [job for job in ended if job["state"] == "FAILED"]
+            if failed:
+                raise RuntimeError(f"sweep {sweep_id}: {len(failed)} of {len(ended)} trials failed "
+                                   f"({', '.join(job['id'] for job in failed)})")
 
     def _capture(self, cell: str, args) -> tuple[str, dict, str, str, dict]:
         from .capture import capture

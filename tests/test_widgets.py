@@ -517,6 +517,14 @@ def test_notebook_saves_view_widget_state(shared_launcher, tmp_path):
     assert "[0] rank 0 done" in logs and "[1] rank 1 done" in logs
     buttons = {m["state"].get("description") for m in models if m["model_name"] == "ButtonModel"}
     assert {"Stop", "Resume", "Clone"} <= buttons
+    sources = saved_sources(models, "dlc-train-")
+    assert set(sources) == {"dlc-train-0", "dlc-train-1"}
+    xs = _column(sources["dlc-train-0"], "x")
+    assert xs == list(range(1, 41)), xs
+
+
+def saved_sources(models: list[dict], prefix: str) -> dict:
+    """{name: data} of the named bokeh data sources in the last chart widget a notebook saved."""
     bokeh = [m for m in models if m["model_name"] == "BokehModel"]
     assert bokeh, "the charts widget is in the saved state"
     bundle = bokeh[-1]["state"]["render_bundle"]
@@ -524,12 +532,10 @@ def test_notebook_saves_view_widget_state(shared_launcher, tmp_path):
     sources = {}
     for node in _walk(bundle["docs_json"]):
         attributes = node.get("attributes")
-        if isinstance(attributes, dict) and str(attributes.get("name")).startswith("dlc-train-") \
+        if isinstance(attributes, dict) and str(attributes.get("name")).startswith(prefix) \
                 and "data" in attributes:
             sources[attributes["name"]] = attributes["data"]
-    assert set(sources) == {"dlc-train-0", "dlc-train-1"}
-    xs = _column(sources["dlc-train-0"], "x")
-    assert xs == list(range(1, 41)), xs
+    return sources
 
 
 def _walk(node):

@@ -260,7 +260,7 @@ class Store:
         out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
                    backend=spec.get("backend", "local"), source=spec.get("source") or {},
                    job_dir=row["job_dir"], stop_requested=row["stop_requested"],
-                   parent=branch_parent(spec),
+                   parent=branch_parent(spec), sweep=spec.get("sweep"), params=spec.get("params") or {},
                    storage=self.storage_problem)
         if isinstance(out["last_loss"], float) and not math.isfinite(out["last_loss"]):
             out["last_loss"] = str(out["last_loss"])

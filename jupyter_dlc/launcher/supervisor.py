@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 import os
 import secrets
 import shutil
@@ -42,7 +43,7 @@ from ..backends import (
     release_all,
 )
 from ..backends.local import process_slots
-from ..spec import JobSpec, network_env
+from ..spec import params_env, JobSpec, network_env
 from . import checkpoints
 from .pools import Pools
 from .preflight import run_preflight
@@ -217,6 +218,9 @@ class Supervisor(threading.Thread):
         the slots that jobs already past QUEUED leave free. The first that does not fit waits,
         and so does everything queued after it (no job overtakes another)."""
         used = sum(_local_slots(r) for r in rows if r["state"] != "QUEUED")
+        # A sweep's trials past QUEUED, against its `parallel`: a trial that must wait for its
+        # own sweep holds up no other job (it is not blocked by slots, only by its sweep).
+        sweeps = Counter(sweep["id"] for r in rows if r["state"] != "QUEUED" and (sweep := _sweep_of(r)))
         admitted: set[str] = set()
         blocked = False
         for row in rows:  # ordered by submission
@@ -224,13 +228,22 @@ class Supervisor(threading.Thread):
                 if row["state"] == "QUEUED":
                     admitted.add(row["id"])  # a stopped job only has to end
                 continue
+            sweep = _sweep_of(row)
+            if sweep and sweep["parallel"] is not None and sweeps[sweep["id"]] >= sweep["parallel"]:
+                reason = (f"waiting: sweep {sweep['id']} runs {sweep['parallel']} "
+                          f"trial{'s' if sweep['parallel'] != 1 else ''} at a time")
+                if row["reason"] != reason:
+                    self.store.update_job(row["id"], reason=reason)
+                continue
             need = _local_slots(row)
             if need == 0:  # its engine queues it (Slurm's own queue), not this machine
                 admitted.add(row["id"])
+                sweeps.update([sweep["id"]] if sweep else [])
                 continue
             if not blocked and used + need <= self.slots:
                 admitted.add(row["id"])
                 used += need
+                sweeps.update([sweep["id"]] if sweep else [])
                 continue
             blocked = True
             reason = (f"waiting for {need} process slot{'s' if need != 1 else ''} "
@@ -320,6 +333,7 @@ class Supervisor(threading.Thread):
         resume = arow["resume_path"] if arow else None
         env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))
+        env.update(params_env(spec.params))
         env.update(spec.env)
         env.update({
             "PYTHONUNBUFFERED": "1",
@@ -1069,6 +1083,11 @@ def _on_host(backend, ctx, handle, node: int) -> str:
     """` on host H` where the engine knows which host a node ran on, for reasons that name it."""
     host = backend.node_host(ctx, handle, node)
     return f" on host {host}" if host else ""
+
+
+def _sweep_of(row) -> dict | None:
+    """The sweep a job is a trial of ({"id", "trial", "parallel"}), or None."""
+    return json.loads(row["spec"]).get("sweep")
 
 
 def _local_slots(row) -> int:

@@ -19,7 +19,7 @@ from .breakdown import timer
 from .boundary import NonFiniteLossError, log, should_stop
 from .checkpoint import Checkpointer
 from .dist_init import init
-from .env import RankInfo, rank_info
+from .env import RankInfo, params, rank_info
 from .report import EXIT_FLUSH_SECONDS, get_reporter
 from .sampler import ResumableDistributedSampler
 from . import control
@@ -36,5 +36,5 @@ def shutdown(timeout=EXIT_FLUSH_SECONDS):
         reporter.flush(timeout)
 
 
-__all__ = ["init", "log", "timer", "should_stop", "shutdown", "rank_info", "RankInfo", "Checkpointer",
+__all__ = ["init", "log", "timer", "should_stop", "shutdown", "rank_info", "RankInfo", "params", "Checkpointer",
            "ResumableDistributedSampler", "NonFiniteLossError"]

@@ -4,6 +4,7 @@ Read fresh on every call: it is cheap, and a script run by plain `python` (no to
 launcher) simply sees a world of one with reporting off.
 """
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -86,3 +87,13 @@ def rank_info():
         branch_from=os.environ.get("DLC_BRANCH_FROM", ""),
         fresh_optimizer=os.environ.get("DLC_FRESH_OPTIMIZER", "") == "1",
     )
+
+
+def params(**defaults):
+    """A sweep trial's parameters over `defaults`: `runtime.params(lr=1e-3, batch=32)` gives
+    the defaults when the script runs alone, and the trial's values (`%%dlc --sweep lr=...`,
+    DLC_PARAMS) in a sweep; a name the trial sets beyond `defaults` is there too. The values
+    keep the types the sweep gave them (numbers, booleans, strings)."""
+    raw = os.environ.get("DLC_PARAMS", "")
+    trial = json.loads(raw) if raw.strip() else {}
+    return {**defaults, **trial}

@@ -29,6 +29,13 @@ def show_job(client, job_id: str, **options) -> JobView:
     return view
 
 
+def show_sweep(client, sweep_id: str, **options):
+    """Display a live view of a sweep's trials (widgets/sweep.py) and start its updater."""
+    from .sweep import SweepView
+
+    return SweepView(client, sweep_id, **options).show()
+
+
 def views() -> list[JobView]:
     """The views shown in this kernel that still exist, oldest first."""
     alive = [_views[i] for i in _order if i in _views]
@@ -36,4 +43,4 @@ def views() -> list[JobView]:
     return alive
 
 
-__all__ = ["JobView", "show_job", "views"]
+__all__ = ["JobView", "show_job", "show_sweep", "views"]

@@ -644,6 +644,10 @@ export interface components {
             network?: string | null;
             nodes?: number;
             nproc_per_node?: number;
+            /** @description a trial's parameters: runtime.params(), DLC_PARAM_<NAME> */
+            params?: {
+                [key: string]: string | number | boolean;
+            };
             progress_timeout?: number | string;
             python?: string | null;
             resources?: {
@@ -660,6 +664,11 @@ export interface components {
             };
             steps?: number | null;
             stop_grace?: number | string;
+            sweep?: {
+                id: string;
+                parallel?: number | null;
+                trial?: number;
+            } | null;
             workdir?: string | null;
         };
         /**
@@ -682,6 +691,8 @@ export interface components {
             name: string;
             nodes: number;
             nproc_per_node: number;
+            /** @description a trial's parameters (runtime.params()) */
+            params?: Record<string, never>;
             /** @description the job and step a branch (`--from JOB@STEP`) started from; null for a job that is no branch */
             parent?: components["schemas"]["Parent"] | null;
             progress?: components["schemas"]["Progress"] | null;
@@ -692,6 +703,8 @@ export interface components {
             stop_requested: number | null;
             /** @description null, or the data dir's full disk in one line */
             storage: string | null;
+            /** @description null for a job that is no trial */
+            sweep?: components["schemas"]["SweepRef"] | null;
         };
         LogLine: {
             attempt: number;
@@ -968,6 +981,12 @@ export interface components {
             ranks: number[];
             /** @description the others' median wait in the all-reduce */
             wait_ms: number;
+        };
+        /** @description The sweep a trial belongs to, its number, and how many of the sweep's trials run at once (null: as admission allows). */
+        SweepRef: {
+            id: string;
+            parallel: number | null;
+            trial: number;
         };
         /**
          * @description The states a job ends in; only resume or clone leave them.

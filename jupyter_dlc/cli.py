@@ -143,7 +143,8 @@ def _dispatch(options, script_args: list[str]) -> int:
 
 
 def _run_sweep(client: LauncherClient, trials: list, wait: bool) -> int:
-    """Submit a sweep's trials; with --wait, wait for them all and print the table."""
+    """Submit a sweep's trials; with --wait, wait for them all, print the table, and exit 1
+    when a trial failed."""
     jobs = sweeps.submit(client, trials)
     sweep_id = trials[0].sweep["id"]
     print(f"sweep {sweep_id}: {len(jobs)} trials ({', '.join(j['id'] for j in jobs)})", flush=True)
@@ -151,7 +152,8 @@ def _run_sweep(client: LauncherClient, trials: list, wait: bool) -> int:
         return 0
     ended = [client.wait(job["id"]) for job in jobs]
     print(formatting.sweep_table(sweeps.trials_of(client, sweep_id)))
-    return 0 if all(job["state"] == "SUCCEEDED" for job in ended) else 1
+    # A trial stopped (an early-stop rule, a user's stop) is the sweep working; a failed one is not.
+    return 1 if any(job["state"] == "FAILED" for job in ended) else 0
 
 
 def run_text_command(client: LauncherClient, options) -> None:

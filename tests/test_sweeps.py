@@ -179,3 +179,44 @@ def test_the_cell_of_a_sweep_becomes_its_live_table_and_curves(shared_launcher, 
     assert [round(y, 6) for y in ys] == [round(0.125 / s, 6) for s in range(1, 11)]
     assert not any(math.isnan(y) for y in ys)
 
+
+
+def test_an_early_stop_rule_relative_to_the_sweep_stops_the_trial_behind_the_best(launcher):
+    """`loss > 1.2x best for 5 steps -> stop`: one trial at a time, the second's loss is 3x the
+    first's at every step, so it stops within a few steps; the third, 1.1x, runs to the end."""
+    client = launcher.client
+    script = launcher.script("scaled.py", """
+        import time
+        from jupyter_dlc import runtime
+
+        runtime.init()
+        scale = runtime.params(scale=1.0)["scale"]
+        for step in range(1, 61):
+            runtime.log(step, loss=scale / step)
+            time.sleep(0.05)
+        """)
+    run = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "run", script, "--name", "halving",
+                          "--sweep", "scale=1,3,1.1", "--parallel", "1",
+                          "--alert", "loss > 1.2x best for 5 steps -> stop", "--wait"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr  # a stopped trial is no failure
+    sweep_id = re.match(r"sweep (\S+): 3 trials", run.stdout).group(1)
+    good, bad, close = sweeps.trials_of(client, sweep_id)
+    assert good["state"] == "SUCCEEDED" and close["state"] == "SUCCEEDED"
+    assert bad["state"] == "STOPPED", bad["reason"]
+    stopping = [e["reason"] for e in client.events(bad["id"]) if e["type"] == "state" and e["state"] == "STOPPING"]
+    assert stopping and stopping[0].startswith("alert: loss > 1.2x best for 5 steps: "), stopping
+    assert "the sweep's best there" in stopping[0]
+    assert bad["last_step"] < 40, bad["last_step"]  # stopped early, not at its end (60)
+    fired = [e for e in client.events(bad["id"]) if e["type"] == "alert"]
+    assert fired and fired[0]["data"]["detail"]["streak"] >= 5
+    assert not [e for e in client.events(close["id"]) if e["type"] == "alert"]
+    assert "STOPPED" in run.stdout  # the table at the end
+
+
+def test_a_best_rule_outside_a_sweep_is_refused(launcher):
+    script = launcher.script("one.py", "print(1)\n")
+    with pytest.raises(LauncherError) as caught:
+        launcher.client.submit({"script": script, "alerts": ["loss > 1.2x best for 5 steps -> stop"]})
+    assert caught.value.status == 400
+    assert str(caught.value).startswith("alerts: 'loss > 1.2x best for 5 steps -> stop': 'best' is the best")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -59,6 +60,9 @@ class JobAlerts:
         self.world = int(spec.get("nodes") or 1) * self.nproc
         self.detector = StragglerDetector(self.world, self.nproc)
         self.stragglers: list[dict] = saved.get("stragglers") or []
+        # A sweep's trial with `best` rules: the sweep, and the metrics those rules compare.
+        self.sweep = (spec.get("sweep") or {}).get("id")
+        self.best_metrics = sorted({r.metric for r in self.evaluator.rules if r.kind == "sweep_best" and r.metric})
 
     def state(self) -> dict:
         return {"evaluator": self.evaluator.state(), "alerts": self.evaluator.active(),
@@ -103,6 +107,61 @@ def _new_log_lines(attempt_dir: str, world: int, offsets: dict[str, int],
     return lines
 
 
+class SweepBoard:
+    """The best value of a metric at each step across a sweep's trials, for `best` rules.
+
+    Read from the store: each trial's rank-0 points of the metric after the seq already read
+    (every trial of the sweep, running or ended, so a trial started later is judged against
+    the curves of those before it). Not saved: a restarted launcher reads the trials again
+    from their first point on its first look, which rebuilds it whole."""
+
+    def __init__(self, store):
+        self.store = store
+        self.best: dict[tuple[str, str], dict[int, float]] = {}
+        self.cursors: dict[tuple[str, str], int] = {}  # (job, metric) -> seq read
+        self.members: dict[str, set[str]] = {}
+        self._members_read = 0.0
+
+    def trials(self, sweep: str, job_id: str, now: float) -> set[str]:
+        if job_id not in self.members.get(sweep, ()) or now - self._members_read > FORGET_AFTER:
+            self._members_read = now
+            found: dict[str, set[str]] = {}
+            for row in self.store.job_rows():
+                of = (json.loads(row["spec"]).get("sweep") or {}).get("id")
+                if of:
+                    found.setdefault(of, set()).add(row["id"])
+            self.members = found
+        return self.members.get(sweep, {job_id}) | {job_id}
+
+    def read(self, sweep: str, metric: str, job_id: str, now: float) -> list[tuple]:
+        """Take in every trial's new points; (step, value, best at that step) of `job_id`'s."""
+        best = self.best.setdefault((sweep, metric), {})
+        own: list[tuple[int, float]] = []
+        for trial in sorted(self.trials(sweep, job_id, now)):
+            since = self.cursors.get((trial, metric), 0)
+            while True:
+                points, last = self.store.metric_page(trial, since)
+                for p in points:
+                    value = p["value"]
+                    if p["name"] != metric or p["rank"] != 0 or not isinstance(value, (int, float)) \
+                            or not math.isfinite(value):
+                        continue
+                    step = int(p["step"])
+                    best[step] = min(best.get(step, value), value)
+                    if trial == job_id:
+                        own.append((step, value))
+                if not points or last <= since:
+                    break
+                since = last
+            self.cursors[(trial, metric)] = since
+        own.sort()
+        return [(step, value, best.get(step)) for step, value in own]
+
+    def forget(self, job_id: str) -> None:
+        for key in [k for k in self.cursors if k[0] == job_id]:
+            del self.cursors[key]
+
+
 class Alerting:
     def __init__(self, supervisor):
         self.supervisor = supervisor
@@ -112,6 +171,7 @@ class Alerting:
         self._webhooks_waiting = 0
         self._webhooks_lock = threading.Lock()
         self._last_forget = 0.0
+        self.sweeps = SweepBoard(self.store)
 
     def close(self) -> None:
         """At the launcher's shutdown: webhooks not begun are dropped (those on the way
@@ -143,6 +203,9 @@ class Alerting:
             alerts.detector = StragglerDetector(alerts.world, alerts.nproc)
         snapshot = self.snapshot(row, alerts)
         snapshot.progress = (now, row["last_step"], row["attempt"])
+        if alerts.sweep:
+            for metric in alerts.best_metrics:
+                snapshot.sweep_points[metric] = self.sweeps.read(alerts.sweep, metric, job_id, now)
         named = alerts.judge_stragglers(snapshot)
         if named:
             self.store.add_event(job_id, row["attempt"], "straggler",

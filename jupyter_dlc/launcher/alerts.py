@@ -8,6 +8,7 @@ Rules (one per line of `JobSpec.alerts`):
     METRIC OP Nx baseline K times             grad_sync_ms > 2x baseline 3 times
     straggler for DURATION                    straggler for 5m (launcher/stragglers.py)
     throughput OP Nx baseline for DURATION    throughput < 0.5x baseline for 5m
+    METRIC OP Nx best for K steps             loss > 1.2x best for 200 steps (a sweep's trials)
     log matches /REGEX/[i]                    log matches /CUDA out of memory/
     ... -> notify | webhook URL | stop | checkpoint-and-stop
 
@@ -16,6 +17,12 @@ tick; per series it remembers how far it has read, so a point that is still in t
 tick's window is not counted twice, and points a rank reports late are still seen. Episodes
 (and everything a rule remembers) are in `state()`, so a restarted launcher neither
 re-fires an alert that is already open nor forgets one.
+
+`best` is the lowest value of METRIC that any trial of the job's sweep logged at the same
+step (rank 0's values, as the sweep's table shows them, alerting.SweepBoard); a trial whose
+value has stood OP N times that for K logged steps in a row meets the rule. With `-> stop` it
+is successive halving without a scheduler of its own: a trial far behind the best at the
+same step stops, and its slot goes to the next trial. Only a sweep's trials take the rule.
 
 `log matches` rules run on RE2 (the `google-re2` package), never on Python's `re`: `re`
 backtracks, and a rule like `/(a+)+$/` on a line of 30 `a` and a `!` held the launcher's
@@ -109,7 +116,8 @@ DEFAULT_RULES = (
 @dataclass(frozen=True)
 class Rule:
     text: str
-    kind: str  # "threshold" | "nan" | "no_progress" | "baseline" | "log" | "straggler" | "throughput"
+    # "threshold" | "nan" | "no_progress" | "baseline" | "log" | "straggler" | "throughput" | "sweep_best"
+    kind: str
     metric: str | None = None
     op: str | None = None
     value: float | None = None
@@ -137,6 +145,8 @@ class Rule:
             return f"throughput {self.op} {self.factor:g}x baseline for {format_duration(self.duration)}"
         if self.kind == "baseline":
             return f"{self.metric} {self.op} {self.factor:g}x baseline {self.times} times"
+        if self.kind == "sweep_best":
+            return f"{self.metric} {self.op} {self.factor:g}x best for {self.times} steps"
         tail = f" for {format_duration(self.duration)}" if self.duration else ""
         return f"{self.metric} {self.op} {self.value:g}{tail}"
 
@@ -305,7 +315,13 @@ def parse_rule(text: str) -> Rule:
         else:
             op = cur.take(_OP, "a comparison (<, <=, >, >=, ==, !=) or 'is nan'").group(0)
             factor = cur.peek(_FACTOR)
-            if factor and re.compile(r"\s*baseline\b").match(text, factor.end()):
+            if factor and re.compile(r"\s*best\b").match(text, factor.end()):
+                cur.pos = factor.end()
+                cur.take("best", "'best'")
+                cur.take("for", "'for K steps' (as in: loss > 1.2x best for 200 steps)")
+                fields = {"kind": "sweep_best", "metric": metric, "op": op, "factor": float(factor.group(1)),
+                          "times": _count(cur, "steps", "a whole number of logged steps (as in: for 200 steps)")}
+            elif factor and re.compile(r"\s*baseline\b").match(text, factor.end()):
                 cur.pos = factor.end()
                 cur.take("baseline", "'baseline'")
                 if metric == "throughput":
@@ -316,12 +332,8 @@ def parse_rule(text: str) -> Rule:
                     if not cur.at_end():
                         raise cur.fail("'-> ACTION' or the end of the rule")
                     return Rule(text=text, action=action, url=url, **fields)
-                times = int(cur.take(_INT, "a whole number of consecutive values (as in: 3 times)").group(0))
-                if times < 1:
-                    raise cur.fail("at least 1 time", at=cur.pos - 1)
-                cur.take("times", "'times'")
-                fields = {"kind": "baseline", "metric": metric, "op": op,
-                          "factor": float(factor.group(1)), "times": times}
+                fields = {"kind": "baseline", "metric": metric, "op": op, "factor": float(factor.group(1)),
+                          "times": _count(cur, "times", "a whole number of consecutive values (as in: 3 times)")}
             else:
                 value = float(cur.take(_NUMBER, "a number or 'Nx baseline K times'").group(0))
                 duration = _duration(cur) if cur.accept("for") else 0.0
@@ -333,6 +345,15 @@ def parse_rule(text: str) -> Rule:
                         if fields["kind"] == "threshold" and not fields["duration"] else
                         "'-> ACTION' or the end of the rule")
     return Rule(text=text, action=action, url=url, **fields)
+
+
+def _count(cur: _Cursor, unit: str, expected: str) -> int:
+    """`K times` / `K steps`: a whole number, at least 1, then the unit word."""
+    count = int(cur.take(_INT, expected).group(0))
+    if count < 1:
+        raise cur.fail(f"at least 1 {unit[:-1]}", at=cur.pos - 1)
+    cur.take(unit, f"'{unit}'")
+    return count
 
 
 def rules_for(spec_alerts: list[str], default_alerts: bool) -> list[Rule]:
@@ -372,6 +393,9 @@ class JobSnapshot:
     # The stragglers named now (stragglers.StragglerDetector.judge: dicts with key, message)
     stragglers: list[dict] = field(default_factory=list)
     progress: tuple | None = None  # (t, highest step, attempt) of the job now
+    # Per metric of a `best` rule: (step, value, the sweep's best at that step) of the
+    # trial's new rank-0 points, in step order (alerting.SweepBoard).
+    sweep_points: dict[str, list[tuple]] = field(default_factory=dict)
 
 
 @dataclass
@@ -516,6 +540,21 @@ class AlertEvaluator:
         what = "last step" if snapshot.last_progress is not None else "start, and no step yet"
         return (f"{format_duration(round(now - reference))} since the {what}",
                 {"last_progress": snapshot.last_progress, "started": snapshot.started})
+
+    def _check_sweep_best(self, rule, st, now, snapshot):
+        compare = OPS[rule.op]
+        s = st["series"].setdefault("trial", {"streak": 0, "last": None})
+        for step, value, best in snapshot.sweep_points.get(rule.metric, ()):
+            if best is None or not math.isfinite(value):
+                continue
+            s["streak"] = s["streak"] + 1 if compare(value, rule.factor * best) else 0
+            s["last"] = [step, value, best]
+        if s["streak"] < rule.times or s["last"] is None:
+            return None
+        step, value, best = s["last"]
+        return (f"{_fmt(value)} at step {step}, {rule.op} {rule.factor:g}x the sweep's best there "
+                f"({_fmt(best)}), for {s['streak']} steps",
+                {"series": "rank 0", "step": step, "value": value, "best": best, "streak": s["streak"]})
 
     def _check_baseline(self, rule, st, now, snapshot):
         compare = OPS[rule.op]

@@ -373,7 +373,11 @@ class JobsHandler(BaseHandler):
         try:
             spec = JobSpec.from_dict(self.body())
             require_absolute_paths(spec)
-            rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
+            rules = rules_for(spec.alerts, spec.default_alerts)  # a rule that does not parse is refused now
+            best = next((r for r in rules if r.kind == "sweep_best"), None)
+            if best is not None and spec.sweep is None:
+                raise SpecError("alerts", f"{best.text!r}: 'best' is the best of a sweep's trials at "
+                                "the same step; give the rule to a sweep (--sweep NAME=VALUES)")
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
         self.reply(await self.off_loop(checked_submit, self.launcher, spec), 201)

@@ -177,6 +177,10 @@ def run_text_command(client: LauncherClient, options) -> None:
         print(f"deleted {options.job}")
     elif command == "checkpoints":
         print(formatting.checkpoints_table(client.checkpoints(options.job)))
+    elif command == "compare":
+        from . import compare
+
+        print(compare.render_text(compare.gather(client, options.jobs, options.metric), options.metric))
     elif command == "sweep":
         print(formatting.sweep_table(sweeps.trials_of(client, options.sweep, options.metric), options.metric))
     elif command == "why":

@@ -55,6 +55,10 @@ COMMANDS: tuple[Command, ...] = (
             "not fail where its step time goes (input, communication, checkpoint, straggler)", (JOB,)),
     Command("evidence", "the evidence kept before a hung or failing attempt was killed", (JOB,)),
     Command("checkpoints", "committed checkpoints of a job", (JOB,)),
+    Command("compare", "jobs side by side: a metric's last and best, and what differs (spec, env, "
+            "parameters, arguments, code)", (
+        (("jobs",), {"nargs": "+", "metavar": "JOB", "help": "2 to 10 jobs; the first is the reference"}),
+        (("--metric",), {"default": "loss", "help": "the metric to compare"}))),
     Command("sweep", "a sweep's trials: state, parameters, last and best loss", (
         (("sweep",), {"help": "the sweep's id (printed when it was submitted)"}),
         (("--metric",), {"default": "loss", "help": "the metric to rank trials by"}))),

@@ -46,7 +46,7 @@ def jobs_table(jobs: list[dict], tree: bool = False) -> str:
          percent(j.get("goodput")), age(j.get("created")))
         for j, depth in placed
     ]
-    return _table(rows)
+    return table(rows)
 
 
 def lineage(jobs: list[dict]) -> list[tuple[dict, int]]:
@@ -131,7 +131,7 @@ def goodput_line(ledger: dict | None) -> str:
         f": {parts}" if parts else "")
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def table(rows: list[tuple[str, ...]]) -> str:
     """Rows of text cells in aligned columns (the first row is the header)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows)
@@ -301,7 +301,7 @@ def pools_table(pools: list[dict]) -> str:
         rows.append((p["id"], p["state"], p["job"] or "-", str(p["jobs_served"]),
                      f"{p['idle_seconds']:.0f}s", f"{p['idle_timeout']:.0f}s idle",
                      f"{p['node_hours']:.3f}", holds))
-    return _table(rows)
+    return table(rows)
 
 
 def downsampled_note(thinned: dict | None) -> str:
@@ -328,7 +328,7 @@ def sweep_table(trials: list[dict], metric: str = "loss") -> str:
         (str(t["sweep"]["trial"]), t["id"], t["state"], *(param_text(t["params"].get(n)) for n in names),
          step_cell(t), _loss(t.get("last")), _loss(t.get("best")) + (" *" if t.get("best") == best else ""))
         for t in trials]
-    return _table(rows)
+    return table(rows)
 
 
 def param_text(value) -> str:

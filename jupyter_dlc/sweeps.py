@@ -170,13 +170,14 @@ def submit(client, specs: list[JobSpec]) -> list[dict]:
     return jobs
 
 
-def metric_points(client, job_id: str, metric: str = "loss", since: int = 0) -> tuple[list, int]:
-    """Rank 0's finite (step, value) points of `metric` after seq `since`, every page, and
-    the last seq read."""
+def metric_points(client, job_id: str, metric: str = "loss", since: int = 0,
+                  with_time: bool = False) -> tuple[list, int]:
+    """Rank 0's finite (step, value) points of `metric` after seq `since` ((step, t, value)
+    `with_time`), every page, and the last seq read."""
     out = []
     while True:
         page = client.metrics(job_id, since=since)
-        out += [(p["step"], p["value"]) for p in page["points"]
+        out += [(p["step"], p["t"], p["value"]) if with_time else (p["step"], p["value"]) for p in page["points"]
                 if p["name"] == metric and p["rank"] == 0 and isinstance(p["value"], (int, float))
                 and not isinstance(p["value"], bool) and math.isfinite(p["value"])]
         if not page["points"] or page["last_seq"] <= since:

@@ -147,6 +147,7 @@ class DLCMagics(Magics):
         """%dlc list [--tree] | status JOB [--json] | wait JOB | attach JOB |
         logs JOB [--rank R] [--tail N] [--follow] [--raw] | stop JOB [--grace S] |
         resume JOB [--step N] | why JOB | checkpoints JOB | clone JOB | delete JOB |
+        compare JOB JOB... [--metric M] | sweep SWEEP [--metric M] |
         export JOB DIR | clusters | pool up|down|status [--nodes N] [--nproc-per-node M]
         [--cluster NAME] [--idle-timeout S]  (the subcommands of jupyter-dlc, from jupyter_dlc/commands.py)"""
         options = _LineParser().parse(line)
@@ -176,6 +177,10 @@ class DLCMagics(Magics):
             self._show(client.resume(options.job, options.step)["id"])
         elif command == "clone":
             self._show(client.clone(options.job)["id"])
+        elif command == "compare":  # curves, values and differences in one widget
+            from ..widgets import show_compare
+
+            show_compare(client, options.jobs, options.metric)
         else:
             run_text_command(client, options)
 

@@ -7,12 +7,14 @@ edited code: another learning rate (in a real kernel, through `%%dlc --from`), a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 from test_notebook import run_notebook, text
+from test_widgets import _column, saved_sources
 
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.export import export_job
@@ -250,3 +252,44 @@ def test_a_branch_that_cannot_be_is_refused_in_one_line_and_nothing_is_stored(sh
     assert job["parent"] == {"job": parent, "step": 20}
     job = client.wait(job["id"], timeout=120)
     assert job["state"] == "SUCCEEDED" and job["last_step"] is None  # step 20 of 20: nothing left
+
+
+def test_compare_shows_both_curves_the_fields_and_the_code_that_differ(shared_launcher, parent_for_heads,
+                                                                        tmp_path):
+    client = shared_launcher.client
+    parent = parent_for_heads
+    child = client.submit({"script": shared_launcher.script("lower.py", train(total=20, lr=0.01)),
+                           "nodes": 1, "nproc_per_node": 2, "branch_from": f"{parent['id']}@10",
+                           "env": {"NOTE": "lower lr"}, "name": "lower"})
+    child = client.wait(child["id"], timeout=180)
+    assert child["state"] == "SUCCEEDED", child["reason"]
+
+    out = subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "compare", parent["id"], child["id"]],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0].split() == ["JOB", "STATE", "STEPS", "LAST", "LOSS", "BEST", "LOSS", "WALL"]
+    assert lines[1].split()[:3] == [parent["id"], "SUCCEEDED", "20"]
+    assert lines[2].split()[:3] == [child["id"], "SUCCEEDED", "20"]
+    differs = {line.split()[0]: line.split()[1:] for line in lines if line.startswith(("branch_from", "env."))}
+    assert differs["branch_from"] == ["-", f"{parent['id']}@10"]
+    assert differs["env.NOTE"] == ["-", "lower", "lr"]
+    assert "-TOTAL, LR, HEAD, STRICT = 20, 0.05, False, True" in out
+    assert "+TOTAL, LR, HEAD, STRICT = 20, 0.01, False, True" in out
+
+    nb = run_notebook(["%load_ext jupyter_dlc", f"%dlc compare {parent['id']} {child['id']}"], str(tmp_path))
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    models = list(state.values())
+    html_values = [m["state"].get("value", "") for m in models if m["model_name"] == "HTMLModel"]
+    values = next(v for v in html_values if 'class="dlc-compare"' in v)
+    assert re.findall(r'<tr class="dlc-compared" data-job="([^"]+)"', values) == [parent["id"], child["id"]]
+    fields = next(v for v in html_values if 'class="dlc-differences"' in v)
+    assert 'data-field="branch_from"' in fields and f"<td>{parent['id']}@10</td>" in fields
+    assert 'data-field="env.NOTE"' in fields and "<td>lower lr</td>" in fields
+    code = next(v for v in html_values if 'class="dlc-code-diff"' in v)
+    assert "+TOTAL, LR, HEAD, STRICT = 20, 0.01, False, True" in code
+    sources = saved_sources(models, "dlc-compare-")
+    assert set(sources) == {f"dlc-compare-{axis}-{i}" for axis in ("step", "time") for i in (0, 1)}
+    assert _column(sources["dlc-compare-step-0"], "x") == list(range(1, 21))
+    assert _column(sources["dlc-compare-step-1"], "x") == list(range(11, 21))  # from the branch step on
+    times = _column(sources["dlc-compare-time-1"], "x")
+    assert times == sorted(times) and times[0] > 0

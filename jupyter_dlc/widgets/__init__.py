@@ -36,6 +36,13 @@ def show_sweep(client, sweep_id: str, **options):
     return SweepView(client, sweep_id, **options).show()
 
 
+def show_compare(client, refs: list[str], metric: str = "loss"):
+    """Display jobs side by side (widgets/compare.py)."""
+    from .compare import CompareView
+
+    return CompareView(client, refs, metric).show()
+
+
 def views() -> list[JobView]:
     """The views shown in this kernel that still exist, oldest first."""
     alive = [_views[i] for i in _order if i in _views]
@@ -43,4 +50,4 @@ def views() -> list[JobView]:
     return alive
 
 
-__all__ = ["JobView", "show_job", "show_sweep", "views"]
+__all__ = ["JobView", "show_compare", "show_job", "show_sweep", "views"]

@@ -426,10 +426,12 @@ def read_int(path):
         return None
 
 
-def write_manifest(step_path, step, world_size, files):
-    """files: {name: {"size", "sha256"}}. Call only once every listed file is durable."""
+def write_manifest(step_path, step, world_size, files, replicated=False):
+    """files: {name: {"size", "sha256"}}. Call only once every listed file is durable.
+    `replicated`: every rank's file holds the same model and optimizer state (DDP), so the
+    step may be restored by another number of ranks (a branch, launcher/branches.py)."""
     manifest = {"step": int(step), "world_size": int(world_size), "time": time.time(),
-                "files": files}
+                "files": files, "replicated": bool(replicated)}
     write_json_atomic(os.path.join(step_path, MANIFEST), manifest)
     return manifest
 

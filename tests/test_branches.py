@@ -235,8 +235,23 @@ def test_a_branch_that_cannot_be_is_refused_in_one_line_and_nothing_is_stored(sh
         "branch_from: no job 'no-such-job'; `jupyter-dlc list` shows the jobs"
     assert refusal(branch_from=f"{parent}@7") == \
         f"branch_from: step 7 of job {parent} is not a committed checkpoint; committed steps that verify: 5, 10, 15, 20"
-    assert refusal(branch_from=f"{parent}@10", nproc_per_node=1).startswith(
-        f"branch_from: {parent}@10 was saved by 2 ranks and this job has 1 (1x1)")
+    # A step of a job without DDP (each rank's own state) keeps its world size.
+    plain = client.submit({"script": shared_launcher.script("plain.py", """
+        import torch
+        from jupyter_dlc import runtime
+        runtime.init()
+        ckpt = runtime.Checkpointer(model=torch.nn.Linear(2, 2))
+        ckpt.restore()
+        runtime.log(1, loss=1.0)
+        ckpt.save(1)
+        ckpt.wait()
+        """), "nodes": 1, "nproc_per_node": 2})
+    plain = client.wait(plain["id"], timeout=120)
+    assert plain["state"] == "SUCCEEDED", plain["reason"]
+    before.add(plain["id"])
+    dirs_before.add(plain["id"])
+    assert refusal(branch_from=f"{plain['id']}@1", nproc_per_node=1).startswith(
+        f"branch_from: {plain['id']}@1 was saved by 2 ranks and this job has 1 (1x1); only a DDP job's step")
     assert refusal(fresh_optimizer=True).startswith("fresh_optimizer: only applies to a branch")
     own_dir = os.path.join(parent_for_heads["job_dir"], "checkpoints")
     assert refusal(branch_from=parent, checkpoint_dir=own_dir).startswith(
@@ -293,3 +308,76 @@ def test_compare_shows_both_curves_the_fields_and_the_code_that_differ(shared_la
     assert _column(sources["dlc-compare-step-1"], "x") == list(range(11, 21))  # from the branch step on
     times = _column(sources["dlc-compare-time-1"], "x")
     assert times == sorted(times) and times[0] > 0
+
+
+SAMPLED = """
+import os
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from jupyter_dlc import runtime
+
+info = runtime.init()
+STOP_AT = {stop_at}
+data = TensorDataset(torch.arange(160))
+sampler = runtime.ResumableDistributedSampler(data, shuffle=True, seed=3)
+loader = DataLoader(data, batch_size=4, sampler=sampler, generator=torch.Generator())
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ckpt = runtime.Checkpointer(model=model, optimizer=opt, sampler=sampler)
+step = ckpt.restore()
+if info.rank == 0:
+    torch.save(model.state_dict(), os.path.join(os.environ["DLC_JOB_DIR"], "restored.pt"))
+seen = open(os.path.join(os.environ["DLC_JOB_DIR"], f"seen-{{info.rank}}.txt"), "a")
+sampler.set_epoch(0)
+for (batch,) in loader:
+    loss = model(batch.float().unsqueeze(1) / 160).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    seen.write(f"{{step}} {{' '.join(map(str, batch.tolist()))}}\\n")
+    seen.flush()
+    runtime.log(step, loss=loss.item())
+    if step % 4 == 0:
+        ckpt.save(step)
+    if step == STOP_AT:
+        break
+ckpt.wait()
+"""
+
+
+def seen_samples(job_dir: str, ranks: int, up_to: int | None = None) -> list[int]:
+    out = []
+    for rank in range(ranks):
+        with open(os.path.join(job_dir, f"seen-{rank}.txt")) as f:
+            for line in f:
+                step, *samples = line.split()
+                if up_to is None or int(step) <= up_to:
+                    out += map(int, samples)
+    return out
+
+
+def test_a_ddp_job_branched_to_fewer_ranks_goes_on_from_the_epochs_global_position(shared_launcher):
+    """2x2 DDP takes 16 of 160 samples a step; branched at step 4 (64 taken) to 1x2, which
+    takes 8 a step, the branch sees exactly the 96 the parent had not, each once."""
+    client = shared_launcher.client
+    parent = client.submit({"script": shared_launcher.script("sampled.py", SAMPLED.format(stop_at=8)),
+                            "nodes": 2, "nproc_per_node": 2, "keep_last": 5, "name": "wide"})
+    parent = client.wait(parent["id"], timeout=240)
+    assert parent["state"] == "SUCCEEDED", parent["reason"]
+    assert [c["step"] for c in client.checkpoints(parent["id"])] == [4, 8]
+    narrow = client.submit({"script": shared_launcher.script("narrow.py", SAMPLED.format(stop_at=0)),
+                            "nodes": 1, "nproc_per_node": 2, "branch_from": f"{parent['id']}@4",
+                            "name": "narrow"})
+    narrow = client.wait(narrow["id"], timeout=240)
+    assert narrow["state"] == "SUCCEEDED", narrow["reason"]
+    before = seen_samples(parent["job_dir"], 4, up_to=4)
+    after = seen_samples(narrow["job_dir"], 2)
+    assert len(before) == 64 and len(after) == 96
+    assert sorted(before + after) == list(range(160))  # every sample of the epoch once
+    lr = series(client, narrow["id"], "loss")
+    assert min(lr) == 5 and max(lr) == 4 + 12  # 96 samples, 8 a step
+    restored = torch.load(os.path.join(narrow["job_dir"], "restored.pt"))
+    saved = saved_model(os.path.join(parent["job_dir"], "checkpoints", "step-4"))
+    assert all(torch.equal(restored[key], saved[key]) for key in saved)

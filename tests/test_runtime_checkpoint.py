@@ -111,7 +111,7 @@ def test_sampler_resumes_mid_epoch_and_after_epoch_end():
     whole_epoch = list(_at_epoch(6))
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(4)]
-    assert sampler.state_dict() == {"epoch": 6, "position": 4}
+    assert sampler.state_dict() == {"epoch": 6, "position": 4, "replicas": 3, "offset": 0}
     resumed = ResumableDistributedSampler(30, 3, 2, shuffle=True, seed=1)
     resumed.load_state_dict(sampler.state_dict())
     resumed.set_epoch(6)  # what a resumed loop calls first: keeps the position

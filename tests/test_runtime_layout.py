@@ -34,7 +34,7 @@ def test_committed_step_verifies_and_is_listed(tmp_path):
     assert record["step"] == 10 and record["path"] == path
     assert record["size"] == 150 and record["world_size"] == 2
     manifest = layout.read_manifest(path)
-    assert set(manifest) == {"step", "world_size", "time", "files"}
+    assert set(manifest) == {"step", "world_size", "time", "files", "replicated"}
     assert manifest["files"]["rank-0.pt"]["size"] == 100
 
 

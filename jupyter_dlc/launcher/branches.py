@@ -66,10 +66,14 @@ def resolve(store, supervisor, spec: JobSpec) -> Branch | None:
                             f"that verify: {', '.join(str(c['step']) for c in usable)}")
         record = found[0]
     saved = record.get("world_size")
-    if saved is not None and saved != spec.world_size:
+    if saved is not None and saved != spec.world_size and \
+            not (layout.read_manifest(record["path"]) or {}).get("replicated"):
+        # A DDP job's step holds the same state on every rank (its manifest says so), and
+        # may go on with another world; a sharded or hand-reduced one may not.
         raise SpecError("branch_from", f"{row['id']}@{record['step']} was saved by {saved} ranks and "
-                        f"this job has {spec.world_size} ({spec.nodes}x{spec.nproc_per_node}); "
-                        "branch with the parent's --nodes and --nproc-per-node")
+                        f"this job has {spec.world_size} ({spec.nodes}x{spec.nproc_per_node}); only a "
+                        "DDP job's step can change world size: branch with the parent's --nodes and "
+                        "--nproc-per-node")
     return Branch(row["id"], record["step"], record["path"])
 
 

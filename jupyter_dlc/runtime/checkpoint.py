@@ -108,7 +108,11 @@ class Checkpointer:
         self.wait()
         started = time.monotonic()
         # FSDP2's DTensors are saved as this rank's local shards (sharded_state.py).
-        state = {name: sharded_state.localize(obj.state_dict()) for name, obj in self.objects.items()}
+        live = {name: obj.state_dict() for name, obj in self.objects.items()}
+        # DDP and no shards: every rank holds the same model and optimizer (a branch may
+        # restore the step with another number of ranks).
+        replicated = bool(self._ddp_objects()) and not sharded_state.holds_shards(live)
+        state = {name: sharded_state.localize(value) for name, value in live.items()}
         state["rng"] = rng.capture()
         state["step"] = step
         layouts = ddp_layout.capture(self._ddp_objects())
@@ -117,7 +121,7 @@ class Checkpointer:
         staged, ready = self._staging.stage(state)
         self._last_saved_step = step
         self._thread = threading.Thread(
-            target=self._persist, args=(staged, ready, step, started, _shared_round_token()),
+            target=self._persist, args=(staged, ready, step, started, _shared_round_token(), replicated),
             name=f"dlc-checkpoint-{step}", daemon=True)
         self._thread.start()
 
@@ -151,18 +155,23 @@ class Checkpointer:
         rank, world_size = _rank_and_world()
         manifest = layout.read_manifest(path)
         saved_world = manifest["world_size"]
-        if saved_world != world_size:
-            raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, "
-                               f"this run has {world_size}")
-        state = self._load_rank_file(path, rank, manifest)
+        regrown = saved_world != world_size
+        if regrown and not manifest.get("replicated"):
+            raise RuntimeError(f"resume path {path} was saved by {saved_world} ranks, this run has "
+                               f"{world_size}; only a DDP job's step (the same state on every rank) "
+                               "can be restored by another number of ranks")
+        # Another world size (a branch of a DDP job): each rank takes a replica's file, and
+        # a ResumableDistributedSampler carries the epoch's global position over.
+        state = self._load_rank_file(path, rank % saved_world, manifest)
         # The branch's own step, restored by its first attempt (or by a restart before its
         # first save): the code running may differ from the code that saved it.
         branch = info.branch_from if info.branch_step == state["step"] else ""
         changed = restore_state.load(self.objects, state, path, strict=strict, branch=branch,
                                      fresh_optimizer=info.fresh_optimizer)
         rng.restore(state["rng"])
-        # DDP's saved bucket layout is of the saved parameters: a changed model keeps its own.
-        if not changed:
+        # DDP's saved bucket layout is of the saved parameters and world: a changed model, or
+        # another world size, builds its own.
+        if not changed and not regrown:
             ddp_layout.restore(self._ddp_objects(), state.get(ddp_layout.STATE_KEY), rank)
         self._last_saved_step = self.last_committed_step = state["step"]
         return state["step"]
@@ -198,7 +207,7 @@ class Checkpointer:
             self._ddps = {name: ddp for name, ddp in found.items() if ddp is not None}
         return self._ddps
 
-    def _persist(self, staged, ready, step, started, token):
+    def _persist(self, staged, ready, step, started, token, replicated=False):
         rank, world_size = _rank_and_world()
         step_path = layout.step_dir(self.checkpoint_dir, step)
         reporter = get_reporter()
@@ -213,7 +222,7 @@ class Checkpointer:
                     persist.abandon(step_path, world_size, token, self.timeout)
                 raise
             if rank == 0:
-                size = persist.commit(step_path, step, world_size, token, self.timeout)
+                size = persist.commit(step_path, step, world_size, token, self.timeout, replicated)
                 persist.prune(self.checkpoint_dir, self.keep_last, step)
                 if reporter:
                     reporter.event("checkpoint", step=step, path=step_path, size=size,

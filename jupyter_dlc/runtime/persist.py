@@ -84,7 +84,7 @@ def write_rank_file(step_path, rank, token, state):
     return writer.size
 
 
-def commit(step_path, step, world_size, token, timeout):
+def commit(step_path, step, world_size, token, timeout, replicated=False):
     """Rank 0: wait for every rank's sidecar, then write the manifest. Returns the total
     size. Raises PersistError when a rank failed or never finished."""
     deadline = time.monotonic() + timeout
@@ -106,7 +106,7 @@ def commit(step_path, step, world_size, token, timeout):
         if os.path.getsize(os.path.join(step_path, name)) != sidecar["size"]:
             raise PersistError(f"step {step}: {name} does not have the size its rank wrote")
         files[name] = {"size": sidecar["size"], "sha256": sidecar["sha256"]}
-    layout.write_manifest(step_path, step, world_size, files)
+    layout.write_manifest(step_path, step, world_size, files, replicated)
     return sum(record["size"] for record in files.values())
 
 

@@ -47,21 +47,40 @@ class ResumableDistributedSampler(Sampler):
         self.total_size = self.num_samples * num_replicas
         self.epoch = 0
         self.position = 0
+        # Samples of this epoch's order consumed before this world took over (a branch to
+        # another world size); 0 otherwise. The rest of the epoch is shared out from there.
+        self.offset = 0
 
     def __len__(self):
-        return self.num_samples
+        if not self.offset:
+            return self.num_samples
+        rest = max(self.dataset_len - self.offset, 0)
+        return rest // self.num_replicas if self.drop_last else math.ceil(rest / self.num_replicas)
 
     def set_epoch(self, epoch):
         if epoch != self.epoch:
             self.epoch = epoch
             self.position = 0
+            self.offset = 0
 
     def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "replicas": self.num_replicas,
+                "offset": self.offset}
 
     def load_state_dict(self, state):
+        """Restore (epoch, position). Saved by another number of replicas (a DDP job branched
+        to another world size), the epoch goes on from the global position: every replica had
+        taken `position` samples in turn, so the first offset + position x replicas of the
+        epoch's order are consumed, and this world shares out the rest; no sample of the
+        epoch is seen twice (the saved world's padding aside)."""
         self.epoch = state["epoch"]
-        self.position = state["position"]
+        replicas = state.get("replicas", self.num_replicas)
+        offset = state.get("offset", 0)
+        if replicas == self.num_replicas:
+            self.position, self.offset = state["position"], offset
+        else:
+            self.position = 0
+            self.offset = min(offset + state["position"] * replicas, self.dataset_len)
 
     def __iter__(self):
         indices = self._epoch_indices()
@@ -77,6 +96,14 @@ class ResumableDistributedSampler(Sampler):
             indices = torch.randperm(self.dataset_len, generator=generator).tolist()
         else:
             indices = list(range(self.dataset_len))
+        if self.offset:
+            rest = indices[self.offset:]
+            if self.drop_last:
+                rest = rest[:len(rest) - len(rest) % self.num_replicas]
+            elif rest:
+                padding = -len(rest) % self.num_replicas
+                rest += (rest * math.ceil(padding / len(rest)))[:padding]
+            return rest[self.rank::self.num_replicas]
         if self.drop_last:
             indices = indices[:self.total_size]
         else:

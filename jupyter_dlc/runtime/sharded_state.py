@@ -86,3 +86,17 @@ def globalize(saved: Any, obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
         return globalize_module_state(saved, obj.state_dict())
     return saved
+
+
+def holds_shards(state: Any) -> bool:
+    """Whether a state_dict (nested) holds a DTensor: this rank's part only, not a replica."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return False
+    if isinstance(state, dtensor):
+        return True
+    if isinstance(state, dict):
+        return any(holds_shards(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(holds_shards(v) for v in state)
+    return False

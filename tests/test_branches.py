@@ -105,6 +105,13 @@ def test_branch_from_an_older_step_in_a_cell_restores_it_bitwise_and_trains_with
                        + train(total=15, lr=0.01)], str(tmp_path))
     child = next(j for j in client.jobs() if j["name"] == "lower-lr")
     assert child["state"] == "SUCCEEDED", (child["reason"], text(nb.cells[1]))  # --wait waited
+    # Its view draws the parent's curve up to step 10, muted, under its own from step 11.
+    models = list(nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values())
+    sources = saved_sources(models, "dlc-train-")
+    assert _column(sources["dlc-train-parent"], "x") == list(range(1, 11))
+    assert _column(sources["dlc-train-0"], "x") == list(range(11, 16))
+    header = [m["state"]["value"] for m in models if "dlc-parent" in str(m["state"].get("value", ""))]
+    assert header and f"branched from {parent['id']} at step 10" in header[-1]
     assert child["parent"] == {"job": parent["id"], "step": 10}
 
     # Its first attempt restored the parent's step 10, bit for bit, not the newest (20).

@@ -104,6 +104,10 @@ class Charts:
         self.train_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
                                          spacing=0, padding=4), "right")
         self.train_sources: dict = {}
+        # A branch's parent (set_parent): its curve up to the branch step, muted, under the rest.
+        self.parent_label: str | None = None
+        self.parent_points: dict[str, list] = {}
+        self.parent_source = ColumnDataSource({"x": [], "y": []}, name="dlc-train-parent")
         for key in train.keys:
             self._add_train_line(key)
         self.train_fig.add_tools(HoverTool(tooltips=[("step", "@x{0}"), ("value", "@y{0.0000}")]))
@@ -160,9 +164,27 @@ class Charts:
         self.train_sources[key] = source
         return source
 
+    def set_parent(self, label: str, points: dict[str, list]) -> None:
+        """Draw the parent's curve of each metric ({metric: [(step, value)]}) muted, under
+        the branch's own lines, on the same axes."""
+        first = self.parent_label is None
+        self.parent_label, self.parent_points = label, points
+        if first:
+            renderer = self.train_fig.line("x", "y", source=self.parent_source, line_width=2,
+                                           color="#b0bec5", line_dash="dashed", legend_label=label)
+            # drawn first: under every rank's line (a new list, so that bokeh sends the change)
+            self.train_fig.renderers = [renderer] + [r for r in self.train_fig.renderers if r is not renderer]
+        self._show_parent()
+
+    def _show_parent(self) -> None:
+        curve = self.parent_points.get(self.metric, [])
+        self.parent_source.data = {"x": [p[0] for p in curve], "y": [p[1] for p in curve]}
+
     def select_metric(self, name: str) -> None:
         """Show train metric `name` (the full kept history of every line)."""
         self.metric = name
+        if self.parent_label is not None:
+            self._show_parent()
         for key in self.train.keys:
             if key not in self.train_sources:
                 self._add_train_line(key)

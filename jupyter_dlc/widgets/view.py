@@ -89,6 +89,9 @@ class _Followed:
         self.job: dict | None = None
         self.gone: str | None = None
         self.finalised = None      # (attempt, metrics seq) of the last full bokeh re-send
+        # A branch's parent up to the branch step: {metric: [(step, value)]} of its rank 0,
+        # read once and drawn muted under the branch's own lines; {} when there is none.
+        self.parent_points: dict[str, list] | None = None
         self.goodput: dict | None = None   # the ledger as last read, and when
         self.goodput_read = (0.0, None)
         self.note = ""
@@ -436,6 +439,8 @@ class JobView:
             job = self._read_job(f.job_id)
             with self._lock:
                 self._ensure_world(f, job)
+            self._ensure_parent(f, job)
+            with self._lock:
                 if not self._pushing():
                     self._poll_metrics(f)
             self._poll_logs(f)
@@ -476,6 +481,20 @@ class JobView:
             self._set_log_filter_options()
             if self._push is not None:
                 self._push.renew()  # past 8 ranks it reads bands
+
+    def _ensure_parent(self, f: _Followed, job: dict) -> None:
+        """A branch's charts begin with its parent's curve up to the branch step."""
+        parent = job.get("parent")
+        if f.parent_points is None:
+            f.parent_points = {}
+            if parent:
+                try:
+                    f.parent_points = _parent_curves(self.client, parent["job"], parent["step"])
+                except LauncherError:
+                    pass  # the parent was deleted: the branch's own lines are all there is
+        if f.parent_points and self.charts.parent_label is None:
+            with self._lock, self.bokeh.batch():
+                self.charts.set_parent(f"parent {parent['job']} to step {parent['step']}", f.parent_points)
 
     def _launcher_down(self, message: str) -> None:
         with self._lock:
@@ -847,6 +866,21 @@ def goodput_bar_html(ledger: dict | None) -> str:
             f'<div class="dlc-goodput-bar" style="display:flex;height:10px;width:100%;'
             f'max-width:600px;background:#eee;border-radius:2px;overflow:hidden">{"".join(segments)}</div>'
             f'<div style="color:#555;font-size:11px">{" · ".join(legend)}</div></div>')
+
+
+def _parent_curves(client, job_id: str, up_to: int) -> dict[str, list]:
+    """{metric: [(step, value)]} of a job's rank 0 up to step `up_to`, every page."""
+    curves: dict[str, list] = {}
+    since = 0
+    while True:
+        page = client.metrics(job_id, since=since)
+        for p in page["points"]:
+            if p["rank"] == 0 and p.get("kind", "train") == "train" and p["step"] is not None \
+                    and p["step"] <= up_to and isinstance(p["value"], (int, float)):
+                curves.setdefault(p["name"], []).append((p["step"], p["value"]))
+        if not page["points"] or page["last_seq"] <= since:
+            return {name: sorted(points) for name, points in curves.items()}
+        since = page["last_seq"]
 
 
 def _text(value) -> str:

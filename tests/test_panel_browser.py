@@ -10,6 +10,7 @@ the launcher going away shows one line and the panel recovers by itself. Screens
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -303,5 +304,64 @@ def test_panel_end_to_end(lab):
             shutil.copy(tmp / "lab.log", ART / "lab.log")
             (ART / "console.log").write_text("\n".join(console + errors))
             raise
+        finally:
+            browser.close()
+
+
+BRANCHED = """import torch
+from jupyter_dlc import runtime
+runtime.init()
+ckpt = runtime.Checkpointer(model=torch.nn.Linear(2, 1))
+for step in range(ckpt.restore() + 1, 21):
+    runtime.log(step, loss=1.0 / step)
+    if step % 5 == 0:
+        ckpt.save(step)
+ckpt.wait()"""
+
+
+def test_branch_from_the_panel_opens_the_cell_below_the_notebooks_cells(lab):
+    """Branch in a job's detail: a committed step picked, the job's own cell (by its source
+    map) appended to the notebook it came from under `%%dlc ... --from JOB@STEP`."""
+    import nbformat
+    from playwright.sync_api import expect, sync_playwright
+
+    env, root = lab["env"], lab["root"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# a run to branch"),
+                                         nbformat.v4.new_code_cell("%%dlc --name panel-branch\n" + BRANCHED)])
+    nbformat.write(nb, root / "branchme.ipynb")
+    cli(env, "launcher", "start")
+    client = launcher_client(env)
+    lines = BRANCHED.count("\n") + 1
+    job = client.submit({"code": BRANCHED, "name": "panel-branch", "workdir": str(root),
+                         "source": {"kind": "notebook", "path": str(root / "branchme.ipynb"), "cell": 2,
+                                    "lines": [[1, 2, 2, lines]]}})
+    assert client.wait(job["id"], timeout=120)["state"] == "SUCCEEDED"
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [10, 15, 20]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            _, panel = open_panel(page, lab)
+            row(page, "panel-branch").click()
+            detail = page.locator("#jp-main-dock-panel .dlc-detail-tab .dlc-detail")
+            expect(detail).to_have_attribute("data-state", "SUCCEEDED", timeout=30000)
+            detail.locator('[data-action="branch"]').click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text("Branch from")
+            dialog.locator("select.dlc-resume-step").select_option("15")
+            dialog.locator("button.jp-mod-accept").click()
+            notebook = page.locator(".jp-NotebookPanel", has=page.locator(".jp-Cell")).filter(
+                has_text="a run to branch")
+            cells = notebook.locator(".jp-Notebook .jp-Cell")
+            expect(cells).to_have_count(3, timeout=30000)
+            added = cells.last.locator(".cm-content")
+            expect(added).to_contain_text(f"%%dlc --nodes 1 --nproc-per-node 1 --from {job['id']}@15")
+            expect(added).to_contain_text("for step in range(ckpt.restore() + 1, 21):")
+            assert "%%dlc --name panel-branch" not in added.inner_text()  # the cell, not the notebook
+            expect(cells.last).to_have_class(re.compile(r"\bjp-mod-active\b"))
+            page.screenshot(path=str(ART / "10-branch-cell.png"))
+            assert not errors, errors
         finally:
             browser.close()

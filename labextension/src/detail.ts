@@ -13,6 +13,7 @@ import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metrics
 import { progressText, renderGoodputBar } from './goodput';
 import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTitle } from './steps';
 import { stateClass } from './listview';
+import { branchCell } from './branch';
 import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, age, isActive } from './store';
 import {
@@ -45,6 +46,8 @@ export interface DetailHost {
   select(id: string): void;
   removed(id: string): void;
   openPath(path: string): Promise<void>;
+  /** Append a code cell to the notebook at `path` (a new notebook when null) and show it. */
+  appendCell(path: string | null, text: string): Promise<void>;
   isVisible(): boolean;
 }
 
@@ -72,10 +75,10 @@ function fmtTime(t: number | null | undefined): string {
 
 class PickerBody extends Widget implements Dialog.IBodyWidget<number | null> {
   private select: HTMLSelectElement;
-  constructor(checkpoints: Checkpoint[]) {
+  constructor(checkpoints: Checkpoint[], what = 'Resume from ') {
     super();
     this.addClass('dlc-resume-picker');
-    const label = el('label', '', 'Resume from ');
+    const label = el('label', '', what);
     this.select = el('select');
     this.select.className = 'dlc-resume-step';
     const latest = el('option', '', 'latest committed step');
@@ -156,6 +159,7 @@ export class DetailView {
     button('Stop', 'dlc-action-stop', () => this.stop());
     button('Resume', 'dlc-action-resume', () => this.resume());
     button('Clone', 'dlc-action-clone', () => this.clone());
+    button('Branch', 'dlc-action-branch', () => this.branch());
     button('Delete', 'dlc-action-delete', () => this.remove());
     button('Open source', 'dlc-action-open', () => this.openSource());
     this.node.appendChild(actions);
@@ -574,6 +578,35 @@ export class DetailView {
     }
     const step = result.value;
     await this.host.api.action(id, 'resume', step === null || step === undefined ? {} : { step });
+  }
+
+  /** "Branch from here": a committed step picked, its cell opened below the notebook's
+   * cells with `--from JOB@STEP`, ready to edit and run. */
+  private async branch(): Promise<void> {
+    const id = this.id!;
+    const job = this.entry?.job;
+    const { checkpoints } = await this.host.api.sub(id, 'checkpoints');
+    if (!job || checkpoints.length === 0) {
+      await showDialog({
+        title: 'No committed checkpoint',
+        body: `${job?.name ?? id} has no committed step to branch from.`,
+        buttons: [Dialog.okButton()]
+      });
+      return;
+    }
+    const body = new PickerBody(checkpoints, 'Branch from ');
+    const result = await showDialog({
+      title: `Branch ${job.name}`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Open cell' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    const step = result.value ?? Math.max(...checkpoints.map(c => c.step));
+    const { script } = await this.host.api.sub(id, 'script');
+    const path = job.source?.kind === 'notebook' && job.source.path ? relativeToRoot(job.source.path) : null;
+    await this.host.appendCell(path, branchCell(job, script, step));
   }
 
   private async clone(): Promise<void> {

@@ -15,6 +15,7 @@ export interface DetailTabHost {
   select(id: string): void;
   removed(id: string): void;
   openPath(path: string): Promise<void>;
+  appendCell(path: string | null, text: string): Promise<void>;
 }
 
 export function detailTabId(jobId: string): string {
@@ -35,6 +36,7 @@ export class DetailTab extends Widget {
       select: id => host.select(id),
       removed: id => host.removed(id),
       openPath: path => host.openPath(path),
+      appendCell: (path, text) => host.appendCell(path, text),
       isVisible: () => this.isVisible
     });
     this.node.appendChild(this.view.node);

@@ -50,7 +50,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
             removed: gone => dispatch({ type: 'removed', id: gone }),
             openPath: async path => {
               await app.commands.execute('docmanager:open', { path });
-            }
+            },
+            appendCell: (path, text) => appendCell(app, path, text)
           },
           entry
         );
@@ -146,3 +147,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
 };
 
 export default plugin;
+
+
+/** What appendCell needs of a notebook panel (JupyterLab's NotebookPanel), without
+ * depending on @jupyterlab/notebook at build time: it is there at run time. */
+interface NotebookLike {
+  context: { ready: Promise<void> };
+  content: {
+    model: { sharedModel: { insertCell(index: number, cell: { cell_type: string; source: string }): void };
+      cells: { length: number } } | null;
+    activeCellIndex: number;
+    scrollToItem?(index: number): Promise<void>;
+  };
+}
+
+/** Open the notebook at `path` (a new untitled one when null), append a code cell holding
+ * `text` and make it the active cell: "Branch from here" in the job detail. */
+async function appendCell(app: JupyterFrontEnd, path: string | null, text: string): Promise<void> {
+  let target = path;
+  if (target === null) {
+    const created = (await app.commands.execute('docmanager:new-untitled', { type: 'notebook', path: '' })) as {
+      path: string;
+    };
+    target = created.path;
+  }
+  const panel = (await app.commands.execute('docmanager:open', { path: target })) as NotebookLike;
+  await panel.context.ready;
+  const model = panel.content.model;
+  if (!model) {
+    throw new Error(`${target} did not open as a notebook`);
+  }
+  const index = model.cells.length;
+  model.sharedModel.insertCell(index, { cell_type: 'code', source: text });
+  panel.content.activeCellIndex = index;
+  await panel.content.scrollToItem?.(index);
+}

@@ -168,10 +168,10 @@ def test_the_cell_of_a_sweep_becomes_its_live_table_and_curves(shared_launcher, 
     header = [v for v in html_values if "dlc-sweep-header" in v][-1]
     assert "3 trials (3 succeeded), 2 at a time" in header, header
     table = [v for v in html_values if 'class="dlc-sweep"' in v][-1]
-    rows = re.findall(r'<tr class="dlc-trial" data-trial="(\d)" data-state="(\w+)"', table)
+    rows = re.findall(r'<tr class="dlc-trial[^"]*" data-trial="(\d)" data-state="(\w+)"', table)
     assert rows == [("0", "SUCCEEDED"), ("1", "SUCCEEDED"), ("2", "SUCCEEDED")]
     assert "<th>lr</th>" in table and "<td>0.125</td>" in table
-    best = re.search(r'<tr class="dlc-trial" data-trial="(\d)"[^>]*class="dlc-best"', table)
+    best = re.search(r'<tr class="dlc-trial dlc-best" data-trial="(\d)"', table)
     assert best and best.group(1) == "2"
     sources = saved_sources(models, "dlc-trial-")
     assert set(sources) == {"dlc-trial-0", "dlc-trial-1", "dlc-trial-2"}

@@ -174,3 +174,86 @@ def _walk(page, lab) -> None:
     # leave nothing running
     page.locator(".dlc-job-view button", has_text="Stop").click()
     wait_until(lambda: _state(page)[0] == "STOPPED", 60, "STOPPED again")
+
+
+# A named data source's column as BokehJS has it, in the last document that holds it.
+SOURCE_COLUMN_JS = """([name, column]) => {
+  const B = window.Bokeh;
+  if (!B || !B.index) return null;
+  let found = null;
+  for (const view of B.index) {
+    const doc = view.model && view.model.document;
+    const source = doc && doc.get_model_by_name(name);
+    if (source) found = Array.from(source.data.get ? source.data.get(column) : source.data[column]);
+  }
+  return found;
+}"""
+
+TRIAL_CELL = """from jupyter_dlc import runtime
+runtime.init()
+lr = runtime.params(lr=0.5)["lr"]
+for step in range(1, 21):
+    runtime.log(step, loss=lr / step)"""
+
+
+def test_sweep_and_compare_views_in_jupyterlab(lab):
+    """A sweep's cell becomes its table and curves; `%dlc compare` overlays two jobs and
+    shows the differing fields and the code diff, drawn by BokehJS in the page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    cells = ["%load_ext jupyter_dlc",
+             "%%dlc --sweep lr=0.5,0.25 --parallel 1 --name websweep --wait\n" + TRIAL_CELL,
+             "%%dlc --name webedit --wait\n" + TRIAL_CELL.replace("lr / step", "lr / step ** 2"),
+             "from jupyter_dlc.client import LauncherClient\n"
+             "jobs = {j['name']: j['id'] for j in LauncherClient.connect().jobs()}\n"
+             "A, B = jobs['websweep-0'], jobs['webedit']",
+             "%dlc compare {A} {B}"]
+    nb = {"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [], "execution_count": None}
+                    for c in cells],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (lab["root"] / "sweep.ipynb").write_text(json.dumps(nb))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        try:
+            page.goto(f"{lab['url']}lab/tree/sweep.ipynb?reset&token={TOKEN}")
+            page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90000)
+            page.wait_for_function("document.body.classList.contains('dlc-bokehjs-loaded')", timeout=30000)
+            wait_until(lambda: "| Idle" in page.locator("#jp-main-statusbar").first.inner_text(), 90,
+                       "the kernel idle")
+            for index in range(len(cells)):
+                run_cell(page, index)
+                prompt = page.locator(".jp-Notebook .jp-CodeCell").nth(index).locator(".jp-InputPrompt")
+                expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=180000)
+
+            header = page.locator(".dlc-sweep-header")
+            expect(header).to_contain_text("2 trials (2 succeeded), 1 at a time")
+            rows = page.locator("table.dlc-sweep tr.dlc-trial")
+            expect(rows).to_have_count(2)
+            assert [rows.nth(i).get_attribute("data-state") for i in range(2)] == ["SUCCEEDED"] * 2
+            expect(page.locator("table.dlc-sweep tr.dlc-best")).to_have_attribute("data-trial", "1")
+            for trial in (0, 1):
+                xs = wait_until(lambda trial=trial: page.evaluate(SOURCE_COLUMN_JS, [f"dlc-trial-{trial}", "x"]),
+                                30, f"trial {trial}'s curve drawn")
+                assert xs == list(range(1, 21)), xs
+            page.locator(".dlc-sweep").first.screenshot(path=str(ART / "04-sweep-table.png"))
+
+            compared = page.locator("table.dlc-compare tr.dlc-compared")
+            expect(compared).to_have_count(2)
+            expect(page.locator('table.dlc-differences tr[data-field="params.lr"]')).to_be_visible()
+            diff = page.locator("pre.dlc-code-diff")
+            expect(diff).to_contain_text("-    runtime.log(step, loss=lr / step)")
+            expect(diff).to_contain_text("+    runtime.log(step, loss=lr / step ** 2)")
+            for i in (0, 1):
+                for axis in ("step", "time"):
+                    xs = wait_until(lambda i=i, axis=axis: page.evaluate(
+                        SOURCE_COLUMN_JS, [f"dlc-compare-{axis}-{i}", "x"]), 30, f"compare {axis} {i}")
+                    assert len(xs) == 20 and xs == sorted(xs)
+            diff.scroll_into_view_if_needed()
+            page.screenshot(path=str(ART / "05-compare.png"), full_page=True)
+        except BaseException:
+            page.screenshot(path=str(ART / "failure-sweep.png"), full_page=True)
+            raise
+        finally:
+            browser.close()

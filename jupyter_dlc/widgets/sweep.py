@@ -131,10 +131,10 @@ class SweepView:
             cells = [str(t["sweep"]["trial"]), t["id"], t["state"],
                      *(formatting.param_text((t.get("params") or {}).get(n)) for n in names),
                      formatting.step_cell(t), _number(t["last"]), _number(t["best"])]
-            mark = ' class="dlc-best"' if best is not None and t["best"] == best else ""
+            classes = "dlc-trial dlc-best" if best is not None and t["best"] == best else "dlc-trial"
             title = html.escape(t.get("reason") or "", quote=True)
-            rows.append(f'<tr class="dlc-trial" data-trial="{t["sweep"]["trial"]}" '
-                        f'data-state="{html.escape(t["state"], quote=True)}" title="{title}"{mark}>'
+            rows.append(f'<tr class="{classes}" data-trial="{t["sweep"]["trial"]}" '
+                        f'data-state="{html.escape(t["state"], quote=True)}" title="{title}">'
                         + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
         self.table.value = (f'<table class="dlc-sweep"><thead><tr>{head}</tr></thead>'
                             f'<tbody>{"".join(rows)}</tbody></table>')

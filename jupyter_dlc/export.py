@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from . import shell
-from .spec import JobSpec, network_env, parse_branch
+from .spec import JobSpec, network_env, params_env, parse_branch
 
 RESERVED = ("script.py", "job.yaml", "run.sh", "job.sbatch", "files", "checkpoints")
 DEFAULT_PORT = 29500
@@ -116,6 +116,7 @@ def bundle_env(spec: JobSpec, job_id: str | None = None, branch: Branch | None =
         lines += [shell.export_default("DLC_BRANCH_FROM", branch.ref),
                   shell.export_default("DLC_FRESH_OPTIMIZER", "1" if spec.fresh_optimizer else "")]
     env = dict(network_env(spec.network))
+    env.update(params_env(spec.params))  # a sweep trial's values, as the launcher gives them
     env.update(spec.env)  # the user's --env wins, as in the launcher
     env.setdefault("PYTHONUNBUFFERED", "1")
     return lines + [shell.export_default(key, value) for key, value in env.items()]

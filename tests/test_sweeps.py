@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from test_widgets import _column, saved_sources
 
 from jupyter_dlc import sweeps
 from jupyter_dlc.client import LauncherError
+from jupyter_dlc.export import export_job
 from jupyter_dlc.spec import JobSpec, SpecError, params_env
 from jupyter_dlc.states import TERMINAL_STATES
 
@@ -151,6 +153,14 @@ def test_a_2x3_grid_with_parallel_2_runs_six_jobs_two_at_a_time_on_a_warm_pool(l
     assert lines[1].split()[3:] == ["0.5", "1", "10", "0.05", "0.05"]
     marked = [line for line in lines[1:] if line.endswith("*")]
     assert len(marked) == 1 and marked[0].split()[1] == jobs[3]["id"]  # lr 0.25, batch 1
+    # A trial's bundle carries its values: run.sh gives the ranks the same runtime.params().
+    bundle = launcher.root + "/trial-bundle"
+    export_job(client, jobs[4]["id"], bundle)
+    ran = subprocess.run(["./run.sh", "all"], cwd=bundle, capture_output=True, text=True, timeout=240,
+                         env={k: v for k, v in os.environ.items() if not k.startswith(("DLC_", "MASTER_"))})
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "params {'batch': (2, 'int'), 'lr': (0.25, 'float')} 0.25 2" in ran.stdout
+
     with pytest.raises(LauncherError, match="^sweep: no trials of sweep 'nope'"):
         try:
             sweeps.trials_of(client, "nope")

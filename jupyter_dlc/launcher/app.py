@@ -409,19 +409,23 @@ def submit(launcher: Launcher, spec: JobSpec) -> dict:
         branch = branches.resolve(launcher.store, launcher.supervisor, spec)
     except SpecError as error:
         raise Refused(str(error)) from None
+    planted = None
     try:
         job_dir = create_job_dir(launcher.data_dir, job_id, spec)
         if branch is not None:
             # Before the job is stored: its first attempt must find the step in place.
-            branches.plant(branch, get_backend(spec.backend).checkpoint_dir(spec, job_id, job_dir))
+            planted = branches.plant(branch, get_backend(spec.backend).checkpoint_dir(spec, job_id, job_dir))
             spec.branch_from = branch.ref
         token = base64.urlsafe_b64encode(os.urandom(18)).decode()
         launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
-    except SpecError as error:
+    except (SpecError, OSError, sqlite3.OperationalError) as error:
+        # Nothing of a job that was not stored stays behind, in its directory or in the
+        # user's own --checkpoint-dir (the planted step).
         shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
-        raise Refused(str(error)) from None
-    except (OSError, sqlite3.OperationalError) as error:
-        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
+        if planted:
+            shutil.rmtree(planted, ignore_errors=True)
+        if isinstance(error, SpecError):
+            raise Refused(str(error)) from None
         if not is_disk_full(error):
             raise
         raise no_space from None

@@ -319,9 +319,10 @@ for step in range(ckpt.restore() + 1, 21):
 ckpt.wait()"""
 
 
-def test_branch_from_the_panel_opens_the_cell_below_the_notebooks_cells(lab):
+def test_branch_and_compare_from_the_panel(lab):
     """Branch in a job's detail: a committed step picked, the job's own cell (by its source
-    map) appended to the notebook it came from under `%%dlc ... --from JOB@STEP`."""
+    map) appended to the notebook it came from under `%%dlc ... --from JOB@STEP`. Compare:
+    another job picked, a tab with both curves, the differing field and the code diff."""
     import nbformat
     from playwright.sync_api import expect, sync_playwright
 
@@ -362,6 +363,28 @@ def test_branch_from_the_panel_opens_the_cell_below_the_notebooks_cells(lab):
             assert "%%dlc --name panel-branch" not in added.inner_text()  # the cell, not the notebook
             expect(cells.last).to_have_class(re.compile(r"\bjp-mod-active\b"))
             page.screenshot(path=str(ART / "10-branch-cell.png"))
+
+            # -- Compare with another job: both curves, the field and the code that differ --------
+            other = client.submit({"code": BRANCHED.replace("1.0 / step", "2.0 / step"), "name": "panel-other",
+                                   "workdir": str(root), "env": {"NOTE": "doubled"}})
+            assert client.wait(other["id"], timeout=120)["state"] == "SUCCEEDED"
+            row(page, "panel-branch").click()
+            expect(detail).to_be_visible()
+            detail.locator('[data-action="compare"]').click()
+            dialog = page.locator(".jp-Dialog")
+            dialog.locator("select.dlc-compare-jobs").select_option([other["id"]])
+            dialog.locator("button.jp-mod-accept").click()
+            tab = page.locator(".dlc-compare-tab")
+            expect(tab).to_have_attribute("data-state", "loaded", timeout=30000)
+            expect(tab.locator("tr.dlc-compared")).to_have_count(2)
+            assert [tab.locator("tr.dlc-compared").nth(i).get_attribute("data-job") for i in (0, 1)] == \
+                [job["id"], other["id"]]
+            for chart in ("compare-step", "compare-time"):
+                expect(tab.locator(f'svg[data-chart="{chart}"] path.dlc-chart-line')).to_have_count(2)
+            expect(tab.locator('tr[data-field="env.NOTE"]')).to_contain_text("doubled")
+            expect(tab.locator(".dlc-code-diff .dlc-diff-del")).to_contain_text("loss=1.0 / step")
+            expect(tab.locator(".dlc-code-diff .dlc-diff-add")).to_contain_text("loss=2.0 / step")
+            page.screenshot(path=str(ART / "11-compare.png"))
             assert not errors, errors
         finally:
             browser.close()

@@ -15,7 +15,7 @@ import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTi
 import { stateClass } from './listview';
 import { branchCell } from './branch';
 import { RankAsk, RankPager, RankTable } from './rankpager';
-import { JobDetail, JobEntry, age, isActive } from './store';
+import { JobDetail, JobEntry, JobSummary, age, isActive } from './store';
 import {
   Alert,
   Checkpoint,
@@ -46,6 +46,9 @@ export interface DetailHost {
   select(id: string): void;
   removed(id: string): void;
   openPath(path: string): Promise<void>;
+  /** The jobs the panel lists, and a comparison of some of them opened (compareview.ts). */
+  jobs(): JobSummary[];
+  compare(ids: string[]): void;
   /** Append a code cell to the notebook at `path` (a new notebook when null) and show it. */
   appendCell(path: string | null, text: string): Promise<void>;
   isVisible(): boolean;
@@ -100,6 +103,27 @@ class PickerBody extends Widget implements Dialog.IBodyWidget<number | null> {
   }
   getValue(): number | null {
     return this.select.value === '' ? null : Number(this.select.value);
+  }
+}
+
+class JobsPickerBody extends Widget implements Dialog.IBodyWidget<string[]> {
+  private select: HTMLSelectElement;
+  constructor(jobs: JobSummary[]) {
+    super();
+    this.addClass('dlc-compare-picker');
+    this.select = el('select');
+    this.select.multiple = true;
+    this.select.size = Math.min(10, Math.max(3, jobs.length));
+    this.select.className = 'dlc-compare-jobs';
+    for (const j of jobs) {
+      const o = el('option', '', `${j.name} (${j.id}) ${j.state}`);
+      o.value = j.id;
+      this.select.appendChild(o);
+    }
+    this.node.append(el('p', '', 'Jobs to put beside it (up to 9; Ctrl-click for several):'), this.select);
+  }
+  getValue(): string[] {
+    return Array.from(this.select.selectedOptions).map(o => o.value);
   }
 }
 
@@ -160,6 +184,7 @@ export class DetailView {
     button('Resume', 'dlc-action-resume', () => this.resume());
     button('Clone', 'dlc-action-clone', () => this.clone());
     button('Branch', 'dlc-action-branch', () => this.branch());
+    button('Compare', 'dlc-action-compare', () => this.compare());
     button('Delete', 'dlc-action-delete', () => this.remove());
     button('Open source', 'dlc-action-open', () => this.openSource());
     this.node.appendChild(actions);
@@ -607,6 +632,22 @@ export class DetailView {
     const { script } = await this.host.api.sub(id, 'script');
     const path = job.source?.kind === 'notebook' && job.source.path ? relativeToRoot(job.source.path) : null;
     await this.host.appendCell(path, branchCell(job, script, step));
+  }
+
+  /** Compare with other jobs, picked in a dialog (newest first). */
+  private async compare(): Promise<void> {
+    const id = this.id!;
+    const others = this.host.jobs().filter(j => j.id !== id).sort((a, b) => (b.created ?? 0) - (a.created ?? 0));
+    const body = new JobsPickerBody(others);
+    const result = await showDialog({
+      title: `Compare ${this.entry?.job.name ?? id} with`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Compare' })]
+    });
+    if (!result.button.accept || !result.value?.length) {
+      return;
+    }
+    this.host.compare([id, ...result.value.slice(0, 9)]);
   }
 
   private async clone(): Promise<void> {

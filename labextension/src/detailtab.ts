@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DlcApi } from './api';
 import { DetailView } from './detail';
-import { JobEntry } from './store';
+import { JobEntry, JobSummary } from './store';
 
 export interface DetailTabHost {
   api: DlcApi;
@@ -16,6 +16,8 @@ export interface DetailTabHost {
   removed(id: string): void;
   openPath(path: string): Promise<void>;
   appendCell(path: string | null, text: string): Promise<void>;
+  jobs(): JobSummary[];
+  compare(ids: string[]): void;
 }
 
 export function detailTabId(jobId: string): string {
@@ -37,6 +39,8 @@ export class DetailTab extends Widget {
       removed: id => host.removed(id),
       openPath: path => host.openPath(path),
       appendCell: (path, text) => host.appendCell(path, text),
+      jobs: () => host.jobs(),
+      compare: ids => host.compare(ids),
       isVisible: () => this.isVisible
     });
     this.node.appendChild(this.view.node);

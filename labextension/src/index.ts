@@ -8,6 +8,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { DlcApi, LiveFeed } from './api';
 import { loadBokehJS } from './bokehjs';
+import { CompareTab, compareTabId } from './compareview';
 import { DetailTab, detailTabId } from './detailtab';
 import { DlcPanel } from './panel';
 import { Action, Notice, State, initialState, reduce } from './store';
@@ -51,7 +52,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
             openPath: async path => {
               await app.commands.execute('docmanager:open', { path });
             },
-            appendCell: (path, text) => appendCell(app, path, text)
+            appendCell: (path, text) => appendCell(app, path, text),
+            jobs: () => [...state.jobs.values()].map(e => e.job),
+            compare: ids => openCompare(ids)
           },
           entry
         );
@@ -67,6 +70,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
         app.shell.add(tab, 'main', other ? { mode: 'tab-after', ref: other.id } : { mode: 'split-right' });
       }
       app.shell.activateById(detailTabId(id));
+    };
+
+    /** Jobs side by side: a main-area tab of their own (compareview.ts). */
+    const openCompare = (ids: string[]) => {
+      const id = compareTabId(ids);
+      if (!document.getElementById(id)) {
+        app.shell.add(new CompareTab(api, ids), 'main', { mode: 'split-bottom' });
+      }
+      app.shell.activateById(id);
     };
 
     const notify = (n: Notice) => {

@@ -385,6 +385,21 @@ def test_branch_and_compare_from_the_panel(lab):
             expect(tab.locator(".dlc-code-diff .dlc-diff-del")).to_contain_text("loss=1.0 / step")
             expect(tab.locator(".dlc-code-diff .dlc-diff-add")).to_contain_text("loss=2.0 / step")
             page.screenshot(path=str(ART / "11-compare.png"))
+
+            # -- a branch's detail: the parent's curve up to the branch step, under its own -------
+            child = client.submit({"code": BRANCHED, "name": "panel-child", "workdir": str(root),
+                                   "branch_from": f"{job['id']}@10"})
+            assert client.wait(child["id"], timeout=120)["state"] == "SUCCEEDED"
+            row(page, "panel-child").click()
+            child_detail = page.locator(f'#jp-main-dock-panel .dlc-detail[data-job-id="{child["id"]}"]')
+            loss = child_detail.locator('svg[data-chart="loss"]')
+            expect(loss.locator("path.dlc-chart-parent")).to_have_attribute("data-last-x", "10", timeout=30000)
+            expect(loss.locator("path.dlc-chart-line:not(.dlc-chart-parent)").first).to_have_attribute(
+                "data-last-x", "20", timeout=30000)
+            expect(child_detail.locator(".dlc-detail-meta")).to_contain_text(f"branched from {job['id']} at step 10")
+            expect(row(page, "panel-child")).to_have_attribute("data-depth", "1")
+            expect(row(page, "panel-child").locator(".dlc-branch")).to_have_text("⑂ @10")
+            page.screenshot(path=str(ART / "12-branch-detail.png"))
             assert not errors, errors
         finally:
             browser.close()

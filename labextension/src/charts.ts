@@ -10,7 +10,11 @@ export type MetricPoint = components['schemas']['MetricPoint'];
 export interface Series {
   label: string;
   points: [number, number][];
+  /** drawn dashed and grey, under the others (a branch's parent up to the branch step) */
+  muted?: boolean;
 }
+
+const MUTED = '#b0bec5';
 
 export const SVG_NS = 'http://www.w3.org/2000/svg';
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
@@ -290,6 +294,9 @@ export function lineChart(
     svg.appendChild(mean);
     series = [{ label: `mean of ${band.of}`, points: [] }, ...series];
   }
+  // muted series first, so that they lie under the others; colours count the others only
+  series = [...series.filter(s => s.muted), ...series.filter(s => !s.muted)];
+  const colour = (s: Series, i: number) => (s.muted ? MUTED : COLORS[(i - series.filter(m => m.muted).length) % COLORS.length]);
   series.forEach((s, i) => {
     if (!s.points.length) {
       return;
@@ -299,11 +306,15 @@ export function lineChart(
       .map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)} ${sy(y).toFixed(1)}`)
       .join(' ');
     path.setAttribute('d', d);
-    path.setAttribute('class', band ? 'dlc-chart-line dlc-chart-outlier' : 'dlc-chart-line');
+    path.setAttribute('class', s.muted ? 'dlc-chart-line dlc-chart-parent'
+      : band ? 'dlc-chart-line dlc-chart-outlier' : 'dlc-chart-line');
+    if (s.muted) {
+      path.setAttribute('stroke-dasharray', '4 3');
+    }
     // what the line reaches, for the browser test and benchmarks/live_view.py
     path.dataset.label = s.label;
     path.dataset.lastX = String(s.points[s.points.length - 1][0]);
-    path.setAttribute('stroke', COLORS[i % COLORS.length]);
+    path.setAttribute('stroke', colour(s, i));
     const tip = document.createElementNS(SVG_NS, 'title');
     const last = s.points[s.points.length - 1];
     tip.textContent = `${s.label}: ${last ? fmt(last[1]) : ''}`;
@@ -317,7 +328,7 @@ export function lineChart(
     t.setAttribute('y', String(T + 10 + i * 10));
     t.setAttribute('text-anchor', 'end');
     t.setAttribute('class', 'dlc-chart-legend');
-    t.setAttribute('fill', COLORS[i % COLORS.length]);
+    t.setAttribute('fill', colour(s, i));
     t.textContent = s.label;
     svg.appendChild(t);
   });

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DlcApi, DlcError } from './api';
 import { JobMetrics, Taken } from './bands';
-import { lineChart } from './charts';
+import { entry, lineChart } from './charts';
 import { Downsampled, downsampledNote, FeedStatus, MetricsFeed } from './metricsfeed';
 import { progressText, renderGoodputBar } from './goodput';
 import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTitle } from './steps';
@@ -135,6 +135,9 @@ export class DetailView {
   private timer: number | null = null;
   private loading = false;
   private lastFullRev = -1;
+  /** a branch's parent up to the branch step, per train metric (readParent) */
+  private parentCurves = new Map<string, [number, number][]>();
+  private parentLabel = '';
   private logRank = '';
   private parts: Record<string, HTMLElement> = {};
   /** the job's metric points: pushed by the launcher, polled while the stream is down */
@@ -242,6 +245,10 @@ export class DetailView {
   show(entry: JobEntry): void {
     if (this.id !== entry.job.id) {
       this.id = entry.job.id;
+      this.parentCurves = new Map();
+      if (entry.job.parent) {
+        void this.readParent(entry.job.id, entry.job.parent.job, entry.job.parent.step);
+      }
       this.metrics = new JobMetrics(entry.job.nodes * entry.job.nproc_per_node);
       this.feed?.dispose();
       const metrics = this.metrics;
@@ -440,6 +447,34 @@ export class DetailView {
     this.node.dataset.feed = status;
   }
 
+  /** A branch's parent up to the branch step, rank 0's train metrics: its charts start with
+   * them, muted. A parent that is gone leaves the branch's own lines. */
+  private async readParent(id: string, parent: string, upTo: number): Promise<void> {
+    const curves = new Map<string, [number, number][]>();
+    let since = 0;
+    try {
+      for (;;) {
+        const page = await this.host.api.sub(parent, 'metrics', { since });
+        for (const p of page.points) {
+          if (p.rank === 0 && p.kind === 'train' && p.step !== null && p.step <= upTo && typeof p.value === 'number') {
+            entry(curves, p.name, () => []).push([p.step, p.value]);
+          }
+        }
+        if (!page.points.length || page.last_seq <= since) {
+          break;
+        }
+        since = page.last_seq;
+      }
+    } catch {
+      return;
+    }
+    if (this.id === id) {
+      this.parentLabel = `parent ${parent} to step ${upTo}`;
+      this.parentCurves = curves;
+      this.renderCharts();
+    }
+  }
+
   private renderCharts(): void {
     const box = this.parts.charts;
     box.textContent = '';
@@ -452,7 +487,9 @@ export class DetailView {
     }
     for (const n of train.slice(0, 4)) {
       const { series, band } = this.metrics.chart(n);
-      box.appendChild(lineChart(n, series, { xLabel: 'step', band }));
+      const parent = this.parentCurves.get(n);
+      const all = parent ? [{ label: this.parentLabel, points: parent, muted: true }, ...series] : series;
+      box.appendChild(lineChart(n, all, { xLabel: 'step', band }));
     }
     for (const n of SYSTEM_ORDER.filter(x => names.includes(x))) {
       box.appendChild(lineChart(n, this.metrics.chart(n).series, { xLabel: 'time' }));

@@ -102,3 +102,18 @@ describe('downsampledNote', () => {
     expect(note).toContain((12345).toLocaleString());
   });
 });
+
+describe('a branch parent in the chart', () => {
+  it('is drawn first, dashed and grey, and leaves the ranks their colours', () => {
+    const svg = lineChart('loss', [
+      { label: 'rank 0', points: [[11, 0.5], [12, 0.4]] },
+      { label: 'parent p to step 10', points: [[1, 2], [10, 0.6]], muted: true }
+    ]);
+    const paths = Array.from(svg.querySelectorAll('path.dlc-chart-line'));
+    expect(paths.map(p => p.getAttribute('data-label'))).toEqual(['parent p to step 10', 'rank 0']);
+    expect(paths[0].getAttribute('class')).toContain('dlc-chart-parent');
+    expect(paths[0].getAttribute('stroke-dasharray')).toBe('4 3');
+    expect(paths[0].getAttribute('stroke')).toBe('#b0bec5');
+    expect(paths[1].getAttribute('stroke')).toBe('#1f77b4');
+  });
+});

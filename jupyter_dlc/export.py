@@ -112,9 +112,9 @@ def bundle_env(spec: JobSpec, job_id: str | None = None, branch: Branch | None =
         # the launcher's (backends/local.py job_processes).
         shell.export(EXPORTED_MARK, "1"),
     ]
-    if branch:
-        lines += [shell.export_default("DLC_BRANCH_FROM", branch.ref),
-                  shell.export_default("DLC_FRESH_OPTIMIZER", "1" if spec.fresh_optimizer else "")]
+    # As the launcher gives them: empty for a job that is no branch.
+    lines += [shell.export_default("DLC_BRANCH_FROM", branch.ref if branch else ""),
+              shell.export_default("DLC_FRESH_OPTIMIZER", "1" if branch and spec.fresh_optimizer else "")]
     env = dict(network_env(spec.network))
     env.update(params_env(spec.params))  # a sweep trial's values, as the launcher gives them
     env.update(spec.env)  # the user's --env wins, as in the launcher

@@ -456,10 +456,9 @@ def _sweep(value: Any, name: str) -> dict[str, Any]:
 
 
 def params_env(params: dict[str, Any]) -> dict[str, str]:
-    """What the ranks get of a trial's parameters: DLC_PARAMS (JSON, typed) and one
-    DLC_PARAM_<NAME> each (the value as text; true/false for booleans)."""
-    if not params:
-        return {}
+    """What the ranks get of a trial's parameters: DLC_PARAMS (JSON, typed; `{}` for a job
+    that is no trial, so that every rank has it) and one DLC_PARAM_<NAME> each (the value as
+    text; true/false for booleans)."""
     import json
 
     env = {"DLC_PARAMS": json.dumps(params, sort_keys=True)}

@@ -398,7 +398,7 @@ def export_manifests(spec: JobSpec, script: str, files: dict[str, str],
     the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
     import yaml
 
-    from ..spec import network_env
+    from ..spec import network_env, params_env
 
     profile = profile_of(spec, lenient=True)
     options = dict(profile.options)
@@ -407,6 +407,8 @@ def export_manifests(spec: JobSpec, script: str, files: dict[str, str],
     env = {"DLC_JOB_ID": job_id or spec.name, "DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
            "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
            "DLC_RESUME_PATH": "", "EASYCKPT_RESUME_PATH": "", "DLC_NODE_COPY": "0",
+           # A branch's step is on this machine, not where pods read: the manifests start afresh.
+           "DLC_BRANCH_FROM": "", "DLC_FRESH_OPTIMIZER": "", **params_env(spec.params),
            **network_env(spec.network, profile.get("interface"))}
     pushed = {}
     for name, path in files.items():

@@ -90,7 +90,8 @@ def load(objects: dict[str, Any], state: dict, where: str, *, strict: bool, bran
     diffs: dict[str, ModuleDiff] = {}
     for name, obj in objects.items():
         if isinstance(obj, torch.nn.Module):
-            diff = module_diff(state[name], obj.state_dict())
+            # Against this rank's part: an FSDP2 module's state is DTensors, saved as local shards.
+            diff = module_diff(state[name], sharded_state.localize(obj.state_dict()))
             if diff:
                 diffs[name] = diff
     if diffs and strict:

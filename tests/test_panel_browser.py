@@ -327,8 +327,11 @@ def test_branch_and_compare_from_the_panel(lab):
     from playwright.sync_api import expect, sync_playwright
 
     env, root = lab["env"], lab["root"]
+    # with its kernel named, JupyterLab starts it instead of asking (a dialog over the page)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# a run to branch"),
-                                         nbformat.v4.new_code_cell("%%dlc --name panel-branch\n" + BRANCHED)])
+                                         nbformat.v4.new_code_cell("%%dlc --name panel-branch\n" + BRANCHED)],
+                                  metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
     nbformat.write(nb, root / "branchme.ipynb")
     cli(env, "launcher", "start")
     client = launcher_client(env)

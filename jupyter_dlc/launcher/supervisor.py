@@ -55,6 +55,11 @@ log = logging.getLogger("jupyter_dlc.launcher")
 # After every rank reported a clean exit, an agent still alive this long is stuck in
 # torchrun's exit barrier (see FIELD-NOTES): it is killed and the job still succeeds.
 EXIT_BARRIER_GRACE = 5.0
+# An attempt whose processes the engine no longer finds, and none of which left an exit
+# record, counts as vanished once it has stayed so this long: a process caught between fork
+# and exec shows no environment for an instant, and a tick right after the start (submits
+# in a burst wake the supervisor again at once) would take a starting job for a dead one.
+VANISHED_AFTER = 1.0
 MAX_BACKOFF = 60.0
 # Warm torchrun agents for the next attempt (see backends/standby.py); each holds an imported
 # torch (a few hundred MB) while it waits. DLC_STANDBY_AGENTS=0 turns them off.
@@ -139,6 +144,7 @@ class Supervisor(threading.Thread):
         self._lifecycles: dict[str, threading.RLock] = {}
         self._lifecycles_guard = threading.Lock()
         self._seen_gone: set[str] = set()
+        self._gone_since: dict[tuple[str, int], float] = {}  # (job, attempt): first seen with nothing
         # Jobs whose leftovers went as they ended, this tick (the tick's own sweep skips them).
         self._swept: set[str] = set()
         self._watched: dict[str, tuple[float, int]] = {}  # job -> (last watched, its ranks)
@@ -289,6 +295,8 @@ class Supervisor(threading.Thread):
     def release(self, job_id: str) -> None:
         """What the engine may still hold for an ended job (a Slurm allocation) is let go."""
         self._watched.pop(job_id, None)
+        for key in [k for k in self._gone_since if k[0] == job_id]:
+            del self._gone_since[key]
         row = self.store.job_row(job_id)
         arow = self.store.attempt_row(job_id, row["attempt"])
         if arow:
@@ -590,10 +598,15 @@ class Supervisor(threading.Thread):
                              else "every rank exited 0")
             return
         if not alive and not status.running:
+            first = self._gone_since.setdefault((job_id, ctx.attempt), now)
+            if now - first < VANISHED_AFTER:
+                return
+            self._gone_since.pop((job_id, ctx.attempt), None)
             lost = [r for r, rs in status.ranks.items() if rs.exit_code is None]
             self.end_attempt(row, ctx, handle, "failed",
                              f"processes of rank(s) {lost} vanished without an exit record")
             return
+        self._gone_since.pop((job_id, ctx.attempt), None)
         self.check_liveness(row, ctx, handle, ranks, now)
         self.maybe_start_standby(row, ctx, ranks)
 

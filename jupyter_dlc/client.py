@@ -288,6 +288,15 @@ class LauncherClient:
         points folded per step, in `bands`."""
         return self._get(f"/api/jobs/{job_id}/metrics", since=since, **_band_params(band))
 
+    def metrics_after(self, job_id: str, since: int = 0) -> Iterator[dict]:
+        """Every point after `since`, page after page, to the newest stored now."""
+        while True:
+            page = self.metrics(job_id, since=since)
+            yield from page["points"]
+            if not page["points"] or page["last_seq"] <= since:
+                return
+            since = page["last_seq"]
+
     def events(self, job_id: str, since: int = 0) -> list[dict]:
         return self._get(f"/api/jobs/{job_id}/events", since=since)["events"]
 

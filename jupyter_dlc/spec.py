@@ -405,7 +405,8 @@ def _branch_from(value: Any, name: str) -> str:
     return value
 
 
-_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# A sweep parameter's name (sweeps.py, runtime.params(), DLC_PARAM_<NAME>).
+PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_PARAMS = 64
 
 
@@ -417,7 +418,7 @@ def _params(value: Any, name: str) -> dict[str, Any]:
     if len(value) > MAX_PARAMS:
         raise SpecError(name, f"{len(value)} parameters; at most {MAX_PARAMS} are allowed")
     for key, item in value.items():
-        if not isinstance(key, str) or not _PARAM_NAME.fullmatch(key):
+        if not isinstance(key, str) or not PARAM_NAME.fullmatch(key):
             raise SpecError(name, f"{show(key)} is not a parameter name; use letters, digits and _ "
                             "(not first), e.g. lr or batch_size")
         if isinstance(item, str):
@@ -522,7 +523,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
                              nullable=True),
     "fresh_optimizer": FieldRule(_bool, {"type": "boolean"}),
     "params": FieldRule(_params, {"type": "object", "maxProperties": MAX_PARAMS,
-                                  "propertyNames": {"pattern": _PARAM_NAME.pattern},
+                                  "propertyNames": {"pattern": PARAM_NAME.pattern},
                                   "additionalProperties": {"anyOf": [
                                       {"type": "string", "maxLength": 256}, FINITE_SCHEMA,
                                       {"type": "boolean"}]},

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from .spec import JobSpec, SpecError, show
+from .spec import PARAM_NAME, JobSpec, SpecError, show
 
 MAX_TRIALS = 1000
 _AXIS = re.compile(r"^\s*(?P<name>[^=\s]+)\s*=(?P<values>.*)$", re.S)
 _DRAW = re.compile(r"^\s*(?P<kind>uniform|loguniform|randint|choice)\s*\((?P<args>.*)\)\s*$", re.S)
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _INT = re.compile(r"^[+-]?\d{1,18}$")
 
 
@@ -77,7 +76,7 @@ def parse_axis(text: str) -> Axis:
         raise SpecError("sweep", f"expected NAME=VALUES (lr=1e-3,3e-4 or \"lr=loguniform(1e-4,1e-2)\"), "
                         f"got {show(text)}")
     name, values = match.group("name"), match.group("values")
-    if not _NAME.fullmatch(name):
+    if not PARAM_NAME.fullmatch(name):
         raise SpecError("sweep", f"{show(name)} is not a parameter name; use letters, digits and _ "
                         "(not first), e.g. lr or batch_size")
     draw = _DRAW.match(values)
@@ -173,23 +172,26 @@ def submit(client, specs: list[JobSpec]) -> list[dict]:
 def metric_points(client, job_id: str, metric: str = "loss", since: int = 0,
                   with_time: bool = False) -> tuple[list, int]:
     """Rank 0's finite (step, value) points of `metric` after seq `since` ((step, t, value)
-    `with_time`), every page, and the last seq read."""
+    `with_time`), and the last seq read."""
     out = []
-    while True:
-        page = client.metrics(job_id, since=since)
-        out += [(p["step"], p["t"], p["value"]) if with_time else (p["step"], p["value"]) for p in page["points"]
-                if p["name"] == metric and p["rank"] == 0 and isinstance(p["value"], (int, float))
-                and not isinstance(p["value"], bool) and math.isfinite(p["value"])]
-        if not page["points"] or page["last_seq"] <= since:
-            return out, since
-        since = page["last_seq"]
+    for p in client.metrics_after(job_id, since):
+        since = max(since, p["seq"])
+        if p["name"] == metric and p["rank"] == 0 and isinstance(p["value"], (int, float)) \
+                and not isinstance(p["value"], bool) and math.isfinite(p["value"]):
+            out.append((p["step"], p["t"], p["value"]) if with_time else (p["step"], p["value"]))
+    return out, since
+
+
+def trial_jobs(client, sweep_id: str) -> list[dict]:
+    """The sweep's jobs as the launcher lists them, by trial."""
+    return sorted((j for j in client.jobs() if (j.get("sweep") or {}).get("id") == sweep_id),
+                  key=lambda j: j["sweep"]["trial"])
 
 
 def trials_of(client, sweep_id: str, metric: str = "loss") -> list[dict]:
     """The sweep's jobs, by trial, each with `best` (the lowest `metric` rank 0 logged) and
     `last`; what `jupyter-dlc sweep` shows."""
-    jobs = sorted((j for j in client.jobs() if (j.get("sweep") or {}).get("id") == sweep_id),
-                  key=lambda j: j["sweep"]["trial"])
+    jobs = trial_jobs(client, sweep_id)
     if not jobs:
         raise SpecError("sweep", f"no trials of sweep {show(sweep_id)}; `jupyter-dlc list` shows the jobs")
     out = []

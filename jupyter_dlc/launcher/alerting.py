@@ -119,6 +119,8 @@ class SweepBoard:
         self.store = store
         self.best: dict[tuple[str, str], dict[int, float]] = {}
         self.cursors: dict[tuple[str, str], int] = {}  # (job, metric) -> seq read
+        self.judged: set[tuple[str, str]] = set()  # (job, metric) of trials a `best` rule judges
+        self.pending: dict[tuple[str, str], list[tuple[int, float]]] = {}  # read, not judged yet
         self.members: dict[str, set[str]] = {}
         self._members_read = 0.0
 
@@ -134,11 +136,15 @@ class SweepBoard:
         return self.members.get(sweep, {job_id}) | {job_id}
 
     def read(self, sweep: str, metric: str, job_id: str, now: float) -> list[tuple]:
-        """Take in every trial's new points; (step, value, best at that step) of `job_id`'s."""
+        """Take in every trial's new points; (step, value, best at that step) of `job_id`'s
+        not judged yet. A trial's points may be read while another trial is evaluated: they
+        wait for it in `pending` (only for trials that are judged, i.e. running)."""
         best = self.best.setdefault((sweep, metric), {})
-        own: list[tuple[int, float]] = []
+        self.judged.add((job_id, metric))
         for trial in sorted(self.trials(sweep, job_id, now)):
             since = self.cursors.get((trial, metric), 0)
+            if (self.store.newest_metric_seq(trial) or 0) <= since:
+                continue  # nothing new (an ended trial): no chunk is read
             while True:
                 points, last = self.store.metric_page(trial, since)
                 for p in points:
@@ -148,18 +154,23 @@ class SweepBoard:
                         continue
                     step = int(p["step"])
                     best[step] = min(best.get(step, value), value)
-                    if trial == job_id:
-                        own.append((step, value))
+                    if (trial, metric) in self.judged:
+                        self.pending.setdefault((trial, metric), []).append((step, value))
                 if not points or last <= since:
                     break
                 since = last
             self.cursors[(trial, metric)] = since
-        own.sort()
+        own = sorted(self.pending.pop((job_id, metric), []))
         return [(step, value, best.get(step)) for step, value in own]
 
     def forget(self, job_id: str) -> None:
+        """A trial no longer evaluated: what waits for it goes; its points are read afresh
+        (once) should another trial's look need them."""
         for key in [k for k in self.cursors if k[0] == job_id]:
             del self.cursors[key]
+        self.judged = {k for k in self.judged if k[0] != job_id}
+        for key in [k for k in self.pending if k[0] == job_id]:
+            del self.pending[key]
 
 
 class Alerting:
@@ -184,6 +195,7 @@ class Alerting:
         self._last_forget = now
         for job_id in [j for j, a in self.jobs.items() if now - a.last_run > FORGET_AFTER]:
             del self.jobs[job_id]
+            self.sweeps.forget(job_id)  # an ended trial is judged no more
 
     def __call__(self, row, now: float, final: bool = False) -> None:
         """Evaluate a running job; `final` for the last look as its attempt ends."""

@@ -67,8 +67,7 @@ class SweepView:
     def refresh_now(self) -> list[dict]:
         """Read the launcher once and redraw; returns the trials."""
         with self._lock:
-            jobs = sorted((j for j in self.client.jobs() if (j.get("sweep") or {}).get("id") == self.sweep_id),
-                          key=lambda j: j["sweep"]["trial"])
+            jobs = sweeps.trial_jobs(self.client, self.sweep_id)
             grew = False
             for job in jobs:
                 points, self._seq[job["id"]] = sweeps.metric_points(

@@ -869,18 +869,13 @@ def goodput_bar_html(ledger: dict | None) -> str:
 
 
 def _parent_curves(client, job_id: str, up_to: int) -> dict[str, list]:
-    """{metric: [(step, value)]} of a job's rank 0 up to step `up_to`, every page."""
+    """{metric: [(step, value)]} of a job's rank-0 train points up to step `up_to`."""
     curves: dict[str, list] = {}
-    since = 0
-    while True:
-        page = client.metrics(job_id, since=since)
-        for p in page["points"]:
-            if p["rank"] == 0 and p.get("kind", "train") == "train" and p["step"] is not None \
-                    and p["step"] <= up_to and isinstance(p["value"], (int, float)):
-                curves.setdefault(p["name"], []).append((p["step"], p["value"]))
-        if not page["points"] or page["last_seq"] <= since:
-            return {name: sorted(points) for name, points in curves.items()}
-        since = page["last_seq"]
+    for p in client.metrics_after(job_id):
+        if p["rank"] == 0 and p.get("kind", "train") == "train" and p["step"] is not None \
+                and p["step"] <= up_to and isinstance(p["value"], (int, float)):
+            curves.setdefault(p["name"], []).append((p["step"], p["value"]))
+    return {name: sorted(points) for name, points in curves.items()}
 
 
 def _text(value) -> str:

@@ -9,6 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { DlcApi } from './api';
 import { lineChart } from './charts';
 import { curves, differences, lineDiff, valueText, PointLike } from './compare';
+import { el } from './dom';
 import { JobDetail } from './store';
 
 interface Loaded {
@@ -16,17 +17,6 @@ interface Loaded {
   script: string;
   byStep: [number, number][];
   byTime: [number, number][];
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (cls) {
-    e.className = cls;
-  }
-  if (text !== undefined) {
-    e.textContent = text;
-  }
-  return e;
 }
 
 export function compareTabId(ids: string[]): string {

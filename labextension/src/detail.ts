@@ -14,6 +14,7 @@ import { progressText, renderGoodputBar } from './goodput';
 import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTitle } from './steps';
 import { stateClass } from './listview';
 import { branchCell } from './branch';
+import { el } from './dom';
 import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, JobSummary, age, isActive } from './store';
 import {
@@ -52,21 +53,6 @@ export interface DetailHost {
   /** Append a code cell to the notebook at `path` (a new notebook when null) and show it. */
   appendCell(path: string | null, text: string): Promise<void>;
   isVisible(): boolean;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  cls?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (cls) {
-    e.className = cls;
-  }
-  if (text !== undefined) {
-    e.textContent = text;
-  }
-  return e;
 }
 
 function fmtTime(t: number | null | undefined): string {

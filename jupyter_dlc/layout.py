@@ -283,6 +283,27 @@ def read_log_lines(path, start=0, limit=2 << 20):
     return text.decode("utf-8", errors="replace").splitlines(), start + cut
 
 
+
+def read_log(path, start=0, tail=None, limit=2 << 20):
+    """Complete lines of a log from byte `start` (or its last `tail` lines, from no earlier
+    than `start`); returns them and the new offset. A file shorter than `start` was replaced:
+    read from its beginning. Nothing is read when the file holds nothing new (one stat), so
+    a look at thousands of quiet rank logs stays cheap."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return [], start
+    if start > size:
+        start = 0
+    elif start == size:
+        return [], start
+    if tail is not None:
+        start = max(start, size - max(tail, 1) * 400 - 4096)
+    text, end = read_log_lines(path, start, limit)
+    if tail is not None:
+        text = text[-tail:] if tail > 0 else []
+    return text, end
+
 # -- the node-held copy of the newest committed step ---------------------------------------
 
 def node_copy_root():

@@ -333,9 +333,12 @@ def test_post_webhook_failures_are_reported_not_raised(hook_server):
 
 def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_path):
     """With more ranks than one look reads (LOGS_PER_LOOK), each evaluation reads the next
-    ranks' logs: every rank's new lines arrive within a few looks, exactly once."""
+    ranks' logs, through the engine's `logs` as the alert rules do: every rank's new lines
+    arrive within a few looks, exactly once."""
     from jupyter_dlc import layout
-    from jupyter_dlc.launcher.alerting import LOGS_PER_LOOK, _new_log_lines
+    from jupyter_dlc.backends import AttemptContext, get_backend
+    from jupyter_dlc.launcher.alerting import LOGS_PER_LOOK, _log_turn
+    from jupyter_dlc.spec import JobSpec
 
     world = 2 * LOGS_PER_LOOK + 100
     attempt_dir = str(tmp_path)
@@ -344,16 +347,27 @@ def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_p
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(f"rank {rank} line 1\n")
+    ctx = AttemptContext("J", 1, JobSpec(name="t", code="x", nodes=1, nproc_per_node=world),
+                         str(tmp_path), attempt_dir, "", {}, 0)
+    engine = get_backend("local")
     offsets: dict[str, int] = {}
-    looks = [_new_log_lines(attempt_dir, world, offsets, turn) for turn in range(1, 4)]
+
+    def look(turn: int) -> list[tuple[int, str]]:
+        lines = []
+        for rank in _log_turn(world, turn):
+            text, offsets[str(rank)] = engine.logs(ctx, {}, rank, offsets.get(str(rank), 0))
+            lines += [(rank, line) for line in text]
+        return lines
+
+    looks = [look(turn) for turn in range(1, 4)]
     assert all(len(lines) <= LOGS_PER_LOOK for lines in looks)
-    seen = [rank for lines in looks for _t, rank, _text in lines]
+    seen = [rank for lines in looks for rank, _text in lines]
     assert sorted(seen) == list(range(world))
-    assert _new_log_lines(attempt_dir, world, offsets, 4) == []  # nothing new: nothing again
+    assert look(4) == []  # nothing new: nothing again
     with open(layout.rank_log(attempt_dir, world - 1), "a") as f:
         f.write("CUDA out of memory\n")
-    later = [line for turn in range(5, 8) for line in _new_log_lines(attempt_dir, world, offsets, turn)]
-    assert [(rank, text) for _t, rank, text in later] == [(world - 1, "CUDA out of memory")]
+    later = [line for turn in range(5, 8) for line in look(turn)]
+    assert later == [(world - 1, "CUDA out of memory")]
 
 
 def test_webhooks_go_through_one_bounded_executor_and_idle_jobs_are_forgotten(tmp_path):

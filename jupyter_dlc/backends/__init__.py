@@ -14,7 +14,8 @@
     describe(ctx, handle)     phase PENDING | RUNNING | ENDED, the engine's own reason (Slurm's
                               pending reason, "CANCELLED"), per-node and per-rank exits, and
                               whether anything of the attempt is still alive
-    logs(ctx, handle, ...)    a rank's or a node's log lines, from an offset (follow = call again)
+    logs(ctx, handle, ...)    a rank's or a node's log lines, from an offset (follow = call again):
+                              what the logs route and the alert rules read
     stop(ctx, handle, grace)  the polite stop (SIGTERM to every rank); the supervisor calls
     kill(ctx, handle)         once the grace is over, or at once for a failed attempt
     cleanup(ctx, handle)      release whatever the attempt still holds once the job has ended
@@ -209,15 +210,20 @@ class Backend:
         return None
 
     def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
-             offset: int = 0) -> tuple[list[str], int]:
-        """Lines of one rank's log (or every node's agent log when rank is None, from node
-        0's), from byte `offset`; returns (lines, next offset). Engines whose ranks share the
-        launcher's filesystem read the attempt directory; others override this."""
+             offset: int = 0, tail: int | None = None,
+             limit: int = 2 << 20) -> tuple[list[str], int]:
+        """Lines of one rank's log (or node 0's agent log when rank is None) from byte
+        `offset`, or its last `tail` lines; returns (lines, next offset). The launcher's logs
+        route and the alert rules read every engine's logs here. Each engine brings the logs
+        into the attempt directory the launcher holds: a shared filesystem, lines forwarded
+        as they are written (SSH's pipe, the report route), or copied from the engine's own
+        log store at each describe (Kubernetes' pod logs), so that a log outlives the nodes
+        and the engine's retention, and this default reads that copy."""
         from .. import layout
 
         path = (layout.rank_log(ctx.attempt_dir, rank) if rank is not None
                 else layout.node_log(ctx.attempt_dir, 0))
-        return layout.read_log_lines(path, offset, 1 << 62)
+        return layout.read_log(path, offset, tail, limit)
 
 
 def reported_records(events: list[dict[str, Any]]) -> tuple[dict[int, dict], dict[int, dict]]:

@@ -311,30 +311,6 @@ class KubernetesBackend(Backend):
             with open(path, "a") as f:
                 f.write("".join(line + "\n" for line in taken))
 
-    def logs(self, ctx: AttemptContext, handle: dict[str, Any], rank: int | None = None,
-             offset: int = 0) -> tuple[list[str], int]:
-        """From the pod log API: one rank's lines (its node's pod, by torchrun's prefix), or
-        node 0's whole log. While the pod is pending, one line says so (offset -1 = said)."""
-        nproc = ctx.spec.nproc_per_node
-        node = 0 if rank is None else rank // nproc
-        pod = next((p for p in self._pods(ctx, handle) if node_of(p) == node), None)
-        if pod is None or pod_state(pod)[0] == "Pending":
-            if offset == -1:
-                return [], -1
-            what = "not created yet" if pod is None else f"{pod['metadata']['name']} is pending"
-            return [f"(node {node}: pod {what}; its log starts when it runs)"], -1
-        data = self.api(ctx.spec).pod_log(handle["namespace"], pod["metadata"]["name"]).encode()
-        offset = max(offset, 0)
-        complete = data[offset:data.rfind(b"\n") + 1]
-        lines = []
-        for line in complete.decode(errors="replace").splitlines():
-            match = _RANK_PREFIX.match(line)
-            if rank is None:
-                lines.append(f"[node {node}] {line}")
-            elif match and node * nproc + int(match.group(1)) == rank:
-                lines.append(f"[rank {rank}] {line[match.end():]}")
-        return lines, offset + len(complete)
-
     def _delete_all(self, ctx: AttemptContext, handle: dict, grace: int | None) -> None:
         api, ns = self.api(ctx.spec), handle["namespace"]
         self._stopping.add(handle["name"])

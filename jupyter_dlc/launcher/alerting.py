@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import layout
 from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
 from .stragglers import BREAKDOWN, StragglerDetector
 
@@ -88,23 +86,11 @@ class JobAlerts:
 LOGS_PER_LOOK = 512
 
 
-def _new_log_lines(attempt_dir: str, world: int, offsets: dict[str, int],
-                   turn: int = 0) -> list[tuple]:
-    lines = []
+def _log_turn(world: int, turn: int) -> list[int]:
+    """The ranks whose logs one evaluation reads: all of them up to LOGS_PER_LOOK, else the
+    next LOGS_PER_LOOK in turn."""
     first = (turn * LOGS_PER_LOOK) % world if world > LOGS_PER_LOOK else 0
-    for at in range(min(world, LOGS_PER_LOOK)):
-        rank = (first + at) % world
-        path = layout.rank_log(attempt_dir, rank)
-        start = offsets.get(str(rank), 0)
-        try:
-            if os.path.getsize(path) <= start:
-                continue
-        except OSError:
-            continue
-        new, offsets[str(rank)] = layout.read_log_lines(path, start, _LOG_READ_LIMIT)
-        now = time.time()
-        lines += [(now, rank, text) for text in new]
-    return lines
+    return [(first + at) % world for at in range(min(world, LOGS_PER_LOOK))]
 
 
 class SweepBoard:
@@ -255,8 +241,11 @@ class Alerting:
         attempt = self.store.attempt_row(job_id, row["attempt"])
         snap.started = attempt["started"] if attempt else None
         alerts.log_turn += 1
-        snap.log_lines = _new_log_lines(layout.attempt_dir(row["job_dir"], row["attempt"]),
-                                        world, alerts.log_offsets, alerts.log_turn)
+        # Through the job's engine, as the logs route reads them (Backend.logs).
+        now = time.time()
+        snap.log_lines = [(now, rank, text) for rank, text in self.supervisor.logs(
+            row, row["attempt"], _log_turn(world, alerts.log_turn), alerts.log_offsets,
+            limit=_LOG_READ_LIMIT)]
         return snap
 
     def act(self, row, transition) -> None:

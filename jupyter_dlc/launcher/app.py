@@ -18,7 +18,7 @@ from typing import Any, Callable
 import orjson
 import tornado.web
 
-from .. import __version__, bands, identity, layout, openapi
+from .. import __version__, bands, identity, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
@@ -597,9 +597,9 @@ class LogsHandler(BaseHandler):
         if cursor.get("attempt") not in (None, attempt):
             cursor = {}
         ranks = [rank] if rank is not None else list(range(world))
-        attempt_dir = layout.attempt_dir(row["job_dir"], attempt)
-        # Up to 2 MB of every rank's file: read on a reader thread.
-        await self.reply_off_loop(lambda: read_logs(attempt_dir, attempt, ranks, cursor.get("offsets", {}),
+        # Up to 2 MB of every rank's log, through the job's engine: on a reader thread.
+        await self.reply_off_loop(lambda: read_logs(self.launcher.supervisor, row, attempt, ranks,
+                                                    cursor.get("offsets", {}),
                                                     tail if not raw_cursor else None))
 
     def cursor_arg(self, raw: str, world: int) -> dict:
@@ -618,14 +618,11 @@ class LogsHandler(BaseHandler):
         return cursor
 
 
-def read_logs(attempt_dir: str, attempt: int, ranks: list[int], offsets: dict,
+def read_logs(supervisor: Supervisor, row, attempt: int, ranks: list[int], offsets: dict,
               tail: int | None) -> dict:
     """A Logs answer: each rank's complete lines from its offset (or its last `tail`)."""
-    lines = []
-    for r in ranks:
-        text, end = read_log(layout.rank_log(attempt_dir, r), offsets.get(str(r), 0), tail)
-        offsets[str(r)] = end
-        lines.extend({"rank": r, "attempt": attempt, "text": line} for line in text)
+    lines = [{"rank": r, "attempt": attempt, "text": text}
+             for r, text in supervisor.logs(row, attempt, ranks, offsets, tail)]
     cursor = base64.urlsafe_b64encode(json.dumps({"attempt": attempt, "offsets": offsets}).encode()).decode()
     return {"lines": lines, "cursor": cursor, "attempt": attempt}
 
@@ -634,23 +631,6 @@ CURSOR = {"type": "object", "additionalProperties": False, "properties": {
     "attempt": {"type": "integer", "minimum": 1, "maximum": 1 << 30},
     "offsets": {"type": "object", "additionalProperties": {
         "type": "integer", "minimum": 0, "maximum": SEQ_MAX}}}}
-
-
-def read_log(path: str, start: int, tail: int | None, limit: int = 2 << 20) -> tuple[list[str], int]:
-    """Complete lines from `start` (or the last `tail` lines); returns them and the new offset.
-    A capped log's dropped middle is skipped (layout.CappedLog)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return [], start
-    if start > size:  # the file was replaced; start over
-        start = 0
-    if tail is not None:
-        start = max(start, size - max(tail, 1) * 400 - 4096)
-    text, end = layout.read_log_lines(path, start, limit)
-    if tail is not None:
-        text = text[-tail:] if tail > 0 else []
-    return text, end
 
 
 class MetricsHandler(BaseHandler):

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterable
 
 from .. import identity, layout, paths
 from ..backends import (
@@ -328,8 +328,10 @@ class Supervisor(threading.Thread):
         self.store.add_event(ctx.job_id, ctx.attempt, "adopted", why, handle)
 
     # -- helpers ------------------------------------------------------------------------
-    def context(self, row, attempt: int | None = None, token: str = "") -> AttemptContext:
-        """What an attempt runs with. `token` only when starting it: the store keeps a hash."""
+    def context(self, row, attempt: int | None = None, token: str = "",
+                reported: bool = True) -> AttemptContext:
+        """What an attempt runs with. `token` only when starting it: the store keeps a hash.
+        Without `reported`, the ranks' records are left out (a reader that needs none)."""
         spec = JobSpec.from_dict(json.loads(row["spec"]))
         attempt = attempt or row["attempt"]
         arow = self.store.attempt_row(row["id"], attempt)
@@ -366,7 +368,7 @@ class Supervisor(threading.Thread):
         return AttemptContext(row["id"], attempt, spec, job_dir, attempt_dir,
                               os.path.join(job_dir, "script.py"), env,
                               (arow["port"] if arow and arow["port"] else 0),
-                              self.store.record_events(row["id"], attempt))
+                              self.store.record_events(row["id"], attempt) if reported else [])
 
     def advance(self, row, now: float) -> None:
         state = row["state"]
@@ -518,6 +520,23 @@ class Supervisor(threading.Thread):
                               f"{what}: retry {tries + 1} of {SUBMIT_RETRIES} in {delay:g} s: {message}",
                               {"submit": intent}, expect="PREFLIGHT")
         return None
+
+    def logs(self, row, attempt: int, ranks: Iterable[int], offsets: dict[str, int],
+             tail: int | None = None, limit: int = 2 << 20) -> list[tuple[int, str]]:
+        """New lines of the attempt's rank logs, through the job's engine (`Backend.logs`),
+        from each rank's offset in `offsets` (updated in place), or each one's last `tail`:
+        the logs route and the alert rules read here. Only the stored handle is passed: a
+        reader never adopts or asks the engine to search (that is the supervisor's tick)."""
+        ctx = self.context(row, attempt, reported=False)
+        arow = self.store.attempt_row(row["id"], attempt)
+        handle = json.loads(arow["handle"] or "{}") if arow else {}
+        engine = get_backend(ctx.spec.backend)
+        lines = []
+        for rank in ranks:
+            text, offsets[str(rank)] = engine.logs(ctx, handle, rank, offsets.get(str(rank), 0),
+                                                   tail, limit)
+            lines.extend((rank, line) for line in text)
+        return lines
 
     def checkpoint_dir(self, row) -> str:
         """Where the job's checkpoints are: the directory its newest started attempt resolved

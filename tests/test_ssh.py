@@ -217,6 +217,39 @@ exec {sys.executable} "$@"
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
 
 
+def test_a_host_that_cannot_reach_the_launcher_fails_preflight_once_naming_it(launcher, hosts, tmp_path):
+    """Host 2 runs its Python in a network namespace of its own (no route anywhere, the ssh
+    pipe still works): its preflight verdict cannot reach the launcher. The keeper beside
+    the launcher records the check's exit code, the attempt fails once naming the host and
+    the launcher's URL, and is not restarted (its ranks could not have reported either)."""
+    ran = tmp_path / "ran"
+    wrapper = tmp_path / "python-no-network-on-host2"
+    wrapper.write_text(f"""#!/bin/sh
+if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
+    exec unshare -n {sys.executable} "$@"
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    clusters.put_profile("cutoff", dict(_profile(hosts), engine="ssh", python=str(wrapper)))
+    try:
+        script = launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n")
+        job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
+                                      "cluster": "cutoff", "max_restarts": 2})
+        final = launcher.client.wait(job["id"], timeout=180)
+    finally:
+        clusters.remove_profile("cutoff")
+    url = launcher.client.url.rstrip("/")
+    assert final["state"] == "FAILED" and final["attempt"] == 1, final["reason"]
+    assert final["reason"].startswith(f"preflight on node 1 ({HOSTS[1]}): the host cannot reach the "
+                                      f"launcher at {url}"), final["reason"]
+    assert not ran.exists() and all(r["pid"] is None for r in final["ranks"])
+    # Node 0 reached the launcher and said so; node 1's word is the keeper's record.
+    verdicts = [e for e in launcher.client.events(job["id"]) if e["type"] == "node_preflight"]
+    assert [(e["data"]["node"], e["data"]["ok"]) for e in verdicts] == [(0, True)], verdicts
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 60, what="nothing left on the hosts")
+
+
 # Reports that went through the node's reporter, once a metric was delivered.
 VIA_NODE = """
 def via_node():

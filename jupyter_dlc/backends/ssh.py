@@ -197,6 +197,26 @@ def probe_hosts(profile, spec: JobSpec | None = None, timeout: float = 20.0) -> 
     return rows
 
 
+def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str | None:
+    """A node whose preflight failed where no `node_preflight` event can say why (its keeper,
+    beside the launcher, recorded the check's exit code): it could not reach the launcher,
+    or ssh or its Python failed before the check ran. Without this the gate's failure would
+    look like a crashed node and be restarted into the same wall."""
+    for node in nodes:
+        code = layout.read_int(layout.node_preflight_code(ctx.attempt_dir, node.node))
+        where = f"node {node.node} ({node.host})"
+        if code == layout.PREFLIGHT_UNREACHABLE:
+            return (f"preflight on {where}: the host cannot reach the launcher at "
+                    f"{ctx.env.get('DLC_LAUNCHER_URL')}; serve it on an address the hosts reach "
+                    "(jupyter-dlc launcher start --host ADDR, or --advertise-url URL)")
+        if code == SSH_FAILED:
+            return f"preflight on {where}: ssh to the host failed (exit 255); see node-{node.node}.log"
+        if code not in (None, 0, 1):  # 1: the check failed and said why (an event is coming)
+            return (f"preflight on {where} ended with code {code} before it could report; "
+                    f"see node-{node.node}.log")
+    return None
+
+
 class SSHBackend(Backend):
     name = "ssh"
 
@@ -304,7 +324,7 @@ class SSHBackend(Backend):
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         request = self.dry_run(ctx)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
-        results = [os.path.join(ctx.attempt_dir, f"node-{n}.preflight") for n in range(ctx.spec.nodes)]
+        results = [layout.node_preflight_code(ctx.attempt_dir, n) for n in range(ctx.spec.nodes)]
         shared = self.capabilities(ctx.spec).shared_filesystem
         files = None if shared else staged_files(ctx.job_dir)
         nodes = []
@@ -372,7 +392,8 @@ class SSHBackend(Backend):
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)
         status.phase = "RUNNING" if status.alive else "ENDED"
-        status.reason = failed_preflight(ctx.reported)  # no agent started: fix and resume
+        # No agent started: fix and resume.
+        status.reason = failed_preflight(ctx.reported) or _unreported_preflight(ctx, status.nodes)
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
         records = rank_records(ctx)  # reported over the route: the ranks write no files
         for rank in range(ctx.spec.world_size):

@@ -22,6 +22,7 @@ import time
 from .. import layout
 
 WAIT_SECONDS = 20.0  # how long a node waits for node 0's nonce (NFS attribute caching)
+REPORT_SECONDS = 15.0  # how long the verdict is retried while the launcher does not answer
 
 
 def check(node: int, host: str, env: dict[str, str]) -> str | None:
@@ -87,12 +88,19 @@ def main() -> int:
     problem = check(node, host, env)
     from .report import send_events_now
 
-    send_events_now([{"type": layout.NODE_PREFLIGHT, "node": node, "host": host,
-                      "ok": problem is None,
-                      "message": (f"node {node} ({host}): {problem}" if problem else
-                                  f"node {node} ({host}): ready")[:layout.RECORD_TEXT]}], 15.0)
+    delivered = send_events_now([{"type": layout.NODE_PREFLIGHT, "node": node, "host": host,
+                                  "ok": problem is None,
+                                  "message": (f"node {node} ({host}): {problem}" if problem else
+                                              f"node {node} ({host}): ready")[:layout.RECORD_TEXT]}],
+                                REPORT_SECONDS)
     if problem:
         print(f"jupyter-dlc preflight, node {node} ({host}): {problem}", file=sys.stderr, flush=True)
+    if not delivered:
+        # Ranks started here could not report either (no heartbeat, no step): a restart
+        # would meet the same wall. The exit code says it, since no event will.
+        print(f"jupyter-dlc preflight, node {node} ({host}): cannot reach the launcher at "
+              f"{env.get('DLC_LAUNCHER_URL')}", file=sys.stderr, flush=True)
+        return layout.PREFLIGHT_UNREACHABLE
     return 1 if problem else 0
 
 

@@ -181,6 +181,20 @@ def _profile(hosts) -> dict:
         return yaml.safe_load(f)["clusters"][CLUSTER]
 
 
+def python_on_host2(tmp_path, name: str, prefix: str):
+    """A Python for a profile that runs under `prefix` (a shell command line that ends by
+    running its arguments) on host 2 only: a host made unlike the others."""
+    wrapper = tmp_path / f"python-{name}-on-host2"
+    wrapper.write_text(f"""#!/bin/sh
+if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
+    exec {prefix} {sys.executable} "$@"
+fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def test_a_host_that_sees_another_checkpoint_directory_fails_preflight_by_name(launcher, hosts, tmp_path):
     """Host 2 runs its Python in a mount namespace of its own with an empty tmpfs over the
     checkpoint directory (the same path, another directory: a node-local disk). Preflight
@@ -189,15 +203,8 @@ def test_a_host_that_sees_another_checkpoint_directory_fails_preflight_by_name(l
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     ran = tmp_path / "ran"
-    wrapper = tmp_path / "python-private-ckpt-on-host2"
-    wrapper.write_text(f"""#!/bin/sh
-if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
-    exec unshare -m --propagation private sh -c 'mount -t tmpfs dlctest "$0" && exec "$@"' \\
-        {ckpt} {sys.executable} "$@"
-fi
-exec {sys.executable} "$@"
-""")
-    wrapper.chmod(0o755)
+    wrapper = python_on_host2(tmp_path, "private-ckpt", "unshare -m --propagation private sh -c "
+                              f"'mount -t tmpfs dlctest \"$0\" && exec \"$@\"' {ckpt}")
     clusters.put_profile("privateckpt", dict(_profile(hosts), engine="ssh", python=str(wrapper)))
     try:
         script = launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n")
@@ -223,14 +230,7 @@ def test_a_host_that_cannot_reach_the_launcher_fails_preflight_once_naming_it(la
     the launcher records the check's exit code, the attempt fails once naming the host and
     the launcher's URL, and is not restarted (its ranks could not have reported either)."""
     ran = tmp_path / "ran"
-    wrapper = tmp_path / "python-no-network-on-host2"
-    wrapper.write_text(f"""#!/bin/sh
-if ip -o addr show dlc0 2>/dev/null | grep -q ' {HOSTS[1]}/'; then
-    exec unshare -n {sys.executable} "$@"
-fi
-exec {sys.executable} "$@"
-""")
-    wrapper.chmod(0o755)
+    wrapper = python_on_host2(tmp_path, "no-network", "unshare -n")
     clusters.put_profile("cutoff", dict(_profile(hosts), engine="ssh", python=str(wrapper)))
     try:
         script = launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n")

@@ -170,9 +170,17 @@ def test_kill_9_of_a_pooled_rank_ends_the_job_with_its_code(pooled):
     assert client.pools()[0]["agents"] == agents  # the same agents serve the next job
 
 
+def _pool_record(pooled: LauncherEnv) -> dict:
+    return layout.read_json(os.path.join(pooled.data_dir, "pools", f"{CLUSTER}-2x2", "pool.json")) or {}
+
+
 def test_scancel_of_the_pool_fails_its_job_naming_the_node_and_replaces_the_pool(pooled, slurm):
+    """...and the replacement starts in a directory of its own: the old allocation's agents
+    end in Slurm's own time after the scancel, and a file they write or remove late must not
+    be one of the new agents'."""
     client = pooled.client
     allocation = client.pools()[0]["engine_id"]
+    before = _pool_record(pooled)["generation"]
     job = _sleeper_on_the_pool(pooled)
     subprocess.run(["scancel", allocation], env=slurm, check=True)
     final = client.wait(job["id"], timeout=120)
@@ -186,6 +194,19 @@ def test_scancel_of_the_pool_fails_its_job_naming_the_node_and_replaces_the_pool
     wait_for(lambda: [p for p in client.pools() if p["engine_id"] not in (None, allocation)],
              60, what="pool replaced")
     assert allocation not in squeue_ids(slurm)
+    record = _pool_record(pooled)
+    assert record["generation"] > before
+    pool_dir = os.path.join(pooled.data_dir, "pools", f"{CLUSTER}-2x2")
+    old_dir, new_dir = (os.path.join(pool_dir, f"gen-{g}") for g in (before, record["generation"]))
+    # What the old agents would do late, as they go: their pid records and store marker.
+    os.makedirs(old_dir, exist_ok=True)
+    for name in ("node-0.pid", "node-1.pid", "store-ready.json"):
+        with open(os.path.join(old_dir, name), "w") as f:
+            f.write('{"pid": 1}')
+        os.remove(os.path.join(old_dir, name))
+    wait_for(lambda: [p for p in client.pools() if p["state"] == "ready"], 180, what="new pool ready")
+    assert os.path.exists(os.path.join(new_dir, "node-0.pid"))
+    _stop(pooled, _sleeper_on_the_pool(pooled))  # the next job runs warm on the new agents
 
 
 def test_a_lost_node_process_fails_its_job_naming_the_node(pooled):

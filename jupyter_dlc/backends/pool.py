@@ -125,6 +125,13 @@ def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0
     return False
 
 
+def name_of(pool_dir: str) -> str:
+    """The pool's id for a directory of its agents: each start of a pool has a directory of
+    its own (`<pool id>/gen-N`, launcher/pools.py); older pools used the pool's directory."""
+    base = os.path.basename(os.path.normpath(pool_dir))
+    return os.path.basename(os.path.dirname(os.path.normpath(pool_dir))) if base.startswith("gen-") else base
+
+
 def head_address(pool_dir: str) -> str:
     """Node 0's address, as its agent recorded it: the jobs' MASTER_ADDR."""
     return (layout.read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("addr") or "127.0.0.1"
@@ -161,9 +168,9 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
                 nodes.append({"node": node, "pid": ack["pid"]})
                 break
             if time.monotonic() > deadline:
-                return {"nodes": nodes, "pool": os.path.basename(pool_dir),
+                return {"nodes": nodes, "pool": name_of(pool_dir),
                         "pool_dir": os.path.abspath(pool_dir), "broken": True}
             time.sleep(0.005)
-    return {"nodes": nodes, "pool": os.path.basename(pool_dir), "pool_dir": os.path.abspath(pool_dir),
+    return {"nodes": nodes, "pool": name_of(pool_dir), "pool_dir": os.path.abspath(pool_dir),
             "submitted": time.time()}
 

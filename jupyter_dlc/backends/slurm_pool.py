@@ -19,7 +19,7 @@ import time
 from .. import layout, shell
 from ..spec import JobSpec
 from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
-from . import local
+from . import local, pool
 from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
 POOL_SBATCH = """#!/bin/bash
@@ -43,7 +43,7 @@ def start_allocation(pool_dir: str, cluster: str, nodes: int, nproc: int, env: d
     """Submit the pool's allocation; returns its Slurm job id."""
     spec = _shape(cluster, nodes, nproc)
     profile = _profile(spec)
-    directives = sbatch_directives(spec, profile, f"dlc-pool-{os.path.basename(pool_dir)}",
+    directives = sbatch_directives(spec, profile, f"dlc-pool-{pool.name_of(pool_dir)}",
                                    os.path.join(pool_dir, "slurm-%j.out"), pool_dir)
     python = python or profile.get("python") or sys.executable
     pool_slots = {"NODE": '"$SLURM_NODEID"'}

@@ -13,6 +13,7 @@ their lease (`DLC_POOL_LEASE`, 60 s), so a launcher that never comes back leaves
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -74,6 +75,15 @@ class Pools:
     def _dir(self, pid: str) -> str:
         return os.path.join(self.root, pid)
 
+    def _agents_dir(self, record: dict) -> str:
+        """Where the pool's agents of this start live (orders, pids, store, logs): a directory
+        per start of the pool (`gen-N`), so that agents of a replaced start, still tearing
+        down after a scancel (Slurm ends them on its own time, on other hosts), cannot write
+        or remove a file of the new start's. Records from before generations use the pool's."""
+        generation = record.get("generation")
+        return os.path.join(self._dir(record["id"]), f"gen-{generation}") if generation \
+            else self._dir(record["id"])
+
     def _record(self, pid: str) -> dict | None:
         try:
             with open(os.path.join(self._dir(pid), "pool.json")) as f:
@@ -99,12 +109,14 @@ class Pools:
         for name in os.listdir(self.root):
             record = self._record(name)
             if record is None:
+                for start in glob.glob(os.path.join(self._dir(name), "gen-*")):
+                    pool.release(start)
                 pool.release(self._dir(name))
-            elif not all(pool.agent_pids(self._dir(name), record["nodes"], _here(record))) or \
+            elif not all(pool.agent_pids(self._agents_dir(record), record["nodes"], _here(record))) or \
                     self._broken(record):
                 self._release(record)
             else:
-                pool.touch_lease(self._dir(name))
+                pool.touch_lease(self._agents_dir(record))
                 log.info("pool %s re-adopted", name)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -144,7 +156,8 @@ class Pools:
             return self.describe(record)
 
     def _start(self, record: dict) -> None:
-        directory = self._dir(record["id"])
+        record["generation"] = record.get("generation", 0) + 1
+        directory = self._agents_dir(record)
         os.makedirs(directory, exist_ok=True)
         record["seq"] = 0  # a new store keeper counts from 1 again
         record["started"] = time.time()
@@ -195,10 +208,13 @@ class Pools:
 
             slurm_pool.cancel(record["cluster"], record["engine_id"])
             # The agents and the store keeper are the allocation's step: scancel ends them
-            # wherever they run; the launcher's /proc sees only this machine.
+            # wherever they run, in their own time (a replacement starts in a directory of
+            # its own meanwhile); the launcher's /proc sees only this machine.
             shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
             return
-        pool.release(self._dir(record["id"]))
+        pool.release(self._agents_dir(record))
+        if record.get("generation"):
+            shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
 
     def _last_job_over(self, record: dict) -> bool:
         """A Slurm pool's last job has left the agents: every node process recorded its exit
@@ -213,14 +229,14 @@ class Pools:
 
     def _ready(self, record: dict) -> bool:
         here = _here(record)
-        return pool.ready(self._dir(record["id"]), record["nodes"], here) and \
+        return pool.ready(self._agents_dir(record), record["nodes"], here) and \
             (here or self._broken(record) is None)
 
     def _broken(self, record: dict) -> str | None:
         """Why the pool must be replaced, or None. A local pool: an agent or its store keeper
         died. A Slurm pool: its allocation is no longer held (scancel, time limit, a lost
         node, an agent that exited: the step ends with it), as squeue says."""
-        directory = self._dir(record["id"])
+        directory = self._agents_dir(record)
         if _here(record):
             return "lost an agent" if pool.broken(directory, record["nodes"],
                                                   record.get("started", record["created"])) else None
@@ -237,7 +253,7 @@ class Pools:
         self.down(everything=True)
 
     def describe(self, record: dict, processes: dict | None = None) -> dict:
-        directory = self._dir(record["id"])
+        directory = self._agents_dir(record)
         now = time.time()
         busy = self._busy(record, processes)
         state = "busy" if busy else "ready" if self._ready(record) else "starting"
@@ -313,7 +329,7 @@ class Pools:
                 return None, "cold start (no warm pool for this shape)"
             if (spec.python or sys.executable) != record["python"]:
                 return None, f"cold start (pool {pid} runs another Python)"
-            directory = self._dir(pid)
+            directory = self._agents_dir(record)
             if not self._ready(record):
                 return None, f"cold start (pool {pid} is still warming)"
             if record.get("job") and not self._free_after_leftovers(record):
@@ -368,8 +384,7 @@ class Pools:
             # One look at the machine's processes serves every pool with a job this tick.
             processes = self._processes(records)
             for record in records:
-                directory = self._dir(record["id"])
-                pool.touch_lease(directory)
+                pool.touch_lease(self._agents_dir(record))
                 busy = self._busy(record, processes)
                 if busy:
                     continue

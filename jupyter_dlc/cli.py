@@ -120,6 +120,10 @@ def _dispatch(options, script_args: list[str]) -> int:
         spec = spec_from_options(options, script=script, args=script_args,
                                  source={"kind": "cli", "path": script})
         trials = sweeps.from_options(options, spec)
+        if options.dry_run:
+            specs = trials or [spec]
+            print(formatting.dry_run_text(client.submit(specs[0], dry_run=True), specs[1:]))
+            return 0
         if trials:
             return _run_sweep(client, trials, options.wait)
         job = client.submit(spec)

@@ -232,11 +232,15 @@ class LauncherClient:
         return self.request("POST", path, body=body or {})[1]
 
     # -- the API ------------------------------------------------------------------------
-    def submit(self, spec: JobSpec | dict) -> dict:
+    def submit(self, spec: JobSpec | dict, dry_run: bool = False) -> dict:
+        """Submit a job (its detail), or with `dry_run` only answer what its engine would be
+        asked (`{"engine", "job_id", "request"}`: formatting.dry_run_text shows it)."""
         # Relative paths mean the caller's directory, which only this side knows.
         data = resolve_paths(spec.to_dict() if isinstance(spec, JobSpec) else dict(spec))
         if isinstance(spec, dict):
             JobSpec.from_dict(dict(data))  # the same one-line errors before the round trip
+        if dry_run:
+            return self.request("POST", "/api/jobs", params={"dry_run": 1}, body=data)[1]
         return self._post("/api/jobs", data)
 
     def jobs(self) -> list[dict]:

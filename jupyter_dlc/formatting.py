@@ -337,3 +337,48 @@ def param_text(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def dry_run_text(answer: dict, more: list | None = None) -> str:
+    """`--dry-run`'s answer (the launcher's DryRun) as a person reads an engine's request:
+    command lines as a shell would take them, the batch script and manifests as files, the
+    environment the launcher adds as `K=V` lines. Keys an engine adds later are shown as JSON.
+    `more`: a sweep's other trials (specs), listed by their values."""
+    import json
+    import shlex
+
+    import yaml
+
+    request = dict(answer.get("request") or {})
+    engine = answer.get("engine") or request.pop("backend", "?")
+    request.pop("backend", None)
+    out = [f"# --dry-run: what the {engine} engine would be asked for job {answer.get('job_id')}, "
+           "attempt 1; nothing was submitted"]
+    if request.get("cluster"):
+        out.append(f"# cluster profile: {request.pop('cluster')}")
+    for key, value in request.items():
+        if key == "commands" and request.get("hosts"):
+            for host, argv in zip(request["hosts"], value, strict=True):
+                out += [f"# node on {host}:", shlex.join(argv)]
+        elif key == "commands":
+            for node, argv in enumerate(value):
+                out += [f"# node {node}:", shlex.join(argv)]
+        elif key == "sbatch":
+            out += ["# submitted as:", shlex.join(value + ["job.sbatch"])]
+        elif key == "script":
+            out += ["# job.sbatch:", value.rstrip("\n")]
+        elif key == "env":
+            out.append("# environment the launcher adds:")
+            out += [f"{k}={shlex.quote(str(v))}" for k, v in sorted(value.items())]
+        elif key == "cwd":
+            out.append(f"# working directory: {value}")
+        elif key == "manifests":
+            out += ["# manifests:", yaml.safe_dump_all(value, sort_keys=False).rstrip("\n")]
+        elif key in ("shell", "hosts"):
+            continue  # the commands above, as shell text / their hosts
+        else:
+            out += [f"# {key}:", json.dumps(value, indent=1, sort_keys=True)]
+    if more:
+        out.append(f"# and {len(more)} more trial(s) like it: " +
+                   "; ".join(", ".join(f"{k}={v}" for k, v in spec.params.items()) for spec in more))
+    return "\n".join(out)

@@ -246,6 +246,14 @@ SCHEMAS: dict[str, dict] = {
                   "engine_id": {**_null(_STR), "description": "the held allocation (a Slurm job id)"}},
                  "A warm pool: one agent per node with torch imported, serving one job at a time."),
     "Pools": _obj({"pools": {"type": "array", "items": _ref("Pool")}}),
+    "DryRun": _obj({"engine": _STR, "job_id": _STR,
+                    "request": {"type": "object", "description": (
+                        "The engine's own request, as its `dry_run` makes it: local `commands` "
+                        "(torchrun's argv per node), `cwd` and `env`; Slurm `sbatch` (argv) and "
+                        "`script`; SSH `hosts`, `commands` and `payloads`; Kubernetes "
+                        "`manifests`. `env` holds what the launcher adds to its own "
+                        "environment; secrets are placeholders.")}},
+                   description="What a submit would ask the engine for its first attempt"),
     "Released": _obj({"released": {"type": "array", "items": _STR}}),
     "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
                     "started": _NUM,
@@ -317,7 +325,12 @@ PATHS: dict[str, dict[str, Any]] = {
         "get": {"operationId": "listJobs", "responses": {"200": _json("JobList"),
                                                          **_errors(401)}},
         "post": {"operationId": "submitJob", "requestBody": _body("JobSpec"),
+                 "parameters": [_query(
+                     "dry_run", "1: check the spec as a submit does and answer the engine's "
+                     "native request for its first attempt (200, DryRun); nothing is stored",
+                     {"type": "integer", "enum": [0, 1]})],
                  "responses": {"201": _json("JobDetail", "Queued"),
+                               "200": _json("DryRun", "With dry_run=1: what would be submitted"),
                                **_errors(400, 401, 413)}}},
     "/api/jobs/{job}": {
         "parameters": [_JOB],

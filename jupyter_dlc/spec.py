@@ -716,6 +716,9 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--alert",), dict(action="append", default=[], metavar="RULE",
                         help="alert rule, e.g. 'gpu_util < 0.3 for 15m -> stop' (repeatable)")),
     (("--no-default-alerts",), dict(action="store_true", help="turn the default alert rules off")),
+    (("--dry-run",), dict(action="store_true",
+                          help="print what the engine would be asked (torchrun per node, the "
+                               "sbatch script, the manifests) and submit nothing")),
     (("--backend",), dict(default="local", choices=list(BACKENDS), help="engine to run on")),
     (("--cluster",), dict(default=None, help="cluster profile to run on (see jupyter-dlc clusters)")),
     (("--from",), dict(dest="branch_from", default=None, metavar="JOB[@STEP]",

@@ -95,6 +95,13 @@ class DLCMagics(Magics):
                 raise UsageError(f"%%dlc --export: {error}") from None
             print(f"exported to {os.path.abspath(args.export)}: {', '.join(os.path.basename(p) for p in paths)}")
             return
+        if args.dry_run:
+            try:
+                specs = trials or [spec]
+                print(formatting.dry_run_text(self.client.submit(specs[0], dry_run=True), specs[1:]))
+            except LauncherError as error:
+                raise UsageError(f"%%dlc --dry-run: {error}") from None
+            return
         if trials:
             return self._sweep(trials, args.wait)
         try:

@@ -185,6 +185,26 @@ def test_too_big_for_the_partition_is_refused_at_submit(launcher):
         assert message in str(error.value)
 
 
+def test_dry_run_prints_the_batch_script_sbatch_would_get_and_queues_nothing(launcher, slurm, capsys):
+    """`--dry-run` on the Slurm engine: the capacity check ran (sinfo; a 5-node job is refused
+    as a submit is) and the answer is the batch script and the sbatch line, queued nowhere."""
+    from jupyter_dlc import cli
+
+    script = launcher.script("sleeper.py", SLEEPER)
+    assert cli.main(["run", script, "--cluster", CLUSTER, "--nodes", "2", "--nproc-per-node", "2",
+                     "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "what the slurm engine would be asked" in out and "# cluster profile: local-slurm" in out
+    assert "sbatch --parsable --export=ALL job.sbatch" in out
+    batch = out.split("# job.sbatch:\n", 1)[1]
+    assert batch.startswith("#!/bin/bash\n#SBATCH --job-name=dlc-sleeper-") and "#SBATCH --nodes=2\n" in batch
+    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in batch
+    assert "DLC_LAUNCHER_PROOF='<proof key: made at submit>'" in batch
+    assert squeue_ids(slurm) == [] and launcher.client.jobs() == []
+    assert cli.main(["run", script, "--cluster", CLUSTER, "--nodes", "5", "--dry-run"]) == 2
+    assert "nodes: 5 nodes but partition debug" in capsys.readouterr().err
+
+
 def test_stop_leaves_no_process_on_any_node(launcher, slurm):
     polite, stubborn = stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
     ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]

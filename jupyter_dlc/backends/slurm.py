@@ -366,8 +366,10 @@ class SlurmBackend(Backend):
         script = render_sbatch(ctx.spec, directives, exports, python, ctx.script_path,
                                ctx.attempt_dir, str(ctx.port or 29500), preflight=True,
                                umask=local.CHILD_UMASK)
-        return {"backend": "slurm", "cluster": profile.name, "sbatch": ["sbatch", "--parsable"],
-                "script": script}
+        # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
+        # stays out of the script file (submit adds it to sbatch's environment).
+        return {"backend": "slurm", "cluster": profile.name,
+                "sbatch": ["sbatch", "--parsable", "--export=ALL"], "script": script}
 
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
         profile = _profile(ctx.spec)
@@ -378,9 +380,7 @@ class SlurmBackend(Backend):
             f.write(request["script"])
         env = dict(client_env(profile), DLC_TOKEN=ctx.env["DLC_TOKEN"],
                    DLC_LAUNCHER_URL=ctx.env["DLC_LAUNCHER_URL"])
-        # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
-        # stays out of the script file.
-        out = sbatch(["sbatch", "--parsable", "--export=ALL", path], env)
+        out = sbatch(request["sbatch"] + [path], env)
         job_id = out.strip().split(";")[0]
         return {"engine_id": job_id, "script": path, "submitted": time.time()}
 

@@ -22,7 +22,7 @@ from .. import __version__, bands, identity, openapi
 from ..backends import bind_cluster, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, branches, checkpoints, evidence, goodput, performance, stragglers
+from . import bodies, branches, checkpoints, dry_run, evidence, goodput, performance, stragglers
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -380,12 +380,37 @@ class JobsHandler(BaseHandler):
                                 "the same step; give the rule to a sweep (--sweep NAME=VALUES)")
         except (SpecError, TypeError) as error:
             self.fail(400, str(error))
+        dry = self.get_query_argument("dry_run", "")
+        if dry not in ("", "0", "1"):
+            self.fail(400, f"dry_run: {dry!r} is not 1 or 0; give dry_run=1 to see the engine's "
+                           "request without submitting")
+        if dry == "1":
+            self.reply(await self.off_loop(checked_dry_run, self.launcher, spec))
+            return
         self.reply(await self.off_loop(checked_submit, self.launcher, spec), 201)
 
 
+def checked_dry_run(launcher: Launcher, spec: JobSpec) -> dict:
+    """The engine's native request for the spec, checked as a submit is; nothing stored."""
+    check_engine(spec)
+    try:
+        branch = branches.resolve(launcher.store, launcher.supervisor, spec)
+    except SpecError as error:
+        raise Refused(str(error)) from None
+    if branch is not None:
+        spec.branch_from = branch.ref
+    return dry_run.native_request(launcher.supervisor, launcher.data_dir, spec)
+
+
 def checked_submit(launcher: Launcher, spec: JobSpec) -> dict:
+    """What the engine says of the spec, then the submit. On an action worker."""
+    check_engine(spec)
+    return submit(launcher, spec)
+
+
+def check_engine(spec: JobSpec) -> None:
     """What the engine says of the spec (its capacity check runs sinfo on Slurm, reads the
-    cluster profiles), then the submit. On an action worker."""
+    cluster profiles): a Refused naming the field, or nothing."""
     try:
         # A cluster profile names the engine; the engine checks what it can run.
         refusal = get_backend(bind_cluster(spec).backend).capacity_error(spec)
@@ -395,7 +420,6 @@ def checked_submit(launcher: Launcher, spec: JobSpec) -> dict:
         raise Refused(refusal)
     if spec.script is not None and not os.path.isfile(spec.script):
         raise Refused(f"script: {spec.script} does not exist; give a path to a Python file")
-    return submit(launcher, spec)
 
 
 def submit(launcher: Launcher, spec: JobSpec) -> dict:

@@ -527,6 +527,13 @@ export interface components {
             keep_last: number;
             until: number;
         };
+        /** @description What a submit would ask the engine for its first attempt */
+        DryRun: {
+            engine: string;
+            job_id: string;
+            /** @description The engine's own request, as its `dry_run` makes it: local `commands` (torchrun's argv per node), `cwd` and `env`; Slurm `sbatch` (argv) and `script`; SSH `hosts`, `commands` and `payloads`; Kubernetes `manifests`. `env` holds what the launcher adds to its own environment; secrets are placeholders. */
+            request: Record<string, never>;
+        };
         EmptyBody: Record<string, never>;
         /** @description Every 4xx/5xx: one line, naming the field. */
         Error: {
@@ -1042,7 +1049,10 @@ export interface operations {
     };
     submitJob: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description 1: check the spec as a submit does and answer the engine's native request for its first attempt (200, DryRun); nothing is stored */
+                dry_run?: 0 | 1;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -1053,6 +1063,15 @@ export interface operations {
             };
         };
         responses: {
+            /** @description With dry_run=1: what would be submitted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DryRun"];
+                };
+            };
             /** @description Queued */
             201: {
                 headers: {
@@ -2469,6 +2488,7 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsApiJobsPostParametersQueryDry_runValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs"]["post"]["parameters"]["query"]["dry_run"]> = [0, 1];
 export const pathsApiJobsJobGetParametersQueryRank_sortValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}"]["get"]["parameters"]["query"]["rank_sort"]> = ["rank", "step", "heartbeat"];
 export const pathsApiJobsJobMetricsGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const pathsApiJobsJobMetricsStreamGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics/stream"]["get"]["parameters"]["query"]["band"]> = [0, 1];

@@ -263,6 +263,11 @@ def test_a_hung_job_keeps_its_evidence_and_the_cli_lists_it(hung_job, shared_lau
     assert "logs-tail.txt" in names
     with open(os.path.join(folder["dir"], "stacks-rank-1.txt")) as f:
         assert "time.sleep(3600)" in f.read()
+    # Native stacks too (py-spy, a test extra): the interpreter's C frames under the sleep.
+    assert {f"native-rank-{r}.txt" for r in range(2)} <= names, (names, folder.get("skipped"))
+    with open(os.path.join(folder["dir"], "native-rank-1.txt")) as f:
+        native = f.read()
+    assert "time_sleep" in native and "script.py" in native, native
     with open(os.path.join(folder["dir"], "logs-tail.txt")) as f:
         tail = f.read()
     assert "rank 1 about to wait for ever" in tail and "step 3 done" in tail, tail

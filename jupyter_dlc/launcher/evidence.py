@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import subprocess
 import time
 from typing import Any
@@ -48,6 +49,16 @@ def _tail(path: str) -> list[str]:
         return []
     lines, _ = layout.read_log_lines(path, start, TAIL_BYTES)
     return (lines[1:] if start else lines)[-TAIL_LINES:]  # from mid-file, the first is partial
+
+
+def _tool(name: str) -> str | None:
+    """A tool on PATH, else one installed beside the launcher's Python (`pip install py-spy`
+    puts it there, which a PATH of shims may not show until a rehash)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    return beside if os.access(beside, os.X_OK) else None
 
 
 def evidence_dir(attempt_dir: str) -> str:
@@ -109,7 +120,7 @@ def keep_scene(attempt_dir: str, attempt: int, reason: str, world: int,
     if not stacks:
         folder.skipped.append("Python stacks: asked only on a hang verdict (a failing attempt's "
                               "survivors are killed at once, so the restart does not wait)")
-    spy = shutil.which("py-spy")
+    spy = _tool("py-spy")
     if not spy:
         folder.skipped.append("native stacks: py-spy is not on PATH (pip install py-spy)")
     elif not local:

@@ -36,56 +36,42 @@ from typing import Any
 
 import yaml
 
-from . import layout, shell
+from . import engines, layout, shell
+from .engines import Option
 
 FILE_NAME = "dlc_clusters.yaml"
-ENGINES = ("local", "slurm", "kubernetes", "ssh")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_STR_LIST = "a list of strings"
 
-# Options each engine understands: name -> (type check, what to write instead).
-_COMMON = {"engine": (str, "one of " + ", ".join(ENGINES)),
-           "env": (dict, "a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf}"),
-           "python": (str, "the Python with torch and jupyter-dlc on the nodes"),
-           "interface": (str, "a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME)"),
-           "description": (str, "a line of text"),
-           # Warm pools (launcher/pools.py): the first job of a shape starts one.
-           "pool": (bool, "true to keep a warm pool per shape after its first job"),
-           "pool_idle_timeout": (str, "a duration like 10m: idle time before the pool is released")}
-ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
-    "local": {},
-    "slurm": {"partition": (str, "a partition name"), "account": (str, "an account name"),
-              "qos": (str, "a QOS name"), "time": (str, "a Slurm time limit like 1:00:00 or 60"),
-              "gres": (str, "a GRES string like gpu:8"), "constraint": (str, "a feature expression"),
-              "sbatch_args": (list, _STR_LIST),
-              "shared_filesystem": (bool, "true when the nodes see the launcher's job directory")},
-    "kubernetes": {"namespace": (str, "a namespace name"), "image": (str, "a container image with torch"),
-                   "kind": (str, "TrainJob, PyTorchJob or Job (default: what the cluster serves)"),
-                   "runtime": (str, "a ClusterTrainingRuntime name, e.g. torch-distributed"),
-                   "node_selector": (dict, "a mapping of node label to value"),
-                   "tolerations": (list, "a list of toleration mappings"),
-                   "gang": (str, "kueue or volcano"), "queue": (str, "a Kueue LocalQueue or Volcano queue"),
-                   "pvc": (str, "a ReadWriteMany PersistentVolumeClaim name"),
-                   "files": (str, "configmap (default) or pvc"),
-                   "kubeconfig": (str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
-                   "context": (str, "a kubeconfig context name"),
-                   "launcher_url": (str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787"),
-                   "launcher_pvc_dir": (str, "where the launcher mounts the PVC (in the cluster: "
-                                        "/dlc/pvc), so it finds the checkpoints the pods commit")},
-    "ssh": {"hosts": (list, "a list of host names or addresses, node 0 first"),
-            "user": (str, "the login name on the hosts"), "port": (int, "sshd's port, e.g. 22"),
-            "key": (str, "a private key file (no passphrase, or one in ssh-agent)"),
-            "known_hosts": (str, "a known_hosts file with the hosts' keys"),
-            "ssh_options": (list, "a list of ssh -o options, e.g. [ProxyJump=bastion]"),
-            "master_addr": (str, "node 0's address as the other hosts reach it (default: hosts[0])"),
-            "shared_filesystem": (bool, "true when the hosts see the launcher's job directory"),
-            "checkpoint_dir": (str, "a directory every host and the launcher see, for checkpoints "
-                               "(one per job under it); needed without a shared filesystem")},
-}
-# Options whose list holds mappings, not strings; options with a fixed set of values.
-_LIST_OF_MAPPINGS = ("tolerations",)
-_CHOICES = {"kind": ("TrainJob", "PyTorchJob", "Job"), "gang": ("kueue", "volcano"),
-            "files": ("configmap", "pvc")}
+# Options every engine understands; each engine declares its own (`profile_options` on its
+# class, read through the registry: engines.py).
+COMMON_OPTIONS = {
+    "engine": Option(str, "an engine's name (jupyter-dlc clusters lists them)"),
+    "env": Option(dict, "a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf}"),
+    "python": Option(str, "the Python with torch and jupyter-dlc on the nodes"),
+    "interface": Option(str, "a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME)"),
+    "description": Option(str, "a line of text"),
+    # Warm pools (launcher/pools.py): the first job of a shape starts one.
+    "pool": Option(bool, "true to keep a warm pool per shape after its first job"),
+    "pool_idle_timeout": Option(str, "a duration like 10m: idle time before the pool is released")}
+
+
+def options_of(engine: str) -> dict[str, Option]:
+    """Every option a profile of `engine` may give."""
+    return dict(COMMON_OPTIONS, **engines.profile_options(engine))
+
+
+def profile_schema() -> dict[str, Any]:
+    """A profile of `dlc_clusters.yaml` as JSON Schema, one branch an engine, from the same
+    declarations `_validate` checks (the OpenAPI document's ClusterProfile)."""
+    branches = []
+    for engine in engines.names():
+        properties: dict[str, Any] = {k: option.schema() for k, option in options_of(engine).items()}
+        properties["engine"] = {"const": engine}
+        properties["env"]["additionalProperties"] = {"type": "string"}
+        branches.append({"type": "object", "title": engine, "required": ["engine"],
+                         "additionalProperties": False, "properties": properties})
+    return {"oneOf": branches, "description": "One profile of dlc_clusters.yaml (clusters.py); "
+                                              "the file maps profile names to these"}
 
 
 class ClusterError(ValueError):
@@ -125,24 +111,24 @@ def _validate(name: str, data: Any, where: str) -> Profile:
     if not isinstance(data, dict):
         raise ClusterError(f"{where}: {name}: expected a mapping of options, e.g. {{engine: slurm}}")
     engine = data.get("engine")
-    if engine not in ENGINES:
-        raise ClusterError(f"{where}: {name}.engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
-    known = dict(_COMMON, **ENGINE_OPTIONS[engine])
+    if not isinstance(engine, str) or engine not in engines.names():
+        raise ClusterError(f"{where}: {name}.engine: expected one of {', '.join(engines.names())}, "
+                           f"got {engine!r}")
+    known = options_of(engine)
     for key, value in data.items():
         if key not in known:
             raise ClusterError(f"{where}: {name}.{key}: unknown option for engine {engine}; "
                                f"known: {', '.join(sorted(known))}")
-        kind, expected = known[key]
+        option = known[key]
         if value is None:
             continue
-        if key == "time" and isinstance(value, int) and not isinstance(value, bool):
-            value = data[key] = str(value)  # minutes, as Slurm reads a bare number
-        item = dict if key in _LIST_OF_MAPPINGS else str
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool) or \
-                (isinstance(value, list) and not all(isinstance(v, item) for v in value)):
-            raise ClusterError(f"{where}: {name}.{key}: expected {expected}, got {value!r}")
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise ClusterError(f"{where}: {name}.{key}: expected one of {', '.join(_CHOICES[key])}, "
+        if option.number_as_text and isinstance(value, int) and not isinstance(value, bool):
+            value = data[key] = str(value)
+        if not isinstance(value, option.kind) or (isinstance(value, bool) and option.kind is not bool) or \
+                (isinstance(value, list) and not all(isinstance(v, option.items) for v in value)):
+            raise ClusterError(f"{where}: {name}.{key}: expected {option.expected}, got {value!r}")
+        if option.choices and value not in option.choices:
+            raise ClusterError(f"{where}: {name}.{key}: expected one of {', '.join(option.choices)}, "
                                f"got {value!r}")
         if key == "env" and isinstance(value, dict):
             data[key] = {str(k): str(v) for k, v in value.items()}

@@ -15,7 +15,7 @@ import copy
 import json
 from typing import Any
 
-from . import __version__
+from . import __version__, clusters
 from .launcher import bodies
 from .launcher.goodput import PARTS as _GOODPUT_PARTS
 from .launcher.store import RANK_ORDERS
@@ -456,7 +456,7 @@ def document() -> dict:
                                 "needs the token from the launcher's connection file."},
         "paths": PATHS,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": dict(SCHEMAS, ClusterProfile=clusters.profile_schema()),
             "securitySchemes": {
                 "token": {"type": "apiKey", "in": "header", "name": "Authorization",
                           "description": "`token <TOKEN>` or `Bearer <TOKEN>`"},

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import shell
+from . import engines, shell
 
-BACKENDS = ("local", "slurm", "kubernetes", "ssh")
+# The engines registered (engines.py, an entry-point group), read when spec is imported.
+BACKENDS = engines.names()
 NETWORKS = ("tcp", "rdma", "debug")
 
 # torchrun and the launcher own these; a user's --env must not break the rendezvous.
@@ -242,10 +243,14 @@ def _path_rule(nullable: bool = True) -> FieldRule:
                      nullable)
 
 
-def _choice_rule(options: tuple[str, ...], nullable: bool = False) -> FieldRule:
+def _choice_rule(options: tuple[str, ...], nullable: bool = False,
+                 registry: Callable[[], tuple[str, ...]] | None = None) -> FieldRule:
+    """One of `options`; with `registry`, of what it answers when checked (the engines: a
+    package installed since this module was imported counts)."""
     def check(value: Any, name: str) -> str:
-        if value not in options or not isinstance(value, str):
-            raise SpecError(name, f"expected one of {', '.join(options)}, got {show(value)}")
+        known = registry() if registry else options
+        if value not in known or not isinstance(value, str):
+            raise SpecError(name, f"expected one of {', '.join(known)}, got {show(value)}")
         return value
     return FieldRule(check, {"type": "string", "enum": list(options)}, nullable)
 
@@ -496,7 +501,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
         {"type": "array", "maxItems": MAX_ENV_VARS, "items": {"type": "string", "pattern": "="}}]}),
     "network": _network_rule(),
     "workdir": _path_rule(),
-    "backend": _choice_rule(BACKENDS),
+    "backend": _choice_rule(BACKENDS, registry=engines.names),
     "max_runtime": _duration_rule(nullable=True),
     "max_restarts": _int_rule(0, 100),
     "steps": dataclasses.replace(_int_rule(1, 2**53), nullable=True),

@@ -33,7 +33,7 @@ def test_profiles_round_trip_and_validate(profiles):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("clusters:\n  a: {engine: pbs}\n", "a.engine: expected one of local, slurm, kubernetes, ssh, got 'pbs'"),
+    ("clusters:\n  a: {engine: pbs}\n", "a.engine: expected one of local, kubernetes, slurm, ssh, got 'pbs'"),
     ("clusters:\n  a: {engine: slurm, partiton: x}\n",
      "a.partiton: unknown option for engine slurm; known: "),
     ("clusters:\n  a: {engine: slurm, sbatch_args: --exclusive}\n",

@@ -38,8 +38,9 @@ Engines are singletons (`get_backend`); per-job options come from the job's clus
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from ..engines import Option
 from ..spec import JobSpec
 
 
@@ -151,6 +152,9 @@ class Capabilities:
 
 class Backend:
     name = "base"
+    # The options a cluster profile of this engine may give, besides the common ones
+    # (clusters.COMMON_OPTIONS): name -> engines.Option. Read through the registry.
+    profile_options: ClassVar[dict[str, Option]] = {}
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities()
@@ -294,26 +298,16 @@ launcher_url: str | None = None
 
 
 def get_backend(name: str) -> Backend:
+    """The one instance of the engine registered as `name` (engines.py: the entry-point group
+    `jupyter_dlc.engines`)."""
     if name not in _engines:
-        if name == "local":
-            from .local import LocalBackend
+        from .. import engines
 
-            _engines[name] = LocalBackend()
-        elif name == "slurm":
-            from .slurm import SlurmBackend
-
-            _engines[name] = SlurmBackend()
-        elif name == "kubernetes":
-            from .kubernetes import KubernetesBackend
-
-            _engines[name] = KubernetesBackend()
-        elif name == "ssh":
-            from .ssh import SSHBackend
-
-            _engines[name] = SSHBackend()
-        else:
-            raise ValueError(f"backend: {name!r} is not available here; use 'local' or a "
-                             "Slurm cluster profile (--cluster NAME)")
+        cls = engines.engine_class(name)
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise engines.UnknownEngine(f"backend: the engine {name!r} is no Backend "
+                                        "(jupyter_dlc.backends.Backend) subclass")
+        _engines[name] = cls()
     return _engines[name]
 
 

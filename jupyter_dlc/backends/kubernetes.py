@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from .. import k8s_manifests, layout
+from ..engines import Option
 from ..spec import JobSpec
 from . import (
     AttemptContext,
@@ -124,6 +125,22 @@ def pod_state(pod: dict) -> tuple[str, int | None, str | None]:
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    profile_options = {
+        "namespace": Option(str, "a namespace name"), "image": Option(str, "a container image with torch"),
+        "kind": Option(str, "TrainJob, PyTorchJob or Job (default: what the cluster serves)",
+                       choices=("TrainJob", "PyTorchJob", "Job")),
+        "runtime": Option(str, "a ClusterTrainingRuntime name, e.g. torch-distributed"),
+        "node_selector": Option(dict, "a mapping of node label to value"),
+        "tolerations": Option(list, "a list of toleration mappings", items=dict),
+        "gang": Option(str, "kueue or volcano", choices=("kueue", "volcano")),
+        "queue": Option(str, "a Kueue LocalQueue or Volcano queue"),
+        "pvc": Option(str, "a ReadWriteMany PersistentVolumeClaim name"),
+        "files": Option(str, "configmap (default) or pvc", choices=("configmap", "pvc")),
+        "kubeconfig": Option(str, "a kubeconfig path (default: in-cluster, else ~/.kube/config)"),
+        "context": Option(str, "a kubeconfig context name"),
+        "launcher_url": Option(str, "the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787"),
+        "launcher_pvc_dir": Option(str, "where the launcher mounts the PVC (in the cluster: "
+                                   "/dlc/pvc), so it finds the checkpoints the pods commit")}
 
     # The supervisor ticks several times a second; an API server is asked about one attempt at
     # most this often (a GET, a pod LIST and the running pods' logs per ask).

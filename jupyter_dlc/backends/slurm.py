@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from .. import layout, node_reporter, shell
+from ..engines import Option
 from ..spec import JobSpec, network_env
 from . import (
     AttemptContext,
@@ -284,6 +285,14 @@ def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    profile_options = {
+        "partition": Option(str, "a partition name"), "account": Option(str, "an account name"),
+        "qos": Option(str, "a QOS name"),
+        # A bare number is minutes, as Slurm reads it.
+        "time": Option(str, "a Slurm time limit like 1:00:00 or 60", number_as_text=True),
+        "gres": Option(str, "a GRES string like gpu:8"), "constraint": Option(str, "a feature expression"),
+        "sbatch_args": Option(list, "a list of strings"),
+        "shared_filesystem": Option(bool, "true when the nodes see the launcher's job directory")}
 
     def __init__(self):
         # job id -> (when asked, squeue's record or None when Slurm does not know it)

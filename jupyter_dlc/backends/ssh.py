@@ -45,6 +45,7 @@ import urllib.parse
 from typing import Any
 
 from .. import layout, node_reporter, shell
+from ..engines import Option
 from ..spec import JobSpec
 from . import (
     AttemptContext,
@@ -218,6 +219,16 @@ def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str |
 
 
 class SSHBackend(Backend):
+    profile_options = {
+        "hosts": Option(list, "a list of host names or addresses, node 0 first"),
+        "user": Option(str, "the login name on the hosts"), "port": Option(int, "sshd's port, e.g. 22"),
+        "key": Option(str, "a private key file (no passphrase, or one in ssh-agent)"),
+        "known_hosts": Option(str, "a known_hosts file with the hosts' keys"),
+        "ssh_options": Option(list, "a list of ssh -o options, e.g. [ProxyJump=bastion]"),
+        "master_addr": Option(str, "node 0's address as the other hosts reach it (default: hosts[0])"),
+        "shared_filesystem": Option(bool, "true when the hosts see the launcher's job directory"),
+        "checkpoint_dir": Option(str, "a directory every host and the launcher see, for checkpoints "
+                                 "(one per job under it); needed without a shared filesystem")}
     name = "ssh"
 
     def capabilities(self, spec: JobSpec) -> Capabilities:

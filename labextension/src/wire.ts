@@ -492,6 +492,147 @@ export interface components {
         Checkpoints: {
             checkpoints: components["schemas"]["Checkpoint"][];
         };
+        /** @description One profile of dlc_clusters.yaml (clusters.py); the file maps profile names to these */
+        ClusterProfile: {
+            /** @description a line of text */
+            description?: string;
+            /** @constant */
+            engine: "local";
+            /** @description a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf} */
+            env?: {
+                [key: string]: string;
+            };
+            /** @description a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME) */
+            interface?: string;
+            /** @description true to keep a warm pool per shape after its first job */
+            pool?: boolean;
+            /** @description a duration like 10m: idle time before the pool is released */
+            pool_idle_timeout?: string;
+            /** @description the Python with torch and jupyter-dlc on the nodes */
+            python?: string;
+        } | {
+            /** @description a kubeconfig context name */
+            context?: string;
+            /** @description a line of text */
+            description?: string;
+            /** @constant */
+            engine: "kubernetes";
+            /** @description a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf} */
+            env?: {
+                [key: string]: string;
+            };
+            /**
+             * @description configmap (default) or pvc
+             * @enum {string}
+             */
+            files?: "configmap" | "pvc";
+            /**
+             * @description kueue or volcano
+             * @enum {string}
+             */
+            gang?: "kueue" | "volcano";
+            /** @description a container image with torch */
+            image?: string;
+            /** @description a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME) */
+            interface?: string;
+            /**
+             * @description TrainJob, PyTorchJob or Job (default: what the cluster serves)
+             * @enum {string}
+             */
+            kind?: "TrainJob" | "PyTorchJob" | "Job";
+            /** @description a kubeconfig path (default: in-cluster, else ~/.kube/config) */
+            kubeconfig?: string;
+            /** @description where the launcher mounts the PVC (in the cluster: /dlc/pvc), so it finds the checkpoints the pods commit */
+            launcher_pvc_dir?: string;
+            /** @description the launcher's URL as pods see it, e.g. http://jupyter-dlc:8787 */
+            launcher_url?: string;
+            /** @description a namespace name */
+            namespace?: string;
+            /** @description a mapping of node label to value */
+            node_selector?: Record<string, never>;
+            /** @description true to keep a warm pool per shape after its first job */
+            pool?: boolean;
+            /** @description a duration like 10m: idle time before the pool is released */
+            pool_idle_timeout?: string;
+            /** @description a ReadWriteMany PersistentVolumeClaim name */
+            pvc?: string;
+            /** @description the Python with torch and jupyter-dlc on the nodes */
+            python?: string;
+            /** @description a Kueue LocalQueue or Volcano queue */
+            queue?: string;
+            /** @description a ClusterTrainingRuntime name, e.g. torch-distributed */
+            runtime?: string;
+            /** @description a list of toleration mappings */
+            tolerations?: Record<string, never>[];
+        } | {
+            /** @description an account name */
+            account?: string;
+            /** @description a feature expression */
+            constraint?: string;
+            /** @description a line of text */
+            description?: string;
+            /** @constant */
+            engine: "slurm";
+            /** @description a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf} */
+            env?: {
+                [key: string]: string;
+            };
+            /** @description a GRES string like gpu:8 */
+            gres?: string;
+            /** @description a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME) */
+            interface?: string;
+            /** @description a partition name */
+            partition?: string;
+            /** @description true to keep a warm pool per shape after its first job */
+            pool?: boolean;
+            /** @description a duration like 10m: idle time before the pool is released */
+            pool_idle_timeout?: string;
+            /** @description the Python with torch and jupyter-dlc on the nodes */
+            python?: string;
+            /** @description a QOS name */
+            qos?: string;
+            /** @description a list of strings */
+            sbatch_args?: string[];
+            /** @description true when the nodes see the launcher's job directory */
+            shared_filesystem?: boolean;
+            /** @description a Slurm time limit like 1:00:00 or 60 */
+            time?: string | number;
+        } | {
+            /** @description a directory every host and the launcher see, for checkpoints (one per job under it); needed without a shared filesystem */
+            checkpoint_dir?: string;
+            /** @description a line of text */
+            description?: string;
+            /** @constant */
+            engine: "ssh";
+            /** @description a mapping of variable to value, e.g. {SLURM_CONF: /etc/slurm/slurm.conf} */
+            env?: {
+                [key: string]: string;
+            };
+            /** @description a list of host names or addresses, node 0 first */
+            hosts?: string[];
+            /** @description a network interface name, e.g. eth0 (sets GLOO_/NCCL_SOCKET_IFNAME) */
+            interface?: string;
+            /** @description a private key file (no passphrase, or one in ssh-agent) */
+            key?: string;
+            /** @description a known_hosts file with the hosts' keys */
+            known_hosts?: string;
+            /** @description node 0's address as the other hosts reach it (default: hosts[0]) */
+            master_addr?: string;
+            /** @description true to keep a warm pool per shape after its first job */
+            pool?: boolean;
+            /** @description a duration like 10m: idle time before the pool is released */
+            pool_idle_timeout?: string;
+            /** @description sshd's port, e.g. 22 */
+            port?: number;
+            /** @description the Python with torch and jupyter-dlc on the nodes */
+            python?: string;
+            /** @description true when the hosts see the launcher's job directory */
+            shared_filesystem?: boolean;
+            /** @description a list of ssh -o options, e.g. [ProxyJump=bastion] */
+            ssh_options?: string[];
+            /** @description the login name on the hosts */
+            user?: string;
+        };
         /** @description A file of the step that a rank found not matching its manifest. */
         CorruptFile: {
             attempt: number | null;
@@ -628,7 +769,7 @@ export interface components {
             alerts?: string[];
             args?: string[];
             /** @enum {string} */
-            backend?: "local" | "slurm" | "kubernetes" | "ssh";
+            backend?: "local" | "kubernetes" | "slurm" | "ssh";
             branch_from?: string | null;
             checkpoint_dir?: string | null;
             cluster?: string | null;
@@ -686,7 +827,7 @@ export interface components {
         JobSummary: {
             attempt: number;
             /** @enum {string} */
-            backend: "local" | "slurm" | "kubernetes" | "ssh";
+            backend: "local" | "kubernetes" | "slurm" | "ssh";
             created: number;
             ended: number | null;
             /** @description productive step time over wall time since submit (GET /api/jobs/{job}/goodput has the whole ledger); null until a step was reported */
@@ -2493,9 +2634,18 @@ export const pathsApiJobsJobGetParametersQueryRank_sortValues: ReadonlyArray<Fla
 export const pathsApiJobsJobMetricsGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const pathsApiJobsJobMetricsStreamGetParametersQueryBandValues: ReadonlyArray<FlattenedDeepRequired<paths>["/api/jobs/{job}/metrics/stream"]["get"]["parameters"]["query"]["band"]> = [0, 1];
 export const checkpointVerificationValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Checkpoint"]["verification"]> = ["verified", "unverified", "corrupt"];
-export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
+export const clusterProfileOneOf1FilesValues: ReadonlyArray<Extract<FlattenedDeepRequired<components>["schemas"]["ClusterProfile"], {
+    files: unknown;
+}>["files"]> = ["configmap", "pvc"];
+export const clusterProfileOneOf1GangValues: ReadonlyArray<Extract<FlattenedDeepRequired<components>["schemas"]["ClusterProfile"], {
+    gang: unknown;
+}>["gang"]> = ["kueue", "volcano"];
+export const clusterProfileOneOf1KindValues: ReadonlyArray<Extract<FlattenedDeepRequired<components>["schemas"]["ClusterProfile"], {
+    kind: unknown;
+}>["kind"]> = ["TrainJob", "PyTorchJob", "Job"];
+export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "kubernetes", "slurm", "ssh"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
-export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "slurm", "kubernetes", "ssh"];
+export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "kubernetes", "slurm", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
 export const performanceVerdictVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PerformanceVerdict"]["verdict"]> = ["input-bound", "communication-bound", "checkpoint-bound", "straggler", "healthy"];
 export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];

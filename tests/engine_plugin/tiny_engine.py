@@ -1,0 +1,28 @@
+"""A small engine from outside the package, registered by an entry point only
+(tiny_engine-0.1.dist-info/entry_points.txt, found on PYTHONPATH): this machine's processes,
+as the local engine runs them, with one option of its own that every rank sees. It proves
+that adding an engine takes one module and one entry point, no edit to jupyter_dlc."""
+
+from __future__ import annotations
+
+from jupyter_dlc.backends import AttemptContext, Capabilities
+from jupyter_dlc.backends.local import LocalBackend
+from jupyter_dlc.clusters import engine_profile
+from jupyter_dlc.engines import Option
+
+
+class TinyEngine(LocalBackend):
+    name = "tiny"
+    profile_options = {"greeting": Option(str, "words every rank gets as TINY_GREETING")}
+
+    def capabilities(self, spec) -> Capabilities:
+        return Capabilities(branches=False)
+
+    def _with_greeting(self, ctx: AttemptContext) -> AttemptContext:
+        greeting = engine_profile(ctx.spec.cluster, self.name).get("greeting") or ""
+        ctx.env = dict(ctx.env, TINY_GREETING=greeting)
+        return ctx
+
+    def dry_run(self, ctx: AttemptContext):
+        # The local engine's submit starts what its dry run says: the greeting rides along.
+        return dict(super().dry_run(self._with_greeting(ctx)), backend=self.name)

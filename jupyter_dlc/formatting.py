@@ -167,6 +167,16 @@ def engine_text(job: dict) -> str | None:
     return text + (f" on cluster {spec['cluster']}" if spec.get("cluster") else "")
 
 
+def engine_limits_text(job: dict) -> str | None:
+    """What the job's engine cannot do for it (the detail's `engine`, backends.capability_report),
+    as the panel's detail says it (labextension/src/engine.ts); None when nothing is missing."""
+    report = job.get("engine") or {}
+    if report.get("error"):
+        return f"{report.get('name')}: {report['error']}"
+    missing = [item.get("feature", "") for item in report.get("cannot") or []]
+    return f"not on {report.get('name')} for this job: {'; '.join(missing)}" if missing else None
+
+
 def status_text(job: dict, ledger: dict | None = None) -> str:
     lines = [status_line(job), f"  dir: {job.get('job_dir')}"]
     if job.get("parent"):
@@ -175,6 +185,8 @@ def status_text(job: dict, ledger: dict | None = None) -> str:
         lines.append(f"  {goodput_line(ledger)}")
     if engine_text(job):
         lines.append(f"  engine: {engine_text(job)}")
+    if engine_limits_text(job):
+        lines.append(f"  {engine_limits_text(job)}")
     start = (job.get("attempts") or [{}])[-1].get("start")
     if start:
         lines.append(f"  start: {start}")

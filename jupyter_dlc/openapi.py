@@ -12,10 +12,12 @@ field is not a breaking change but renaming one fails the contract tests.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
 from . import __version__, clusters
+from .backends import Capabilities
 from .launcher import bodies
 from .launcher.goodput import PARTS as _GOODPUT_PARTS
 from .launcher.store import RANK_ORDERS
@@ -141,8 +143,20 @@ SCHEMAS: dict[str, dict] = {
         "last_checkpoint": _null(_ref("Checkpoint")),
         "stragglers": {"type": "array", "items": _ref("Straggler"),
                        "description": "who the straggler detector names now, while the job "
-                                      "runs (launcher/stragglers.py); empty once it ended"}},
+                                      "runs (launcher/stragglers.py); empty once it ended"},
+        "engine": _ref("EngineReport")},
         {"rank_page": _ref("RankPage")})]},
+    "EngineReport": _obj(
+        {"name": _STR,
+         "capabilities": {"type": "object", "additionalProperties": False,
+                          "properties": {f.name: {"type": "boolean", "description": f.metadata.get("feature", "")}
+                                         for f in dataclasses.fields(Capabilities)}},
+         "cannot": {"type": "array", "items": _obj(
+             {"capability": _STR,
+              "feature": {**_STR, "description": "the feature, in the words of ARCHITECTURE.md's "
+                                                 "engine-by-feature table"}})}},
+        {"error": {**_STR, "description": "why the engine could not be asked (not installed)"}},
+        description="What the job's engine can and cannot do for it (backends.capability_report)"),
     "Straggler": _obj(
         {"key": {**_STR, "description": "`rank R` or `node N`"},
          "kind": {"type": "string", "enum": ["rank", "node"]}, "node": _INT,

@@ -72,6 +72,17 @@ def test_an_engine_registered_by_an_entry_point_runs_a_job(plugged, tmp_path):
     logs = [line["text"] for line in plugged.client.logs(job_id)["lines"]]
     assert sorted(line for line in logs if line.startswith("greeting")) == [
         f"greeting hello from a plugin rank {r}" for r in range(2)], logs
+    # What it cannot do for the job, the views say (the panel's detail turns Branch off).
+    assert job["engine"]["name"] == "tiny" and job["engine"]["capabilities"]["branches"] is False
+    assert {c["capability"] for c in job["engine"]["cannot"]} == {"branches", "warm_pools",
+                                                                 "standby_agents", "node_copies"}
+    status = _cli("status", job_id).stdout
+    assert "not on tiny for this job: Warm restarts" in status and "Branch from another job" in status
+    from jupyter_dlc.widgets import JobView
+
+    view = JobView(plugged.client, job_id)
+    assert view.refresh_now() and 'class="dlc-engine-limits">not on tiny for this job' in view.header.value
+    view.close()
     # --backend takes it where argparse checks choices (a fresh process reads the registry).
     assert _cli("run", script, "--backend", "tiny", "--dry-run").returncode == 0
 

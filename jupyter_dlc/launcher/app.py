@@ -19,7 +19,7 @@ import orjson
 import tornado.web
 
 from .. import __version__, bands, identity, openapi
-from ..backends import bind_cluster, get_backend
+from ..backends import bind_cluster, capability_report, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from . import bodies, branches, checkpoints, dry_run, evidence, goodput, performance, stragglers
@@ -316,6 +316,8 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
         item["checkpoint_dir"] = a["checkpoint_dir"]  # as the engine resolved it at the start
         attempts.append(item)
     job["attempts"] = attempts
+    # What the engine cannot do for this job, so that a view says so (a disabled Branch).
+    job["engine"] = capability_report(JobSpec.from_dict(job["spec"]))
     checkpoints = store.checkpoints(row["id"])
     job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
     # Who the straggler detector names now (launcher/stragglers.py), while the job runs.

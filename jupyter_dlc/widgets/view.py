@@ -689,6 +689,9 @@ class JobView:
             extra.append("reason: " + _text(job["reason"]))
         if formatting.engine_text(job):
             extra.append("engine: " + _text(formatting.engine_text(job)))
+        limits = formatting.engine_limits_text(job)
+        if limits:
+            extra.append(f'<span class="dlc-engine-limits">{_text(limits)}</span>')
         if extra:
             text += '<br><span style="color:#555">' + " · ".join(extra) + "</span>"
         return f'<div class="dlc-header" style="font-family:var(--jp-ui-font-family,sans-serif)">{text}</div>'

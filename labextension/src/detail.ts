@@ -14,6 +14,7 @@ import { progressText, renderGoodputBar } from './goodput';
 import { BREAKDOWN_NAMES, STEPS_REDRAW_MS, STEP_MS, stepChart, stepRows, stepsTitle } from './steps';
 import { stateClass } from './listview';
 import { branchCell } from './branch';
+import { EngineReport, engineLimits } from './engine';
 import { el } from './dom';
 import { RankAsk, RankPager, RankTable } from './rankpager';
 import { JobDetail, JobEntry, JobSummary, age, isActive } from './store';
@@ -117,6 +118,8 @@ export class DetailView {
   readonly node: HTMLElement;
   private id: string | null = null;
   private entry: JobEntry | null = null;
+  /** what the job's engine can do for it (the detail's `engine`): gates buttons */
+  private engine: EngineReport | undefined = undefined;
   private metrics = new JobMetrics(0);
   private timer: number | null = null;
   private loading = false;
@@ -180,6 +183,7 @@ export class DetailView {
 
     this.parts.alerts = el('div', 'dlc-alerts');
     this.parts.stragglers = el('div', 'dlc-stragglers');
+    this.parts.engine = el('div', 'dlc-engine-limits');
     this.parts.diagnosis = el('div', 'dlc-diagnosis');
     this.parts.charts = el('div', 'dlc-charts');
     this.parts.steps = el('div', 'dlc-steps');
@@ -221,7 +225,7 @@ export class DetailView {
     this.parts.logs = el('pre', 'dlc-logs');
     logBox.appendChild(this.parts.logs);
     this.parts.retention = el('div', 'dlc-retention-note');
-    this.node.append(this.parts.stragglers, this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.steps, this.parts.retention, ranksBox, logBox);
+    this.node.append(this.parts.engine, this.parts.stragglers, this.parts.alerts, this.parts.diagnosis, this.parts.charts, this.parts.steps, this.parts.retention, ranksBox, logBox);
   }
 
   get jobId(): string | null {
@@ -258,6 +262,8 @@ export class DetailView {
       this.parts.rankStates.textContent = '';
       this.parts.alerts.textContent = '';
       this.parts.stragglers.textContent = '';
+      this.engine = undefined;
+      this.parts.engine.textContent = '';
       this.parts.diagnosis.textContent = '';
       this.parts.goodput.textContent = '';
       (this.parts.logRank as HTMLSelectElement).textContent = '';
@@ -318,6 +324,13 @@ export class DetailView {
     del.title = active ? 'Stop the job before deleting it' : 'Delete the job and its files';
     const open = this.parts['dlc-action-open'] as HTMLButtonElement;
     open.disabled = !j.source?.path;
+    // What the job's engine cannot do (its capabilities, from the detail) stays off, saying why.
+    const { disabled } = engineLimits(this.engine);
+    for (const cls of ['dlc-action-branch']) {
+      const b = this.parts[cls] as HTMLButtonElement;
+      b.disabled = cls in disabled;
+      b.title = disabled[cls] ?? '';
+    }
     open.title = j.source?.path ? `Open ${j.source.path}` : 'No source recorded';
   }
 
@@ -367,6 +380,9 @@ export class DetailView {
       this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
       this.renderAlerts(alerts.alerts);
       this.renderStragglers(job.stragglers);
+      this.engine = job.engine;
+      this.parts.engine.textContent = engineLimits(job.engine).line;
+      this.updateButtons();
       this.renderDiagnosis(diagnosis.diagnoses, diagnosis.verdict ?? null);
       this.parts.goodput.replaceChildren(renderGoodputBar(goodput));
     } catch (e) {

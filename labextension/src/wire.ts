@@ -676,6 +676,33 @@ export interface components {
             request: Record<string, never>;
         };
         EmptyBody: Record<string, never>;
+        /** @description What the job's engine can and cannot do for it (backends.capability_report) */
+        EngineReport: {
+            cannot: {
+                capability: string;
+                /** @description the feature, in the words of ARCHITECTURE.md's engine-by-feature table */
+                feature: string;
+            }[];
+            capabilities: {
+                /** @description Branch from another job's committed step (--from JOB@STEP) */
+                branches?: boolean;
+                /** @description Restore from a node-held shared-memory copy of the newest step */
+                node_copies?: boolean;
+                /** @description Preflight runs on the nodes themselves */
+                node_preflight?: boolean;
+                /** @description One rank can be signalled alone */
+                per_rank_signals?: boolean;
+                /** @description The nodes see the launcher's job directory (else scripts travel with the job, logs come back) */
+                shared_filesystem?: boolean;
+                /** @description Warm restarts: a standby agent per node, torch imported, takes the next attempt */
+                standby_agents?: boolean;
+                /** @description Warm pools (`pool up`): the next cell's ranks fork from agents that are already up */
+                warm_pools?: boolean;
+            };
+            /** @description why the engine could not be asked (not installed) */
+            error?: string;
+            name: string;
+        };
         /** @description Every 4xx/5xx: one line, naming the field. */
         Error: {
             error: string;
@@ -754,6 +781,7 @@ export interface components {
         };
         JobDetail: components["schemas"]["JobSummary"] & {
             attempts: components["schemas"]["Attempt"][];
+            engine: components["schemas"]["EngineReport"];
             last_checkpoint: components["schemas"]["Checkpoint"] | null;
             rank_page?: components["schemas"]["RankPage"];
             ranks: components["schemas"]["Rank"][];

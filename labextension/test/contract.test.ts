@@ -9,6 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 
 import { JobMetrics } from '../src/bands';
+import { engineLimits } from '../src/engine';
 import { RankPager } from '../src/rankpager';
 import {
   JOB_STATES,
@@ -62,6 +63,10 @@ describe('real launcher payloads through the panel', () => {
       expect(JOB_STATES).toContain(job.state);
     }
     expect(fx.job_succeeded.state).toBe('SUCCEEDED');
+    // What the engine can do for the job gates the detail's buttons (engine.ts).
+    expect(fx.job_succeeded.engine.name).toBe('local');
+    expect(fx.job_succeeded.engine.capabilities.branches).toBe(true);
+    expect(engineLimits(fx.job_succeeded.engine)).toEqual({ line: '', disabled: {} });
     expect(TERMINAL.has(fx.job_succeeded.state)).toBe(true);
     expect(TERMINAL.has(fx.job_failed.state)).toBe(true);
   });

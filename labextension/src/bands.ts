@@ -67,6 +67,10 @@ export class BandSeries {
   readonly outliers: number[] = [];
   private attempt = 0;
   private pending = new Map<string, Map<number, Pending>>();
+  /** per metric, the highest step drawn: a later value of a step up to it that is not still
+   * pending is dropped (it would draw the step again from that value alone, as the notebook
+   * view's TrainData does: tests/vectors/bands.json) */
+  private drawnThrough = new Map<string, number>();
   private bands = new Map<string, [number, number, number, number][]>();
   private lines = new Map<string, Map<number, [number, number][]>>();
 
@@ -81,11 +85,13 @@ export class BandSeries {
     for (const { rank, value } of row.outliers) {
       if (this.outliers.includes(rank)) {
         this.appendTo(row.name, rank, row.step, num(value));
-      } else {
+      } else if (pending) {
         pending.candidates.set(rank, num(value));
       }
     }
-    this.settle(row.name, row.step);
+    if (pending) {
+      this.settle(row.name, row.step);
+    }
   }
 
   /** A train point: the launcher left its rank out of the rows (an outlier's), so it is one
@@ -102,8 +108,9 @@ export class BandSeries {
     if (this.outliers.includes(rank)) {
       this.appendTo(p.name, rank, step, value);
     }
-    this.merge(p.name, step, 1, value, value, value);
-    this.settle(p.name, step);
+    if (this.merge(p.name, step, 1, value, value, value)) {
+      this.settle(p.name, step);
+    }
   }
 
   /** The metrics that have something drawn or on the way. */
@@ -143,11 +150,16 @@ export class BandSeries {
       }
     }
     this.pending.clear();
+    this.drawnThrough.clear();
   }
 
-  /** Add values to the band of (`name`, `step`) on the way; returns it. */
-  private merge(name: string, step: number, n: number, sum: number, lo: number, hi: number): Pending {
+  /** Add values to the band of (`name`, `step`) on the way; returns it, or null for a step
+   * already drawn. */
+  private merge(name: string, step: number, n: number, sum: number, lo: number, hi: number): Pending | null {
     const steps = entry(this.pending, name, () => new Map());
+    if (!steps.has(step) && step <= (this.drawnThrough.get(name) ?? -Infinity)) {
+      return null;
+    }
     const at = entry(steps, step, () => ({ n: 0, sum: 0, lo: Infinity, hi: -Infinity, candidates: new Map() }));
     at.n += n;
     at.sum += sum;
@@ -182,6 +194,7 @@ export class BandSeries {
   }
 
   private emit(name: string, step: number, at: Pending): void {
+    this.drawnThrough.set(name, Math.max(step, this.drawnThrough.get(name) ?? step));
     const mean = at.sum / at.n;
     if (isFinite(mean) && isFinite(at.lo) && isFinite(at.hi)) {
       insert(entry(this.bands, name, () => []), [step, mean, at.lo, at.hi]);

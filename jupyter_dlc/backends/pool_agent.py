@@ -286,10 +286,14 @@ def _signal_ranks(pids: list[int], sig: int) -> None:
 
 # -- the zygote ---------------------------------------------------------------------------
 def main(pool_dir: str, node: int) -> int:
-    import torch  # noqa: F401 - the cost this process exists to pay once
-    import torch.distributed  # noqa: F401
     import torch.distributed.run  # noqa: F401 - what scripts and the runtime use at start
-    import torch.nn.parallel  # noqa: F401
+
+    # The cost this process exists to pay once, as a standby agent pays it: torch, and what
+    # DDP's first construction imports (torch._dynamo, sympy: a second of CPU a rank here,
+    # which every warm job's first DDP paid in each of its ranks before this).
+    from .warm_ranks import preload
+
+    preload()
 
     from ..runtime import bootstrap  # noqa: F401
     from ..runtime import checkpoint, report  # noqa: F401

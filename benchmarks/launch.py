@@ -6,7 +6,10 @@ launcher side submits through LauncherClient, the client the magic uses, to an a
 running launcher (a user's every job but the first). Two phases, each alternating with its
 own plain torchrun runs so that machine noise hits both alike: cold (no pool: torchrun agents
 and a torch import in every rank) and warm (a warm pool of this shape, `pool up`: the second
-and later cells of a notebook). Median ratios are printed, the warm one last.
+and later cells of a notebook). On the local engine a third measure follows the warm one:
+issue 25's end to end, `jupyter-dlc run tiny.py --wait` (join, one all-reduce, leave; the
+CLI's own start included) on the warm pool against two plain torchrun agents running the
+same script, launch to exit. Median ratios are printed, the warm one last.
 
     python benchmarks/launch.py [--reps 5]
     python benchmarks/launch.py --engine slurm [--reps 5]
@@ -47,6 +50,19 @@ sys.stdout.flush()
 os._exit(0)
 """
 
+
+
+# Issue 25's "done when": join, one all-reduce, leave; timed end to end as a user waits for it.
+TINY = """
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+value = torch.ones(1)
+dist.all_reduce(value)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
 
 
 def read_time(path: str, timeout: float = 120) -> float:
@@ -103,6 +119,30 @@ def plain_sbatch(script: str, marker: str) -> float:
     return first
 
 
+def torchrun_end_to_end(script: str) -> float:
+    """Two plain torchrun agents running `script`, launch to both gone."""
+    port = free_port()
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                               f"--node-rank={node}", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                               f"--master-port={port}", "--max-restarts=0", script],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for node in range(2)]
+    for proc in procs:
+        proc.wait(timeout=120)
+    return time.time() - t0
+
+
+def cli_end_to_end(script: str) -> float:
+    """`jupyter-dlc run SCRIPT --nodes 2 --nproc-per-node 2 --wait` as a user types it (the
+    CLI's own start included), to the launcher that is up, until it returns."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "run", script, "--nodes", "2",
+                    "--nproc-per-node", "2", "--max-restarts", "0", "--wait"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return time.time() - t0
+
+
 def through_launcher(client, script: str, marker: str, **fields) -> float:
     t0 = time.time()
     job = client.submit({"script": script, "args": [marker], "nodes": 2, "nproc_per_node": 2,
@@ -146,8 +186,21 @@ def measure(args, fields: dict, baseline: str, base_run) -> None:
                     time.sleep(0.1)
             measured.append((phase, *alternate(args, client, root, script, fields, baseline,
                                               base_run, phase)))
+        if not fields:  # the local engine: issue 25's end-to-end measure on the warm pool
+            tiny = os.path.join(root, "tiny.py")
+            with open(tiny, "w") as f:
+                f.write(TINY)
+            cli_end_to_end(tiny)  # the CLI's own imports cached
+            plain, ours = [], []
+            for rep in range(args.reps):
+                plain.append(torchrun_end_to_end(tiny))
+                ours.append(cli_end_to_end(tiny))
+                print(f"rep {rep} torchrun end to end {plain[-1]:.3f}s, jupyter-dlc run --wait "
+                      f"{ours[-1]:.3f}s", flush=True)
     finally:
         stop_launcher(client, root)  # a launcher that exits cleanly releases its pools
+    if not fields:
+        report_end_to_end(args, plain, ours)
     for phase, plain, ours in measured:
         ratios = [o / p for o, p in zip(ours, plain, strict=True)]
         ratio, median = statistics.median(ratios), statistics.median(ours)
@@ -162,6 +215,20 @@ def measure(args, fields: dict, baseline: str, base_run) -> None:
             results.record(f"{phase}: submit to first step, 2x2 ({args.engine})",
                            f"{target} {baseline}", f"{median:.2f} s median; {ratio:.3f}x {baseline}",
                            met, results.command_line(sys.argv), args.load)
+
+
+def report_end_to_end(args, plain: list[float], ours: list[float]) -> None:
+    ratio = statistics.median(ours) / statistics.median(plain)
+    met = ratio <= 0.25
+    print(f"warm end to end: median two torchrun agents {statistics.median(plain):.3f}s, "
+          f"jupyter-dlc run --wait {statistics.median(ours):.3f}s")
+    print(f"ratio warm end to end jupyter-dlc run --wait / torchrun (medians of {args.reps}, "
+          f"target <= 0.25): {ratio:.3f}", flush=True)
+    if not args.no_record:
+        results.record("warm: jupyter-dlc run tiny.py --wait end to end, 2x2 (local)",
+                       "<= 0.25x two torchrun agents end to end",
+                       f"{statistics.median(ours):.2f} s median; {ratio:.3f}x torchrun", met,
+                       results.command_line(sys.argv), args.load)
 
 
 def alternate(args, client, root: str, script: str, fields: dict, baseline: str, base_run,

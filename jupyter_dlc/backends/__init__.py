@@ -152,6 +152,42 @@ class Capabilities:
     branches: bool = _can("Branch from another job's committed step (--from JOB@STEP)", True)
 
 
+class PoolDriver:
+    """How one engine holds a warm pool: its agents (zygotes that fork each job's ranks,
+    `pool_agent.py`) in a directory of the pool's, and what the launcher may see of them.
+    `launcher/pools.py` keeps the policy (shapes, idle time, who may use a pool) and asks the
+    driver for the rest; the hand-off of a job (`pool.submit`) is the same file protocol
+    for every driver. `here`: the agents run on this machine, so their pids and the jobs'
+    processes can be looked at and signalled from the launcher."""
+
+    here = False
+
+    def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
+        """Start the pool's agents; the engine's id of what holds them (a Slurm allocation)."""
+        raise NotImplementedError
+
+    def broken(self, directory: str, record: dict[str, Any]) -> str | None:
+        """Why the pool must be replaced (an agent died, its allocation ended), or None."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict:
+        """One look at what runs, shared by every pool of this driver in a tick."""
+        return {}
+
+    def job_left(self, record: dict[str, Any], snapshot: dict, ended: bool) -> bool:
+        """Whether nothing of the pool's last job runs any more; `ended`: the job has ended
+        (its leftovers may be killed)."""
+        raise NotImplementedError
+
+    def kill_job(self, ctx: AttemptContext) -> None:
+        """A job the pool took only in part: its processes go."""
+        raise NotImplementedError
+
+    def release(self, directory: str, record: dict[str, Any]) -> None:
+        """End the pool's agents (and what holds them) and remove `directory`."""
+        raise NotImplementedError
+
+
 def capability_report(spec: JobSpec) -> dict[str, Any]:
     """What the job's engine can and cannot do for it, as the views show it: every
     capability's value, and the features it lacks in the words of the engine-by-feature
@@ -221,8 +257,22 @@ class Backend:
     def release_all(self, is_ours) -> None:
         """Nothing by default."""
 
+    def pool_driver(self, options: dict[str, Any] | None) -> PoolDriver | str:
+        """The driver of this engine's warm pools for a profile's `options`, or why it holds
+        none (the reason jobs start cold, in one line). Declared by `warm_pools`. `options`
+        None: the driver of a pool that exists (to watch or release it), whatever the
+        profile says now."""
+        return f"{self.name} cannot hold a warm pool; jobs start cold"
+
     def start_standby(self, ctx: AttemptContext) -> None:
+        """Warm agents for attempt `ctx.attempt` while the one before it runs; once per
+        attempt (a second call does nothing). Where `standby_agents` is declared."""
         raise NotImplementedError(f"{self.name}: no standby agents")
+
+    def standby_started(self, ctx: AttemptContext) -> bool:
+        """Whether standby agents were started for this attempt: it starts on them (a warm
+        pool would be slower than agents already holding the job's own files)."""
+        return False
 
     def check(self, profile) -> dict[str, Any]:
         return {"ok": True, "detail": "nothing to check"}

@@ -186,6 +186,9 @@ class KubernetesBackend(Backend):
             return "cluster: the kubernetes engine needs the client: pip install 'jupyter-dlc[k8s]'"
         return None
 
+    def pool_driver(self, options: dict[str, Any] | None) -> str:
+        return "kubernetes cannot hold a warm pool (pods start per job); jobs start cold"
+
     def token_secret(self, ctx: AttemptContext) -> str:
         return k8s_manifests.resource_name(ctx.job_id, ctx.attempt) + "-token"
 

@@ -311,8 +311,8 @@ class LocalBackend(Backend):
 
     def start_standby(self, ctx: AttemptContext) -> None:
         """Warm agents for attempt `ctx.attempt`, started while the attempt before it runs
-        (once: not while processes of that attempt exist)."""
-        if (self.snapshot or {}).get((ctx.job_id, ctx.attempt)):
+        (once: not while processes of that attempt exist, nor after they died or were used)."""
+        if (self.snapshot or {}).get((ctx.job_id, ctx.attempt)) or self.standby_started(ctx):
             return
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         python = ctx.spec.python or sys.executable
@@ -321,6 +321,9 @@ class LocalBackend(Backend):
                                      _go_file(ctx, node), layout.node_exit(ctx.attempt_dir, node)])
             with open(_go_file(ctx, node) + ".pid", "w") as f:
                 f.write(str(pid))
+
+    def standby_started(self, ctx: AttemptContext) -> bool:
+        return os.path.exists(_go_file(ctx, 0) + ".pid")
 
     def _standbys(self, ctx: AttemptContext) -> list[int] | None:
         """Pids of a standby agent for every node of this attempt, if all are alive."""
@@ -435,6 +438,11 @@ class LocalBackend(Backend):
 
     def refresh(self) -> None:
         self.snapshot = job_processes()
+
+    def pool_driver(self, options: dict[str, Any] | None):
+        from .pool import LocalPoolDriver
+
+        return LocalPoolDriver()
 
     def leftover_jobs(self) -> set[str]:
         processes = self.snapshot if self.snapshot is not None else job_processes()

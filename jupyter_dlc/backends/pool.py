@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from .. import layout
-from . import AttemptContext, children, local
+from . import AttemptContext, PoolDriver, children, local
 from .local import _alive, attempt_cgroup, torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
@@ -26,6 +26,10 @@ ROOM = "x" * 256
 
 def pool_id(cluster: str | None, nodes: int, nproc: int) -> str:
     return f"{cluster or 'local'}-{nodes}x{nproc}"
+
+
+# How long a job waits for the leftovers of the pool's last (ended) job to be gone.
+LEFTOVER_WAIT = 2.0
 
 
 def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | None = None) -> list[int]:
@@ -174,3 +178,42 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
     return {"nodes": nodes, "pool": name_of(pool_dir), "pool_dir": os.path.abspath(pool_dir),
             "submitted": time.time()}
 
+
+
+class LocalPoolDriver(PoolDriver):
+    """A pool of zygotes on this machine: the launcher starts them, sees their pids and the
+    jobs' processes (/proc), and kills what it must."""
+
+    here = True
+
+    def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
+        start_agents(directory, record["nodes"], env, record["python"])
+        return None
+
+    def broken(self, directory: str, record: dict[str, Any]) -> str | None:
+        return "lost an agent" if broken(directory, record["nodes"],
+                                         record.get("started", record["created"])) else None
+
+    def snapshot(self) -> dict:
+        return local.job_processes()
+
+    def job_left(self, record: dict[str, Any], snapshot: dict, ended: bool) -> bool:
+        """Nothing of the last job runs; an ended job's leftovers are killed and given a
+        moment to go (LEFTOVER_WAIT)."""
+        deadline = time.monotonic() + LEFTOVER_WAIT
+        while True:
+            if not snapshot.get((record["job"], record["attempt"])):
+                return True
+            if not ended:
+                return False  # it runs: busy
+            local.kill_job(record["job"], snapshot)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+            snapshot = local.job_processes()
+
+    def kill_job(self, ctx: AttemptContext) -> None:
+        local.kill_job(ctx.job_id, local.job_processes())
+
+    def release(self, directory: str, record: dict[str, Any]) -> None:
+        release(directory)

@@ -306,6 +306,12 @@ class SlurmBackend(Backend):
         return Capabilities(standby_agents=False, warm_pools=shared, shared_filesystem=shared,
                             per_rank_signals=False, node_preflight=True)
 
+    def pool_driver(self, options: dict[str, Any] | None):
+        # The agents take their orders from the pool directory, as ranks their job directory.
+        if options is not None and not options.get("shared_filesystem"):
+            return "a Slurm pool needs shared_filesystem: true in the profile; jobs start cold"
+        return _pooled().SlurmPoolDriver()
+
     def capacity_error(self, spec: JobSpec) -> str | None:
         profile = _profile(spec)
         try:  # what cannot go on an #SBATCH line is refused now, naming the field

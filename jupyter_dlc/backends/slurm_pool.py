@@ -12,13 +12,15 @@ cancels the allocation at once.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 from .. import layout, shell
 from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, NodeStatus, RankStatus, rank_records
+from . import AttemptContext, AttemptStatus, NodeStatus, PoolDriver, RankStatus, rank_records
 from . import local, pool
 from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
@@ -177,3 +179,40 @@ def order_job(ctx: AttemptContext, what: str) -> None:
     """Leave TERM or KILL for each node process of the attempt (pool_agent.run_node)."""
     for node in range(ctx.spec.nodes):
         layout.write_json_atomic(os.path.join(ctx.attempt_dir, f"node-{node}.signal"), {"signal": what})
+
+
+class SlurmPoolDriver(PoolDriver):
+    """A pool that is a held Slurm allocation: its agents run on the allocation's nodes
+    (other hosts, as far as the launcher knows), so it is watched through the shared pool
+    and attempt directories and squeue, and stopped with orders and scancel."""
+
+    def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
+        env = dict(env, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
+                   DLC_POOL_DIR=os.path.abspath(directory), DLC_POOL_ROOM=pool.ROOM)
+        pool.touch_lease(directory)
+        return start_allocation(directory, record["cluster"], record["nodes"], record["nproc_per_node"], env)
+
+    def broken(self, directory: str, record: dict[str, Any]) -> str | None:
+        if not record.get("engine_id"):
+            return "holds no allocation"
+        state = polled_state(record["cluster"], record["engine_id"])
+        return None if allocation_held(state) else f"its allocation {record['engine_id']} is {state}"
+
+    def job_left(self, record: dict[str, Any], snapshot: dict, ended: bool) -> bool:
+        """Every node process of the last job recorded its exit in the shared attempt
+        directory or fell silent (lost, its ranks with it), or the allocation is gone."""
+        attempt_dir = record.get("attempt_dir")
+        if not attempt_dir or not nodes_left(attempt_dir, record.get("job_nodes", record["nodes"])):
+            return True
+        return self.broken("", record) is not None
+
+    def kill_job(self, ctx: AttemptContext) -> None:
+        order_job(ctx, "KILL")
+
+    def release(self, directory: str, record: dict[str, Any]) -> None:
+        # The agents and the store keeper are the allocation's step: scancel ends them
+        # wherever they run, in their own time (a replacement starts in a directory of its
+        # own meanwhile: launcher/pools.py).
+        if record.get("engine_id"):
+            cancel(record["cluster"], record["engine_id"])
+        shutil.rmtree(directory, ignore_errors=True)

@@ -24,16 +24,13 @@ import time
 from typing import Any
 
 from .. import layout
-from ..backends import AttemptContext, pool
-from ..backends.local import job_processes, kill_job
+from ..backends import AttemptContext, PoolDriver, get_backend, pool
 from ..spec import SpecError, parse_duration
 from .store import TERMINAL_STATES, Store
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
 DEFAULT_IDLE_TIMEOUT = float(os.environ.get("DLC_POOL_IDLE_TIMEOUT", "600"))
-# How long a job waits for the leftovers of the pool's last (ended) job to be gone.
-_LEFTOVER_WAIT = 2.0
 
 
 class PoolError(ValueError):
@@ -50,17 +47,15 @@ def engine_of(cluster: str | None) -> tuple[str, dict]:
     return profile.engine, dict(profile.options)
 
 
+def driver_for(engine: str, options: dict | None = None) -> PoolDriver | str:
+    """The engine's pool driver for a profile's options, or why it holds no warm pool."""
+    return get_backend(engine).pool_driver(dict(options or {}))
+
+
 def cannot_pool(engine: str, options: dict | None = None) -> str | None:
     """Why an engine holds no warm pool, or None where it can."""
-    if engine == "local":
-        return None
-    if engine == "slurm":
-        # The agents take their orders from the pool directory, as ranks their job directory.
-        return None if (options or {}).get("shared_filesystem") else \
-            "a Slurm pool needs shared_filesystem: true in the profile; jobs start cold"
-    if engine == "kubernetes":
-        return "kubernetes cannot hold a warm pool (pods start per job); jobs start cold"
-    return f"{engine} cannot hold a warm pool; jobs start cold"
+    driver = driver_for(engine, options)
+    return driver if isinstance(driver, str) else None
 
 
 class Pools:
@@ -112,7 +107,7 @@ class Pools:
                 for start in glob.glob(os.path.join(self._dir(name), "gen-*")):
                     pool.release(start)
                 pool.release(self._dir(name))
-            elif not all(pool.agent_pids(self._agents_dir(record), record["nodes"], _here(record))) or \
+            elif not all(pool.agent_pids(self._agents_dir(record), record["nodes"], self._driver(record).here)) or \
                     self._broken(record):
                 self._release(record)
             else:
@@ -126,9 +121,9 @@ class Pools:
             raise PoolError("nodes: a pool needs at least 1 node x 1 process; "
                             "use --nodes N --nproc-per-node M with N, M >= 1")
         engine, options = engine_of(cluster)
-        refusal = cannot_pool(engine, options)
-        if refusal:
-            raise PoolError(f"cluster: {cluster}: {refusal}")
+        driver = driver_for(engine, options)
+        if isinstance(driver, str):
+            raise PoolError(f"cluster: {cluster}: {driver}")
         if idle_timeout is None:
             idle_timeout = _duration(options.get("pool_idle_timeout"), DEFAULT_IDLE_TIMEOUT)
         from ..backends.local import process_slots
@@ -136,11 +131,11 @@ class Pools:
         pid = pool.pool_id(cluster, nodes, nproc)
         with self.lock:
             record = self._record(pid)
-            # Each local agent holds an imported torch (a few hundred MB): all local pools
-            # together hold at most as many processes as the machine runs ranks at once.
+            # Each agent on this machine holds an imported torch (a few hundred MB): all such
+            # pools together hold at most as many processes as the machine runs ranks at once.
             held = sum(r["nodes"] * r["nproc_per_node"] for r in self.records()
-                       if r["engine"] == "local" and r["id"] != pid)
-            if record is None and engine == "local" and held + nodes * nproc > process_slots()[0]:
+                       if self._driver(r).here and r["id"] != pid)
+            if record is None and driver.here and held + nodes * nproc > process_slots()[0]:
                 raise PoolError(f"nodes x nproc_per_node: {nodes * nproc} more processes with "
                                 f"{held} held by other pools exceed what this machine runs at once "
                                 f"({process_slots()[0]}); release one (pool down) or ask for fewer")
@@ -155,6 +150,12 @@ class Pools:
             self._start(record)
             return self.describe(record)
 
+    def _driver(self, record: dict) -> PoolDriver:
+        """The pool's engine driver (whatever its profile says now: the pool exists)."""
+        driver = get_backend(record["engine"]).pool_driver(None)
+        assert not isinstance(driver, str), driver  # a pool was started, so it has one
+        return driver
+
     def _start(self, record: dict) -> None:
         record["generation"] = record.get("generation", 0) + 1
         directory = self._agents_dir(record)
@@ -166,17 +167,8 @@ class Pools:
         for key in ("DLC_POOL_LEASE",):
             if key in os.environ:
                 env[key] = os.environ[key]
-        if record["engine"] == "slurm":
-            from ..backends import slurm_pool
-
-            env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
-                       DLC_POOL_DIR=os.path.abspath(directory), DLC_POOL_ROOM=pool.ROOM)
-            pool.touch_lease(directory)
-            record["engine_id"] = slurm_pool.start_allocation(
-                directory, record["cluster"], record["nodes"], record["nproc_per_node"], env)
-            self._save(record)
-        else:
-            pool.start_agents(directory, record["nodes"], env, record["python"])
+        record["engine_id"] = self._driver(record).start(directory, record, env)
+        self._save(record)
 
     def down(self, nodes: int | None = None, nproc: int | None = None,
              cluster: str | None = None, everything: bool = False) -> list[str]:
@@ -202,51 +194,19 @@ class Pools:
             return [pool_id]
 
     def _release(self, record: dict) -> None:
-        """The pool's processes go, and on Slurm its allocation with them."""
-        if record.get("engine_id"):
-            from ..backends import slurm_pool
-
-            slurm_pool.cancel(record["cluster"], record["engine_id"])
-            # The agents and the store keeper are the allocation's step: scancel ends them
-            # wherever they run, in their own time (a replacement starts in a directory of
-            # its own meanwhile); the launcher's /proc sees only this machine.
-            shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
-            return
-        pool.release(self._agents_dir(record))
-        if record.get("generation"):
-            shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
-
-    def _last_job_over(self, record: dict) -> bool:
-        """A Slurm pool's last job has left the agents: every node process recorded its exit
-        in the shared attempt directory or fell silent (lost, its ranks with it), or the
-        allocation that ran them is gone."""
-        from ..backends import slurm_pool
-
-        attempt_dir = record.get("attempt_dir")
-        if not attempt_dir or not slurm_pool.nodes_left(attempt_dir, record.get("job_nodes", record["nodes"])):
-            return True
-        return self._broken(record) is not None
+        """The pool's agents go (and what holds them: a Slurm allocation), with its directory."""
+        self._driver(record).release(self._agents_dir(record), record)
+        shutil.rmtree(self._dir(record["id"]), ignore_errors=True)
 
     def _ready(self, record: dict) -> bool:
-        here = _here(record)
-        return pool.ready(self._agents_dir(record), record["nodes"], here) and \
-            (here or self._broken(record) is None)
+        driver = self._driver(record)
+        return pool.ready(self._agents_dir(record), record["nodes"], driver.here) and \
+            (driver.here or self._broken(record) is None)
 
     def _broken(self, record: dict) -> str | None:
-        """Why the pool must be replaced, or None. A local pool: an agent or its store keeper
-        died. A Slurm pool: its allocation is no longer held (scancel, time limit, a lost
-        node, an agent that exited: the step ends with it), as squeue says."""
-        directory = self._agents_dir(record)
-        if _here(record):
-            return "lost an agent" if pool.broken(directory, record["nodes"],
-                                                  record.get("started", record["created"])) else None
-        from ..backends import slurm_pool
-
-        if not record.get("engine_id"):
-            return "holds no allocation"
-        state = slurm_pool.polled_state(record["cluster"], record["engine_id"])
-        return None if slurm_pool.allocation_held(state) else \
-            f"its allocation {record['engine_id']} is {state}"
+        """Why the pool must be replaced, or None (its driver says: an agent or its store
+        keeper died; a Slurm allocation no longer held)."""
+        return self._driver(record).broken(self._agents_dir(record), record)
 
     def shutdown(self) -> None:
         """A launcher that exits cleanly gives its pools back: they hold memory and nodes."""
@@ -264,7 +224,7 @@ class Pools:
                 "idle_seconds": 0.0 if busy else max(0.0, now - record["last_used"]),
                 "idle_timeout": record["idle_timeout"],
                 "node_hours": record["nodes"] * (now - record["created"]) / 3600.0,
-                "agents": [p for p in pool.agent_pids(directory, record["nodes"], _here(record)) if p],
+                "agents": [p for p in pool.agent_pids(directory, record["nodes"], self._driver(record).here) if p],
                 "engine_id": record.get("engine_id")}
 
     def status(self) -> list[dict]:
@@ -272,22 +232,24 @@ class Pools:
         with self.lock:  # not while a tick replaces a pool (its directory is remade)
             return [self.describe(r, processes) for r in self.records()]
 
-    @staticmethod
-    def _processes(records: list[dict]) -> dict:
-        """One look at this machine's processes, for the local pools with a job (a Slurm
-        pool's jobs are seen through their node processes' files instead)."""
-        return job_processes() if any(r.get("job") and _here(r) for r in records) else {}
+    def _processes(self, records: list[dict]) -> dict:
+        """One look at what runs, per driver with a pool that has a job, shared by its pools
+        this tick (the local driver's /proc scan; nothing for a Slurm pool, whose jobs are
+        seen through their node processes' files)."""
+        looks: dict[type, dict] = {}
+        for record in records:
+            driver = self._driver(record)
+            if record.get("job") and type(driver) not in looks:
+                looks[type(driver)] = driver.snapshot()
+        return looks
 
     def _busy(self, record: dict, processes: dict | None = None) -> bool:
         if not record.get("job"):
             return False
-        if not _here(record):
-            if not self._last_job_over(record):
-                return True
-        else:
-            processes = job_processes() if processes is None else processes
-            if processes.get((record["job"], record["attempt"])):
-                return True
+        driver = self._driver(record)
+        snapshot = (processes or {}).get(type(driver))
+        if not driver.job_left(record, driver.snapshot() if snapshot is None else snapshot, ended=False):
+            return True
         state = self.store.state(record["job"])
         return state is not None and state not in TERMINAL_STATES and \
             self._holds(record["job"], record["attempt"], record["id"])
@@ -305,7 +267,7 @@ class Pools:
         """Start the attempt on its shape's pool if one is ready and free: the engine handle,
         else None and why it starts cold (shown in the job's reason)."""
         spec = ctx.spec
-        if os.path.exists(os.path.join(ctx.attempt_dir, "node-0.go.pid")):
+        if get_backend(spec.backend).standby_started(ctx):
             return None, ""  # a restart with standby agents warmed for it: those are faster
         if spec.cluster is None and spec.backend != "local":
             return None, f"cold start: pools of {spec.backend} need a cluster profile (--cluster NAME)"
@@ -335,7 +297,8 @@ class Pools:
             if record.get("job") and not self._free_after_leftovers(record):
                 return None, f"cold start (pool {pid} is busy with {record['job']})"
             seq = record["seq"] + 1
-            handle = pool.submit(directory, ctx, seq, here=_here(record))
+            driver = self._driver(record)
+            handle = pool.submit(directory, ctx, seq, here=driver.here)
             if handle is None:
                 return None, f"cold start (pool {pid} has no store ready yet)"
             if record.get("engine_id"):
@@ -346,12 +309,7 @@ class Pools:
             self._save(record)
             if handle.pop("broken", False):
                 # An agent took no order: the attempt's processes go, the pool is replaced.
-                if _here(record):
-                    kill_job(ctx.job_id, job_processes())
-                else:
-                    from ..backends import slurm_pool
-
-                    slurm_pool.order_job(ctx, "KILL")
+                driver.kill_job(ctx)
                 self._release(record)
                 log.warning("pool %s did not answer; released, the job starts cold", pid)
                 return None, f"cold start (pool {pid} did not answer and was replaced)"
@@ -364,18 +322,8 @@ class Pools:
         if state is not None and state not in TERMINAL_STATES and \
                 self._holds(record["job"], record["attempt"], record["id"]):
             return False
-        if not _here(record):
-            return self._last_job_over(record)
-        deadline = time.monotonic() + _LEFTOVER_WAIT
-        while True:
-            processes = job_processes()
-            if not processes.get((record["job"], record["attempt"])):
-                return True
-            if state is None or state in TERMINAL_STATES:
-                kill_job(record["job"], processes)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
+        driver = self._driver(record)
+        return driver.job_left(record, driver.snapshot(), ended=state is None or state in TERMINAL_STATES)
 
     # -- each supervisor tick ---------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -404,11 +352,6 @@ class Pools:
                     self._release(record)
                     record.update(job=None, attempt=None)
                     self._start(record)
-
-
-def _here(record: dict) -> bool:
-    """Whether the pool's agents run on this machine (the launcher may look at their pids)."""
-    return record["engine"] == "local"
 
 
 def _duration(value, default: float) -> float:

@@ -640,10 +640,7 @@ class Supervisor(threading.Thread):
             return
         if not any(r["last_progress"] for r in ranks.values()):
             return  # let the attempt's own start-up have the CPU first
-        nxt = self.context(row, ctx.attempt + 1)
-        if os.path.exists(os.path.join(nxt.attempt_dir, "node-0.go.pid")):
-            return  # started once already (and then died or was used)
-        backend.start_standby(nxt)
+        backend.start_standby(self.context(row, ctx.attempt + 1))  # once per attempt
 
     def stop_note(self, job_id: str, attempt: int) -> str | None:
         """What the attempt's ranks did with a stop or a preemption, as they reported it on

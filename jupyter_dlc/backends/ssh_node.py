@@ -109,6 +109,8 @@ def stage(payload: dict, job: str, attempt: str, node: str) -> str:
     staged = payload["stage"]
     root = tempfile.mkdtemp(prefix=f"dlc-{job}-a{attempt}-n{node}-")
     for name, data in staged["files"].items():
+        if os.path.normpath(name) != name or name.startswith(("/", "..")):
+            raise ValueError(f"stage: {name!r} is not a path inside the job directory")
         path = os.path.join(root, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:

@@ -58,7 +58,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
               "qos": (str, "a QOS name"), "time": (str, "a Slurm time limit like 1:00:00 or 60"),
               "gres": (str, "a GRES string like gpu:8"), "constraint": (str, "a feature expression"),
               "sbatch_args": (list, _STR_LIST),
-              "shared_filesystem": (bool, "true when the nodes see the launcher's job directory")},
+              "shared_filesystem": (bool, "true when the nodes see the launcher's job directory"),
+              "checkpoint_dir": (str, "a directory every node and the launcher see, for checkpoints "
+                                 "(one per job under it); needed without a shared filesystem")},
     "kubernetes": {"namespace": (str, "a namespace name"), "image": (str, "a container image with torch"),
                    "kind": (str, "TrainJob, PyTorchJob or Job (default: what the cluster serves)"),
                    "runtime": (str, "a ClusterTrainingRuntime name, e.g. torch-distributed"),

@@ -56,6 +56,7 @@ _TIMEOUT = 30
 # admin raised it): what the job's files may take inside one, encoded, leaving room for the rest.
 SCRIPT_PAYLOAD_LIMIT = 4 * 2**20 - 64 * 2**10
 PAYLOAD_END = "DLC_PAYLOAD_END"  # the heredoc's end: no base64 line can be it (`_`)
+CLEANUP_WAIT = 5.0  # seconds a killed job's batch shell gets to remove the nodes' copies
 SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
 ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
           "RESV_DEL_HOLD": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
@@ -217,14 +218,19 @@ class Staged:
     job_dir: str
     cwd: str
     payload: str
+    copies: str  # the prefix of the nodes' copies: dlc-<job>-a<N>-n (slurm_node, ssh_node.stage)
 
-    def lines(self) -> str:
+    def lines(self, srun: str) -> str:
         """Shell text: the payload into a file of the batch host's, opened twice (the stdin of
         the preflight step and of the agents' step: srun hands it to every task on every node)
         and unlinked at once, so that nothing of it is left however the job ends. Base64 and
-        a quoted heredoc: nothing in it is shell."""
+        a quoted heredoc: nothing in it is shell. Then `clean_nodes`, a step that removes
+        the nodes' copies of the job directory, for a task killed before it could (the
+        launcher's kill signals the steps alone, so this shell lives to run it)."""
+        clean = f'rm -rf -- "${{TMPDIR:-/tmp}}"/{shell.quote(self.copies)}"$SLURM_NODEID"-*'
         return "\n".join(['payload="$(mktemp)"', f"cat > \"$payload\" <<'{PAYLOAD_END}'", self.payload,
-                          PAYLOAD_END, 'exec 3< "$payload" 4< "$payload"', 'rm -f "$payload"'])
+                          PAYLOAD_END, 'exec 3< "$payload" 4< "$payload"', 'rm -f "$payload"',
+                          f"clean_nodes() {{ {srun}{shell.quote(clean)} < /dev/null; }}"])
 
 
 def payload_error(spec: JobSpec, cluster: str) -> str | None:
@@ -280,7 +286,9 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
     head = [mask + 'node="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}", 'export DLC_NODE_RANK="$node"']
     if staged:
         # Everything of the node (its files, logs, exit) goes through slurm_node; it stays
-        # through a stop's SIGTERM itself, to send the last lines and the exit.
+        # through a stop's SIGTERM itself, to send the last lines and the exit. Its copy of
+        # the job directory goes where clean_nodes looks.
+        head.append('export TMPDIR="${TMPDIR:-/tmp}"')
         node_argv = [python, "-m", "jupyter_dlc.backends.slurm_node", "run", staged.job_dir, staged.cwd, "--"]
         task = "\n".join([*head, f"exec {shell.command(node_argv, slots)} {agent}"])
     else:
@@ -305,9 +313,10 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
         # fails reports why (node_preflight event) and no agent starts anywhere.
         check_argv = ([python, "-m", "jupyter_dlc.backends.slurm_node", "preflight", staged.job_dir, staged.cwd]
                       if staged else [python, "-m", "jupyter_dlc.runtime.node_preflight"])
-        node_check = mask + "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
-                                       f"exec {shell.command(check_argv, slots)}"])
-        checks = f"{srun}{shell.quote(node_check)}{' <&3' if staged else ''} || exit 3\n"
+        node_check = "\n".join([*head, f"exec {shell.command(check_argv, slots)}"])
+        checks = (f"{srun}{shell.quote(node_check)} <&3 || {{ clean_nodes; exit 3; }}\n" if staged
+                  else f"{srun}{shell.quote(node_check)} || exit 3\n")
+    staged_end = ' <&4\nrc=$?\n[ "$rc" = 0 ] || clean_nodes\nexit "$rc"'
     export_lines = "\n".join(exports)
     header = "\n".join(f"#SBATCH {line}" for line in directives)
     return f"""#!/bin/bash
@@ -321,10 +330,10 @@ head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
 addr="$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n1)"
 export MASTER_ADDR="${{addr:-$head}}"
 export MASTER_PORT={port}
-{staged.lines() if staged else f"mkdir -p {shell.word(log_dir, slots)}"}
+{staged.lines(srun) if staged else f"mkdir -p {shell.word(log_dir, slots)}"}
 # The batch step's task counts must not leak into srun's own request.
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-{checks}{srun}{shell.quote(task)}{' <&4' if staged else ''}
+{checks}{srun}{shell.quote(task)}{staged_end if staged else ""}
 """
 
 
@@ -437,7 +446,8 @@ class SlurmBackend(Backend):
             # The nodes cannot write the launcher's files nor start in its job directory:
             # the batch output is dropped (the nodes' logs come back through slurm_node) and
             # each node's task starts in its own copy of the job directory.
-            staged = Staged(ctx.job_dir, workdir, slurm_node.encode_payload(staging.staged_files(ctx.job_dir)))
+            staged = Staged(ctx.job_dir, workdir, slurm_node.encode_payload(staging.staged_files(ctx.job_dir)),
+                            f"dlc-{ctx.job_id}-a{ctx.attempt}-n")
             if len(staged.payload) > SCRIPT_PAYLOAD_LIMIT:  # grown since submit's check
                 raise SubmitError(payload_error(ctx.spec, profile.name) or "files: too large for a batch "
                                   "script", permanent=True)
@@ -598,7 +608,20 @@ class SlurmBackend(Backend):
             return
         env = client_env(_profile(ctx.spec))
         self._seen.pop(str(job_id), None)
-        _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
+        if not self.capabilities(ctx.spec).shared_filesystem:
+            # The steps alone, with slurm_node's KILL_SIGNAL: each node's task kills the rest
+            # of its node with SIGKILL and lives on to send its last log lines and its exit;
+            # the batch shell (not signalled) removes the nodes' copies of the job directory
+            # (clean_nodes) and ends the job within a second or two. Whatever is left after
+            # CLEANUP_WAIT is cancelled below.
+            _run(["scancel", f"--signal={slurm_node.KILL_SIGNAL.name.removeprefix('SIG')}", str(job_id)], env)
+            deadline = time.monotonic() + CLEANUP_WAIT
+            while time.monotonic() < deadline and \
+                    (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state") in ACTIVE:
+                time.sleep(0.2)
+            self._seen.pop(str(job_id), None)
+        else:
+            _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
         _run(["scancel", str(job_id)], env)
 
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:

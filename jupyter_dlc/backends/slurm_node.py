@@ -49,6 +49,10 @@ SEND_TIMEOUT = 5.0
 # launcher that is restarting (a record lost past it leaves the exit to Slurm's job state).
 FINAL_TIMEOUT = 30.0
 PAYLOAD_LINE = 76
+# What the launcher's kill sends the steps (`scancel --signal=USR1`: not to the batch shell,
+# which stays to remove the nodes' copies): the default action ends any process that does not
+# handle it; `run` handles it by killing the rest of its node with SIGKILL.
+KILL_SIGNAL = signal.SIGUSR1
 
 
 def encode_payload(files: dict[str, str]) -> str:
@@ -162,10 +166,22 @@ class LogSender:
             time.sleep(0.5)
 
 
+def kill_node(job: str, attempt: str, node: str) -> None:
+    """SIGKILL to every process of this node of the attempt (the agent, its ranks, the node
+    reporter: they carry ssh_node.NODE_TAG), until none is left."""
+    deadline = time.monotonic() + 5.0
+    while ssh_node.signal_node(job, attempt, node, signal.SIGKILL) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run(job_dir: str, cwd: str, argv: list[str]) -> int:
     # A stop's SIGTERM reaches every process of the step: this one stays to send the last
     # lines and the exit. A handler, not SIG_IGN: the agent it starts gets the default back.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    # The launcher's kill (KILL_SIGNAL to the steps, slurm.py): SIGKILL to the rest of the
+    # node from here, so that this process lives on to send the last lines and the exit.
+    signal.signal(KILL_SIGNAL, lambda *_: kill_node(os.environ["DLC_JOB_ID"], os.environ["DLC_ATTEMPT"],
+                                                    os.environ.get("DLC_NODE_RANK", "0")))
     root, payload = stage_here(job_dir, cwd, argv)
     try:
         return _run(payload)
@@ -176,6 +192,7 @@ def run(job_dir: str, cwd: str, argv: list[str]) -> int:
 def _run(payload: dict) -> int:
     env = payload["env"]
     node = int(env.get("DLC_NODE_RANK", "0"))
+    env[ssh_node.NODE_TAG] = str(node)  # what kill_node finds the node's processes by
     nproc = int(env.get("DLC_NPROC_PER_NODE", "1") or 1)
     attempt_dir = env["DLC_ATTEMPT_DIR"]
     reporter = None

@@ -107,10 +107,11 @@ def stage(payload: dict, job: str, attempt: str, node: str) -> str:
     directory of this node's own, and point the payload's paths under the launcher's job
     directory there. Returns the directory (removed when the node ends)."""
     staged = payload["stage"]
-    root = tempfile.mkdtemp(prefix=f"dlc-{job}-a{attempt}-n{node}-")
-    for name, data in staged["files"].items():
+    for name in staged["files"]:
         if os.path.normpath(name) != name or name.startswith(("/", "..")):
             raise ValueError(f"stage: {name!r} is not a path inside the job directory")
+    root = tempfile.mkdtemp(prefix=f"dlc-{job}-a{attempt}-n{node}-")
+    for name, data in staged["files"].items():
         path = os.path.join(root, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:

@@ -61,3 +61,26 @@ def test_a_node_appends_only_to_its_own_logs_of_the_current_attempt(launcher):
     finally:
         client.stop(job["id"], grace=1)
         client.wait(job["id"], timeout=60)
+
+
+def test_a_slurm_node_sends_complete_lines_a_line_longer_than_a_batch_in_pieces_and_the_rest_at_the_end(tmp_path):
+    """slurm_node.LogSender's batches (no launcher needed to build them): complete lines while
+    the node runs; a line longer than a batch in pieces, or its log would wait for ever; the
+    last line without its newline once the node's processes are gone."""
+    from jupyter_dlc.backends import slurm_node
+
+    (tmp_path / "node-0.log").write_bytes(b"agent line\nhalf")
+    (tmp_path / "rank-1.log").write_bytes(b"x" * (slurm_node.BATCH_BYTES + 100))
+    sender = slurm_node.LogSender({"DLC_LAUNCHER_URL": "http://127.0.0.1:9", "DLC_JOB_ID": "j",
+                                   "DLC_TOKEN": "t", "DLC_ATTEMPT": "1"}, str(tmp_path), 0)
+
+    def batch(final=False):
+        entries, moved = sender._batch(final)
+        sender.offsets.update(moved)
+        return [(e["rank"], len(e["text"]), e["text"][:12]) for e in entries]
+
+    assert batch() == [(None, 11, "agent line\n")]  # rank 1's long line waits for a batch of its own
+    assert batch() == [(1, slurm_node.BATCH_BYTES + 1, "xxxxxxxxxxxx")]
+    assert batch() == []  # the rest of the long line and "half" are not lines yet
+    assert batch(final=True) == [(None, 5, "half\n"), (1, 101, "x" * 12)]
+    assert batch(final=True) == []

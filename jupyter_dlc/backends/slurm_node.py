@@ -112,27 +112,31 @@ class LogSender:
                 found.append((os.path.join(self.attempt_dir, name), int(match.group(1))))
         return found
 
-    def _batch(self) -> tuple[list[dict], dict[str, int]]:
+    def _batch(self, final: bool) -> tuple[list[dict], dict[str, int]]:
         entries: list[dict] = []
         moved: dict[str, int] = {}
         room = BATCH_BYTES
         for path, rank in self._logs():
             if room <= 0:
                 break
-            lines, after = layout.read_log_lines(path, self.offsets.get(path, 0), room)
-            if after == self.offsets.get(path, 0):
-                continue
+            offset = self.offsets.get(path, 0)
+            lines, after = layout.read_log_lines(path, offset, room)
             text = "".join(line + "\n" for line in lines)
+            if after == offset:
+                text, after = _rest(path, offset, room, final)
+            if after == offset:
+                continue
             entries.append({"rank": rank, "text": text})
             moved[path] = after
             room -= len(text.encode())
         return entries, moved
 
-    def send(self) -> bool:
-        """Everything new, in batches; False when the launcher did not take a batch."""
+    def send(self, final: bool = False) -> bool:
+        """Everything new, in batches; False when the launcher did not take a batch. With
+        `final` (the node's processes are gone) a last line without its newline goes too."""
         with self.lock:
             while not self.stale:
-                entries, moved = self._batch()
+                entries, moved = self._batch(final)
                 if not entries:
                     return True
                 if not self._post(entries):
@@ -162,7 +166,7 @@ class LogSender:
             self.send()
 
     def finish(self, deadline: float) -> None:
-        while not self.send() and time.monotonic() < deadline:
+        while not self.send(final=True) and time.monotonic() < deadline:
             time.sleep(0.5)
 
 
@@ -172,6 +176,23 @@ def kill_node(job: str, attempt: str, node: str) -> None:
     deadline = time.monotonic() + 5.0
     while ssh_node.signal_node(job, attempt, node, signal.SIGKILL) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _rest(path: str, offset: int, room: int, final: bool) -> tuple[str, int]:
+    """What `read_log_lines` leaves from `offset`, which has no newline yet: a line longer
+    than a batch (sent in pieces, or that log would wait for ever), or, at the end, the
+    last line without its newline. ("", offset) while it is an unfinished short line."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= offset or (not final and (room < BATCH_BYTES or size - offset < room)):
+                return "", offset
+            f.seek(offset)
+            data = f.read(room)
+    except OSError:
+        return "", offset
+    text = data.replace(b"\0", b"").decode("utf-8", errors="replace")
+    return (text + "\n" if text else ""), offset + len(data)
 
 
 def run(job_dir: str, cwd: str, argv: list[str]) -> int:

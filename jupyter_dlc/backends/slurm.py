@@ -618,7 +618,7 @@ class SlurmBackend(Backend):
             deadline = time.monotonic() + CLEANUP_WAIT
             while time.monotonic() < deadline and \
                     (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state") in ACTIVE:
-                time.sleep(0.2)
+                time.sleep(POLL_INTERVAL / 2)  # a second or two: a few squeue calls, not a stream
             self._seen.pop(str(job_id), None)
         else:
             _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)

@@ -441,12 +441,13 @@ class SlurmBackend(Backend):
         profile = _profile(ctx.spec)
         python = ctx.spec.python or profile.get("python") or sys.executable
         staged = None
-        output, workdir = os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir
+        output, cwd = os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir
+        workdir: str | None = cwd
         if not profile.get("shared_filesystem"):
             # The nodes cannot write the launcher's files nor start in its job directory:
             # the batch output is dropped (the nodes' logs come back through slurm_node) and
             # each node's task starts in its own copy of the job directory.
-            staged = Staged(ctx.job_dir, workdir, slurm_node.encode_payload(staging.staged_files(ctx.job_dir)),
+            staged = Staged(ctx.job_dir, cwd, slurm_node.encode_payload(staging.staged_files(ctx.job_dir)),
                             f"dlc-{ctx.job_id}-a{ctx.attempt}-n")
             if len(staged.payload) > SCRIPT_PAYLOAD_LIMIT:  # grown since submit's check
                 raise SubmitError(payload_error(ctx.spec, profile.name) or "files: too large for a batch "

@@ -247,6 +247,7 @@ def _gate(request: dict) -> bool:
     gate = request["preflight"]
     check = subprocess.Popen(gate["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
                              stderr=subprocess.STDOUT)
+    assert check.stdin is not None  # a pipe, asked for
     try:  # stdin stays open while the check runs: its end would sweep the host's side
         check.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
         check.stdin.flush()
@@ -302,6 +303,7 @@ def keep(request_path: str) -> int:
     rank_dir = request.get("rank_logs")  # no shared filesystem: rank logs come over the pipe
     ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE if rank_dir else sys.stdout, stderr=subprocess.STDOUT)
+    assert ssh.stdin is not None  # a pipe, asked for
     try:
         ssh.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
         ssh.stdin.flush()

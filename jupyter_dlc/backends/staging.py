@@ -51,7 +51,7 @@ def spec_files(spec: JobSpec) -> dict[str, str]:
 
     code = spec.code if spec.code is None or spec.code.endswith("\n") else spec.code + "\n"
     staged = {"script.py": base64.b64encode(code.encode()).decode() if code is not None
-              else encoded(spec.script)}
+              else encoded(spec.script or "")}
     staged.update({os.path.join("files", name): encoded(path) for name, path in sorted(spec.files.items())})
     return staged
 

@@ -46,6 +46,10 @@ def rank_error_json(attempt_dir_path, rank):
 RANK_START, RANK_END, RANK_ERROR = "rank_start", "rank_end", "rank_error"
 # A node's preflight result (where the engine runs preflight on its nodes: Slurm).
 NODE_PREFLIGHT = "node_preflight"
+# A node's exit code, sent by the node's own task where the launcher cannot read its
+# `node-K.exit` (Slurm without a shared filesystem), with the engine job that ran it.
+NODE_EXIT = "node_exit"
+RECORD_EVENTS = (RANK_START, RANK_END, RANK_ERROR, NODE_PREFLIGHT, NODE_EXIT)
 # A node preflight's exit code when its verdict could not be delivered to the launcher (the
 # node cannot reach the launcher's advertised URL): the engine names that as the reason,
 # since no `node_preflight` event will ever say it, and the attempt fails once, unretried.
@@ -56,7 +60,8 @@ def node_preflight_code(attempt_dir_path, node):
     """Where an engine whose keepers run beside the launcher (SSH) records node `node`'s
     preflight exit code."""
     return os.path.join(attempt_dir_path, f"node-{node}.preflight")
-RECORD_EVENTS = (RANK_START, RANK_END, RANK_ERROR, NODE_PREFLIGHT)
+
+
 # Set to "report" by an engine whose ranks do not share the launcher's job directory: the
 # bootstrap then writes no record files (the route is the only source, and the tests prove it).
 RECORDS_ENV = "DLC_RANK_RECORDS"

@@ -185,6 +185,33 @@ class NodeReporter:
                                 **({"stale": True} if reply.get("stale") else {})})
 
 
+# 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
+RETRYABLE_CLIENT_ERRORS = (408, 429)
+
+
+def post_until(url: str, data: bytes, token: str, key: str | None, tls: ssl.SSLContext | None,
+               deadline: float, timeout: float) -> int | None:
+    """POST `data` with the job token, retried while the launcher is unreachable, busy, or
+    not proven (its port taken while it restarts), until `deadline` (time.monotonic): the
+    status a proven launcher gave, or None when none answered in time. For records a
+    process sends as it leaves (a rank's end, a node's exit)."""
+    headers = {"Content-Type": "application/json", "Authorization": f"token {token}"}
+    pause = 0.1
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            answer = identity.exchange(url, "POST", data, headers, key, min(timeout, left), tls)
+        except (OSError, ValueError):
+            answer = None  # down or restarting: try again until the deadline
+        if answer is not None and answer.proven and (
+                answer.status < 500 and answer.status not in RETRYABLE_CLIENT_ERRORS):
+            return answer.status
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(1.0, pause * 2)
+
+
 def paced(answer: dict, most: float) -> float:
     """The `report_interval` a launcher answer asks for, within [0, most]; 0 when absent."""
     try:

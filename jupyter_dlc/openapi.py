@@ -65,6 +65,7 @@ SCHEMAS: dict[str, dict] = {
     "ResumeBody": bodies.RESUME,
     "EmptyBody": bodies.EMPTY,
     "Report": bodies.REPORT,
+    "NodeLogs": bodies.NODE_LOGS,
     "Source": {"type": "object", "properties": {"kind": _null(_STR), "path": _null(_STR)},
                "description": "Where a job came from: kind notebook|cli and a path."},
     "JobSummary": _obj({
@@ -248,6 +249,7 @@ SCHEMAS: dict[str, dict] = {
                           "rank_commands": {"type": "object", "description":
                                             "a node batch's answer: rank → its commands",
                                             "additionalProperties": {"type": "array"}}}),
+    "NodeLogsAnswer": _obj({"ok": {"type": "boolean"}}, {"stale": {"type": "boolean"}}),
     "PoolUpBody": bodies.POOL_UP,
     "PoolDownBody": bodies.POOL_DOWN,
     "Pool": _obj({"id": _STR, "cluster": _null(_STR), "engine": _STR, "nodes": _INT,
@@ -380,10 +382,19 @@ PATHS: dict[str, dict[str, Any]] = {
             "`rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first "
             "exception: error = its type, message, traceback's tail) and `node_preflight` "
             "(node, host, ok, message: a node's preflight, where the engine runs it on its "
-            "nodes). A report of only these is not a heartbeat. `stacks` (main, threads) is a "
-            "rank's answer to the `stacks` command of a suspected hang."),
+            "nodes) and `node_exit` (node, exit_code, engine_id: a node's exit, where the "
+            "launcher cannot read its exit file). A report of only these is not a heartbeat. "
+            "`stacks` (main, threads) is a rank's answer to the `stacks` command of a suspected hang."),
         "requestBody": _body("Report"),
         "responses": {"200": _json("ReportAnswer"), **_errors(400, *_ON_JOB, 413, 503)}}},
+    "/api/jobs/{job}/node-logs": {"parameters": [_JOB], "post": {
+        "operationId": "nodeLogs", "description": (
+            "From a node that does not see the launcher's job directory (Slurm without a shared "
+            "filesystem), with the job token: new lines of its ranks' logs and its own, appended "
+            "to the current attempt's rank-R.log and node-K.log. Only the node's own ranks; "
+            "`stale` when the attempt has ended (nothing written)."),
+        "requestBody": _body("NodeLogs"),
+        "responses": {"200": _json("NodeLogsAnswer"), **_errors(400, *_ON_JOB, 413)}}},
     "/api/jobs/{job}/logs": {"parameters": [_JOB], "get": {
         "operationId": "jobLogs", "parameters": [
             _query("rank", "one rank (default: all); must exist in the job's world"),

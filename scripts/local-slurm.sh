@@ -15,7 +15,10 @@
 # port, default 16817; nodes use PORT+184 .. PORT+187), PYTHON (with jupyter_dlc, default
 # python3), DLC_CLUSTERS (the profile file, see jupyter_dlc/clusters.py), DLC_SLURM_PRIVATE_DIR
 # (NODE:PATH, e.g. n2:/tmp/x: that node sees an empty tmpfs of its own at PATH, as a node
-# without the shared filesystem would; the tests' unshared checkpoint directory).
+# without the shared filesystem would; the tests' unshared checkpoint directory; `all:PATH`:
+# every node has its own, e.g. over the launcher's data directory, which the nodes then
+# truly cannot see), DLC_SLURM_SHARED (false: the profile says shared_filesystem: false),
+# DLC_SLURM_CHECKPOINT_DIR (the profile's checkpoint_dir: a directory every node sees).
 set -euo pipefail
 
 STATE="${DLC_SLURM_DIR:-/tmp/dlc-slurm}"
@@ -111,7 +114,7 @@ start() {
     for node in "${NODES[@]}"; do
         if ! alive "$STATE/slurmd-$node.pid"; then
             slurmd=(slurmd -D -f "$CONF" -N "$node")
-            if [ -n "$PRIVATE" ] && [ "${PRIVATE%%:*}" = "$node" ]; then
+            if [ -n "$PRIVATE" ] && { [ "${PRIVATE%%:*}" = "$node" ] || [ "${PRIVATE%%:*}" = all ]; }; then
                 # This node alone sees an empty directory of its own at that path (a mount
                 # namespace with a tmpfs over it): a filesystem the nodes do not share.
                 mkdir -p "${PRIVATE#*:}"
@@ -132,12 +135,13 @@ start() {
         sinfo -N >&2 || true
         exit 1
     fi
-    "$PYTHON" -m jupyter_dlc.clusters put "$PROFILE" "$(cat <<EOF
-{"engine": "slurm", "partition": "debug", "shared_filesystem": true,
- "description": "4 emulated nodes on this machine (scripts/local-slurm.sh)",
- "env": {"SLURM_CONF": "$CONF"}}
-EOF
-)" > /dev/null
+    # The profile as JSON, made by Python: a path is a value there, never JSON text.
+    "$PYTHON" -m jupyter_dlc.clusters put "$PROFILE" "$("$PYTHON" -c 'import json, sys
+shared, conf, ckpt = sys.argv[1] != "false", sys.argv[2], sys.argv[3]
+print(json.dumps(dict({"engine": "slurm", "partition": "debug", "shared_filesystem": shared,
+                       "description": "4 emulated nodes on this machine (scripts/local-slurm.sh)",
+                       "env": {"SLURM_CONF": conf}}, **({"checkpoint_dir": ckpt} if ckpt else {}))))' \
+        "${DLC_SLURM_SHARED:-true}" "$CONF" "${DLC_SLURM_CHECKPOINT_DIR:-}")" > /dev/null
     say "up: ${#NODES[@]} nodes, SLURM_CONF=$CONF, profile $PROFILE"
 }
 

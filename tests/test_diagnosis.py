@@ -550,3 +550,15 @@ def test_why_after_a_recovered_failure_explains_the_failed_attempt(launcher, how
     first, *_, last = client.job(job["id"])["attempts"]
     assert (first["state"], first["outcome"]) == ("FAILED", "failed")
     assert (last["state"], last["outcome"]) == ("SUCCEEDED", "succeeded")
+
+
+def test_a_node_without_the_job_directory_points_at_the_users_file(tmp_path):
+    """Slurm nodes and SSH hosts without a shared filesystem run a copy of the script in a
+    directory of their own (`/tmp/dlc-<job>-a<N>-n<K>-*`): its frames are the user's file too."""
+    job = tmp_path / "job-4"
+    attempt = job / "attempt-1"
+    attempt.mkdir(parents=True)
+    (job / "spec.json").write_text(json.dumps({"source": {"kind": "cli", "path": "/home/me/train.py"}}))
+    _failed_rank(attempt, 0, [("/tmp/dlc-job-4-a1-n0-k2x9/script.py", 7)], "ValueError: bad shape", 1.0)
+    result = diagnose(str(attempt), {0: 1})
+    assert result["where"] == "/home/me/train.py:7"

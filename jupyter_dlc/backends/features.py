@@ -20,7 +20,8 @@ from . import Capabilities, get_backend
 # (column, engine, profile options): the profiles a user of each engine typically writes.
 COLUMNS: tuple[tuple[str, str, dict | None], ...] = (
     ("local", "local", None),
-    ("Slurm", "slurm", {"shared_filesystem": True}),
+    ("Slurm, shared filesystem", "slurm", {"shared_filesystem": True}),
+    ("Slurm, no shared filesystem", "slurm", {"checkpoint_dir": "/ckpt"}),
     ("SSH, shared filesystem", "ssh", {"hosts": ["h1", "h2"], "shared_filesystem": True}),
     ("SSH, no shared filesystem", "ssh", {"hosts": ["h1", "h2"], "checkpoint_dir": "/ckpt"}),
     ("Kubernetes", "kubernetes", {"namespace": "ml"}),

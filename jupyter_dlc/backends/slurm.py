@@ -26,6 +26,7 @@ import secrets
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from .. import layout, node_reporter, shell
@@ -43,7 +44,7 @@ from . import (
     rank_records,
     remove_preflight_markers,
 )
-from . import local
+from . import local, slurm_node, staging
 from .local import agent_summary_codes, torchrun_argv
 
 # How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
@@ -52,6 +53,11 @@ POLL_INTERVAL = 1.0
 # Profile options that become `#SBATCH --<option>=<value>` lines as they are.
 DIRECTIVE_OPTIONS = ("partition", "account", "qos", "time", "gres", "constraint")
 _TIMEOUT = 30
+# Slurm refuses a batch script over its max_script_size (SchedulerParameters; 4 MiB unless an
+# admin raised it): what the job's files may take inside one, encoded, leaving room for the rest.
+SCRIPT_PAYLOAD_LIMIT = 4 * 2**20 - 64 * 2**10
+PAYLOAD_END = "DLC_PAYLOAD_END"  # the heredoc's end: no base64 line can be it (`_`)
+CLEANUP_WAIT = 5.0  # seconds a killed job's batch shell gets to remove the nodes' copies
 SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
 ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
           "RESV_DEL_HOLD": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
@@ -164,6 +170,19 @@ def read_owned_exit(path: str, engine_id: str) -> int | None:
         return None
 
 
+def reported_exits(events: list[dict[str, Any]], nodes: int, engine_id: str) -> dict[int, int | None]:
+    """Node exits as the nodes reported them (`node_exit` events), honoured, as
+    `read_owned_exit` does for files, only from the attempt's own Slurm job: a duplicate
+    submission of the attempt reports with the same token, under another job id."""
+    exits: dict[int, int | None] = dict.fromkeys(range(nodes))
+    for event in events:
+        node, code = event.get("node"), event.get("exit_code")
+        if event.get("type") == layout.NODE_EXIT and event.get("engine_id") == engine_id and \
+                isinstance(node, int) and node in exits and isinstance(code, int):
+            exits[node] = code
+    return exits
+
+
 def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
                       workdir: str | None) -> list[str]:
     """The #SBATCH lines for a spec on a profile: one task (one torchrun agent) per node.
@@ -191,10 +210,51 @@ def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
     return lines
 
 
+@dataclass
+class Staged:
+    """The job's files inside the batch script, for nodes that do not see the job directory
+    (`shared_filesystem: false`): `payload` is `slurm_node.encode_payload`'s base64 lines;
+    `job_dir` and `cwd` are the launcher's paths, which each node points into its own copy."""
+
+    job_dir: str
+    cwd: str
+    payload: str
+    copies: str  # the prefix of the nodes' copies: dlc-<job>-a<N>-n (slurm_node, ssh_node.stage)
+
+    def lines(self, srun: str) -> str:
+        """Shell text: the payload into a file of the batch host's, opened twice (the stdin of
+        the preflight step and of the agents' step: srun hands it to every task on every node)
+        and unlinked at once, so that nothing of it is left however the job ends. Base64 and
+        a quoted heredoc: nothing in it is shell. Then `clean_nodes`, a step that removes
+        the nodes' copies of the job directory, for a task killed before it could (the
+        launcher's kill signals the steps alone, so this shell lives to run it)."""
+        clean = f'rm -rf -- "${{TMPDIR:-/tmp}}"/{shell.quote(self.copies)}"$SLURM_NODEID"-*'
+        return "\n".join(['payload="$(mktemp)"', f"cat > \"$payload\" <<'{PAYLOAD_END}'", self.payload,
+                          PAYLOAD_END, 'exec 3< "$payload" 4< "$payload"', 'rm -f "$payload"',
+                          f"clean_nodes() {{ {srun}{shell.quote(clean)} < /dev/null; }}"])
+
+
+def payload_error(spec: JobSpec, cluster: str) -> str | None:
+    """The one-line refusal of a job whose files do not fit in a batch script, else None."""
+    problem = staging.size_error(spec, cluster, "inside the batch script", "nodes")
+    if problem:
+        return problem
+    try:
+        size = len(slurm_node.encode_payload(staging.spec_files(spec)))
+    except OSError as error:
+        return f"files: cannot read {error.filename}: {error.strerror}"
+    if size <= SCRIPT_PAYLOAD_LIMIT:
+        return None
+    return (f"files: the script and pushed files take {size / 2**20:.1f} MiB compressed and encoded, "
+            f"over the {SCRIPT_PAYLOAD_LIMIT / 2**20:.1f} MiB a batch script of cluster {cluster} "
+            "carries (Slurm's max_script_size is 4 MiB; shared_filesystem: false); push less, or "
+            "share a filesystem with the nodes")
+
+
 def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], python: str,
                   script: str, log_dir: str, port: str, slots: dict[str, str] | None = None,
                   preamble: str = "", bootstrap: bool = True, preflight: bool = False,
-                  umask: int = -1) -> str:
+                  umask: int = -1, staged: Staged | None = None) -> str:
     """A batch script that runs the job's torchrun agents, one per node.
 
     `python`, `script` and `log_dir` are values (quoted here, through `shell`), where
@@ -202,6 +262,8 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
     `exports` are whole lines (`shell.export...`) and `port` a shell word of our own.
     Without `bootstrap` the ranks run the script as plain torchrun would (no jupyter-dlc
     needed). A `umask` of 0 or more is the one the ranks get (the user's, not the launcher's).
+    With `staged` (nodes without the launcher's filesystem) the job's files travel inside
+    the script and each node's task is `slurm_node` (see there), which takes them on stdin.
     """
     slots = dict(slots or {}, NODE='"$node"', MASTER='"$MASTER_ADDR"', PORT='"$MASTER_PORT"')
     node_log = shell.word(layout.node_log(log_dir, shell.slot("NODE")), slots)
@@ -222,29 +284,40 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
         # (and Slurm ends it with the step in any case).
         reporter = node_reporter.shell_start(
             python_word, shell.word(node_reporter.url_file(log_dir, shell.slot("NODE")), slots))
-    task = mask + "\n".join([
-        'node="$SLURM_NODEID"',
-        f"unset {' '.join(STEP_VARS)}",
-        'export DLC_NODE_RANK="$node"',
-        # Slurm ends a step (killing what is left) when its task exits: this shell must
-        # outlive the agent it runs, through the SIGTERM of a stop, for the ranks' grace.
-        # A handler, not an ignore: an ignored signal would stay ignored in the agent.
-        "trap : TERM",
-        f'{reporter}{agent} >> {node_log} 2>&1',
-        "rc=$?",
-        # The launcher's exit record names the Slurm job that wrote it (read_owned_exit):
-        # only the attempt's own counts. An exported bundle's is the bare code.
-        f'echo "$rc{" $SLURM_JOB_ID" if bootstrap else ""}" > {node_exit}',
-        'exit "$rc"',
-    ])
+    head = [mask + 'node="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}", 'export DLC_NODE_RANK="$node"']
+    if staged:
+        # Everything of the node (its files, logs, exit) goes through slurm_node; it stays
+        # through a stop's SIGTERM itself, to send the last lines and the exit. Its copy of
+        # the job directory goes where clean_nodes looks.
+        head.append('export TMPDIR="${TMPDIR:-/tmp}"')
+        node_argv = [python, "-m", "jupyter_dlc.backends.slurm_node", "run", staged.job_dir, staged.cwd, "--"]
+        task = "\n".join([*head, f"exec {shell.command(node_argv, slots)} {agent}"])
+    else:
+        task = "\n".join([
+            *head,
+            # Slurm ends a step (killing what is left) when its task exits: this shell must
+            # outlive the agent it runs, through the SIGTERM of a stop, for the ranks' grace.
+            # A handler, not an ignore: an ignored signal would stay ignored in the agent.
+            "trap : TERM",
+            f'{reporter}{agent} >> {node_log} 2>&1',
+            "rc=$?",
+            # The launcher's exit record names the Slurm job that wrote it (read_owned_exit):
+            # only the attempt's own counts. An exported bundle's is the bare code.
+            f'echo "$rc{" $SLURM_JOB_ID" if bootstrap else ""}" > {node_exit}',
+            'exit "$rc"',
+        ])
+    srun = (f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 "
+            "--kill-on-bad-exit=0 \\\n    /bin/bash -c ")
     checks = ""
     if preflight:
         # Preflight where the ranks run: one task per node, before any agent; a node that
         # fails reports why (node_preflight event) and no agent starts anywhere.
-        node_check = mask + "\n".join(['export DLC_NODE_RANK="$SLURM_NODEID"', f"unset {' '.join(STEP_VARS)}",
-                                       f"exec {python_word} -m jupyter_dlc.runtime.node_preflight"])
-        checks = (f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 "
-                  f"--kill-on-bad-exit=0 \\\n    /bin/bash -c {shell.quote(node_check)} || exit 3\n")
+        check_argv = ([python, "-m", "jupyter_dlc.backends.slurm_node", "preflight", staged.job_dir, staged.cwd]
+                      if staged else [python, "-m", "jupyter_dlc.runtime.node_preflight"])
+        node_check = "\n".join([*head, f"exec {shell.command(check_argv, slots)}"])
+        checks = (f"{srun}{shell.quote(node_check)} <&3 || {{ clean_nodes; exit 3; }}\n" if staged
+                  else f"{srun}{shell.quote(node_check)} || exit 3\n")
+    staged_end = ' <&4\nrc=$?\n[ "$rc" = 0 ] || clean_nodes\nexit "$rc"'
     export_lines = "\n".join(exports)
     header = "\n".join(f"#SBATCH {line}" for line in directives)
     return f"""#!/bin/bash
@@ -258,11 +331,10 @@ head="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
 addr="$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n1)"
 export MASTER_ADDR="${{addr:-$head}}"
 export MASTER_PORT={port}
-mkdir -p {shell.word(log_dir, slots)}
+{staged.lines(srun) if staged else f"mkdir -p {shell.word(log_dir, slots)}"}
 # The batch step's task counts must not leak into srun's own request.
 unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
-{checks}srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\
-    /bin/bash -c {shell.quote(task)}
+{checks}{srun}{shell.quote(task)}{staged_end if staged else ""}
 """
 
 
@@ -292,7 +364,9 @@ class SlurmBackend(Backend):
         "time": Option(str, "a Slurm time limit like 1:00:00 or 60", number_as_text=True),
         "gres": Option(str, "a GRES string like gpu:8"), "constraint": Option(str, "a feature expression"),
         "sbatch_args": Option(list, "a list of strings"),
-        "shared_filesystem": Option(bool, "true when the nodes see the launcher's job directory")}
+        "shared_filesystem": Option(bool, "true when the nodes see the launcher's job directory"),
+        "checkpoint_dir": Option(str, "a directory every node and the launcher see, for checkpoints "
+                                 "(one per job under it); needed without a shared filesystem")}
 
     def __init__(self):
         # job id -> (when asked, squeue's record or None when Slurm does not know it)
@@ -303,8 +377,10 @@ class SlurmBackend(Backend):
     def capabilities(self, spec: JobSpec) -> Capabilities:
         shared = bool(_profile(spec).get("shared_filesystem", False))
         # A pool's agents take their orders from the pool directory: a shared filesystem.
+        # Branches plant the parent's step in the checkpoint directory, which the launcher
+        # sees either way (without a shared filesystem: the profile's checkpoint_dir).
         return Capabilities(standby_agents=False, warm_pools=shared, shared_filesystem=shared,
-                            per_rank_signals=False, node_preflight=True)
+                            per_rank_signals=False, node_preflight=True, branches=True)
 
     def pool_driver(self, options: dict[str, Any] | None):
         # The agents take their orders from the pool directory, as ranks their job directory.
@@ -319,8 +395,9 @@ class SlurmBackend(Backend):
         except shell.UnsafeValue as error:
             return str(error)
         if not profile.get("shared_filesystem"):
-            return (f"cluster {profile.name}: the Slurm engine needs the nodes to see the launcher's "
-                    "job directory; mount it on the nodes and set shared_filesystem: true in the profile")
+            problem = staging.checkpoint_dir_error(spec, profile, "nodes") or payload_error(spec, profile.name)
+            if problem:
+                return problem
         try:
             nodes = self._partition_nodes(profile)
         except RuntimeError as error:
@@ -342,6 +419,12 @@ class SlurmBackend(Backend):
                 return (f"{field_name}: {wanted}{unit} per node but the largest node of cluster "
                         f"{profile.name} has {have}{unit}; use {flag} {have}{unit} or less")
         return None
+
+    def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
+        """The spec's, else the profile's `checkpoint_dir` (one directory per job under it:
+        a path every node and the launcher see), else the job directory's."""
+        return (staging.profile_checkpoint_dir(spec, _profile(spec), job_id)
+                or super().checkpoint_dir(spec, job_id, job_dir))
 
     def _partition_nodes(self, profile) -> list[dict[str, Any]]:
         """One row per node of the profile's partition: state, CPUs, GPUs, memory (MB)."""
@@ -374,13 +457,24 @@ class SlurmBackend(Backend):
     def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
         profile = _profile(ctx.spec)
         python = ctx.spec.python or profile.get("python") or sys.executable
-        directives = sbatch_directives(
-            ctx.spec, profile, f"dlc-{ctx.job_id}-a{ctx.attempt}",
-            os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir)
+        staged = None
+        output, cwd = os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir
+        workdir: str | None = cwd
+        if not profile.get("shared_filesystem"):
+            # The nodes cannot write the launcher's files nor start in its job directory:
+            # the batch output is dropped (the nodes' logs come back through slurm_node) and
+            # each node's task starts in its own copy of the job directory.
+            staged = Staged(ctx.job_dir, cwd, slurm_node.encode_payload(staging.staged_files(ctx.job_dir)),
+                            f"dlc-{ctx.job_id}-a{ctx.attempt}-n")
+            if len(staged.payload) > SCRIPT_PAYLOAD_LIMIT:  # grown since submit's check
+                raise SubmitError(payload_error(ctx.spec, profile.name) or "files: too large for a batch "
+                                  "script", permanent=True)
+            output, workdir = "/dev/null", ctx.spec.workdir
+        directives = sbatch_directives(ctx.spec, profile, f"dlc-{ctx.job_id}-a{ctx.attempt}", output, workdir)
         exports = [shell.export(k, v) for k, v in job_script_env(ctx, profile).items()]
         script = render_sbatch(ctx.spec, directives, exports, python, ctx.script_path,
                                ctx.attempt_dir, str(ctx.port or 29500), preflight=True,
-                               umask=local.CHILD_UMASK)
+                               umask=local.CHILD_UMASK, staged=staged)
         # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
         # stays out of the script file (submit adds it to sbatch's environment).
         return {"backend": "slurm", "cluster": profile.name,
@@ -459,7 +553,7 @@ class SlurmBackend(Backend):
             return _pooled().describe_job(ctx, handle)
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
-        exits = {n: read_owned_exit(layout.node_exit(ctx.attempt_dir, n), job_id) for n in range(ctx.spec.nodes)}
+        exits = self._node_exits(ctx, job_id)
         records = rank_records(ctx)  # reported over the route: the ranks write no files
         failing = any(c not in (None, 0) for c in exits.values()) or \
             any(r.get("exit_code") not in (None, 0) for r in records.values())
@@ -496,6 +590,13 @@ class SlurmBackend(Backend):
                                             record.get("end"))
         return status
 
+    def _node_exits(self, ctx: AttemptContext, job_id: str) -> dict[int, int | None]:
+        """Each node's exit code as its task recorded it: the `node-K.exit` file where the
+        nodes share the attempt directory, else the `node_exit` it reported (slurm_node)."""
+        if self.capabilities(ctx.spec).shared_filesystem:
+            return {n: read_owned_exit(layout.node_exit(ctx.attempt_dir, n), job_id) for n in range(ctx.spec.nodes)}
+        return reported_exits(ctx.reported, ctx.spec.nodes, job_id)
+
     # -- stop, kill, cleanup --------------------------------------------------------------
     def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
         """SIGTERM to every process of the job's steps; the supervisor kills after `grace`.
@@ -525,7 +626,20 @@ class SlurmBackend(Backend):
             return
         env = client_env(_profile(ctx.spec))
         self._seen.pop(str(job_id), None)
-        _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
+        if not self.capabilities(ctx.spec).shared_filesystem:
+            # The steps alone, with slurm_node's KILL_SIGNAL: each node's task kills the rest
+            # of its node with SIGKILL and lives on to send its last log lines and its exit;
+            # the batch shell (not signalled) removes the nodes' copies of the job directory
+            # (clean_nodes) and ends the job within a second or two. Whatever is left after
+            # CLEANUP_WAIT is cancelled below.
+            _run(["scancel", f"--signal={slurm_node.KILL_SIGNAL.name.removeprefix('SIG')}", str(job_id)], env)
+            deadline = time.monotonic() + CLEANUP_WAIT
+            while time.monotonic() < deadline and \
+                    (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state") in ACTIVE:
+                time.sleep(POLL_INTERVAL / 2)  # a second or two: a few squeue calls, not a stream
+            self._seen.pop(str(job_id), None)
+        else:
+            _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
         _run(["scancel", str(job_id)], env)
 
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:

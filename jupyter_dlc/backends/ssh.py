@@ -33,7 +33,6 @@ a launcher killed with -9 re-adopts the attempt from them and the exit files.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from typing import Any
 from .. import layout, node_reporter, shell
 from ..engines import Option
 from ..spec import JobSpec
+from . import staging
 from . import (
     AttemptContext,
     AttemptStatus,
@@ -69,8 +69,6 @@ SIGNAL_TIMEOUT = 15.0  # one round of `ssh_node signal` to every host
 SSH_FAILED = 255  # ssh's own exit code: the connection failed or was lost
 VANISHED_GRACE = 1.0
 KILLED = 137
-# What a job without a shared filesystem may carry to each host in its ssh payload.
-STAGE_LIMIT = 32 * 2**20
 
 
 def _profile(spec: JobSpec):
@@ -103,32 +101,6 @@ def ssh_argv(profile, host: str, remote: list[str]) -> list[str]:
     if error:
         raise ValueError(f"cluster {profile.name}: hosts: {error}; give a host name or address")
     return argv + ["--", host, *(shell.quote(word) for word in remote)]
-
-
-def _staged_size(spec: JobSpec) -> int:
-    """Bytes of the script and pushed files that a job without a shared filesystem sends."""
-    paths = list(spec.files.values()) + ([] if spec.code is not None else [spec.script])
-    size = len((spec.code or "").encode())
-    for path in paths:
-        try:
-            size += os.path.getsize(path) if path else 0
-        except OSError:
-            pass
-    return size
-
-
-def staged_files(job_dir: str) -> dict[str, str]:
-    """The job directory's script and pushed files (relative name -> base64), as the payload
-    carries them to hosts that do not share the launcher's filesystem."""
-    pushed = os.path.join(job_dir, "files")
-    names = ["script.py"] + [os.path.join("files", n) for n in
-                             (sorted(os.listdir(pushed)) if os.path.isdir(pushed) else [])
-                             if os.path.isfile(os.path.join(pushed, n))]
-    staged = {}
-    for name in names:
-        with open(os.path.join(job_dir, name), "rb") as f:
-            staged[name] = base64.b64encode(f.read()).decode()
-    return staged
 
 
 def remote_python(spec: JobSpec, profile) -> str:
@@ -246,16 +218,10 @@ class SSHBackend(Backend):
                 return (f"cluster {profile.name}: hosts: {host!r} carries a user or port; give them "
                         "as `user:` and `port:` in the profile, and the bare host here")
         if not profile.get("shared_filesystem"):
-            if not (spec.checkpoint_dir or profile.get("checkpoint_dir")):
-                return (f"cluster {profile.name}: checkpoint_dir: the hosts do not share the launcher's "
-                        "job directory (shared_filesystem: false), so checkpoints need a directory "
-                        "every host and this machine see; set checkpoint_dir: PATH in the profile "
-                        "or pass --checkpoint-dir")
-            size = _staged_size(spec)
-            if size > STAGE_LIMIT:
-                return (f"files: the script and pushed files take {size / 2**20:.1f} MiB, over the "
-                        f"{STAGE_LIMIT // 2**20} MiB that travel over ssh to cluster {profile.name} "
-                        "(shared_filesystem: false); push less, or share a filesystem with the hosts")
+            problem = (staging.checkpoint_dir_error(spec, profile, "hosts")
+                       or staging.size_error(spec, profile.name, "over ssh", "hosts"))
+            if problem:
+                return problem
         from . import launcher_url
 
         reach = urllib.parse.urlsplit(launcher_url or "").hostname or ""
@@ -286,10 +252,8 @@ class SSHBackend(Backend):
     def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
         """The spec's, else the profile's `checkpoint_dir` (one directory per job under it:
         a path every host and the launcher see), else the job directory's."""
-        base = _profile(spec).get("checkpoint_dir")
-        if spec.checkpoint_dir or not base:
-            return super().checkpoint_dir(spec, job_id, job_dir)
-        return os.path.join(os.path.expanduser(str(base)), job_id)
+        return (staging.profile_checkpoint_dir(spec, _profile(spec), job_id)
+                or super().checkpoint_dir(spec, job_id, job_dir))
 
     def check(self, profile) -> dict[str, Any]:
         rows = probe_hosts(profile)
@@ -337,7 +301,7 @@ class SSHBackend(Backend):
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         results = [layout.node_preflight_code(ctx.attempt_dir, n) for n in range(ctx.spec.nodes)]
         shared = self.capabilities(ctx.spec).shared_filesystem
-        files = None if shared else staged_files(ctx.job_dir)
+        files = None if shared else staging.staged_files(ctx.job_dir)
         nodes = []
         for node, (host, argv, payload) in enumerate(zip(request["hosts"], request["commands"],
                                                          request["payloads"], strict=True)):

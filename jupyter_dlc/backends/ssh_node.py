@@ -107,6 +107,9 @@ def stage(payload: dict, job: str, attempt: str, node: str) -> str:
     directory of this node's own, and point the payload's paths under the launcher's job
     directory there. Returns the directory (removed when the node ends)."""
     staged = payload["stage"]
+    for name in staged["files"]:
+        if os.path.normpath(name) != name or name.startswith(("/", "..")):
+            raise ValueError(f"stage: {name!r} is not a path inside the job directory")
     root = tempfile.mkdtemp(prefix=f"dlc-{job}-a{attempt}-n{node}-")
     for name, data in staged["files"].items():
         path = os.path.join(root, name)
@@ -244,6 +247,7 @@ def _gate(request: dict) -> bool:
     gate = request["preflight"]
     check = subprocess.Popen(gate["argv"], stdin=subprocess.PIPE, stdout=sys.stdout,
                              stderr=subprocess.STDOUT)
+    assert check.stdin is not None  # a pipe, asked for
     try:  # stdin stays open while the check runs: its end would sweep the host's side
         check.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
         check.stdin.flush()
@@ -299,6 +303,7 @@ def keep(request_path: str) -> int:
     rank_dir = request.get("rank_logs")  # no shared filesystem: rank logs come over the pipe
     ssh = subprocess.Popen(request["argv"], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE if rank_dir else sys.stdout, stderr=subprocess.STDOUT)
+    assert ssh.stdin is not None  # a pipe, asked for
     try:
         ssh.stdin.write(json.dumps(request["payload"]).encode() + b"\n")
         ssh.stdin.flush()

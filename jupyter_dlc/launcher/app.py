@@ -18,11 +18,11 @@ from typing import Any, Callable
 import orjson
 import tornado.web
 
-from .. import __version__, bands, identity, openapi
+from .. import __version__, bands, identity, layout, openapi
 from ..backends import bind_cluster, capability_report, get_backend
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, branches, checkpoints, dry_run, evidence, goodput, performance, stragglers
+from . import bodies, branches, checkpoints, dry_run, evidence, goodput, node_logs, performance, stragglers
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -567,13 +567,9 @@ class ReportHandler(ProvingHandler):
         # The key the job's ranks hold (supervisor.py puts it in their environment).
         return identity.job_key(self.launcher.secret, self.path_args[0] if self.path_args else "")
 
-    async def post(self, ref: str) -> None:
-        body = b"".join(self._chunks)
-        hashing = None
-        if self.request.headers.get(identity.NONCE_HEADER) and len(body) > 1 << 16:
-            # A node's batch of megabytes is hashed beside the ingest worker, off the loop
-            # (hashlib lets go of the GIL).
-            hashing = asyncio.get_running_loop().run_in_executor(None, identity.digest, body)
+    def job_by_token(self, ref: str) -> sqlite3.Row:
+        """The job's report row (id, token hash, attempt), once the job's current token (or
+        the launcher's) is presented: 401 otherwise, before anything says whether it exists."""
         row = self.store.report_row(ref)
         token = self.presented_token()
         if row is None:
@@ -582,6 +578,16 @@ class ReportHandler(ProvingHandler):
             self.fail(404, f"job: no job {show(ref)}")
         if not (self.allowed(token) or self.store.token_matches(row, token)):
             self.fail(401, "token: missing or wrong for this job")
+        return row
+
+    async def post(self, ref: str) -> None:
+        body = b"".join(self._chunks)
+        hashing = None
+        if self.request.headers.get(identity.NONCE_HEADER) and len(body) > 1 << 16:
+            # A node's batch of megabytes is hashed beside the ingest worker, off the loop
+            # (hashlib lets go of the GIL).
+            hashing = asyncio.get_running_loop().run_in_executor(None, identity.digest, body)
+        row = self.job_by_token(ref)
         status, sent = await self.launcher.ingest.submit(row["id"], row["attempt"],
                                                          self.launcher.world(row["id"]), body)
         if hashing is not None:
@@ -605,6 +611,32 @@ class ReportHandler(ProvingHandler):
             answer["rank_commands"] = {str(rank): commands for rank in sent["ranks"]
                                        if (commands := commands_for(row["id"], rank))}
         self.reply(answer)
+
+
+class NodeLogsHandler(ReportHandler):
+    """New lines of a node's logs, from a node that does not see the job directory
+    (launcher/node_logs.py): the job's token, as the report route, and proven answers."""
+
+    body_limit = 2 * bodies.NODE_LOG_BYTES + BODY_LIMIT  # JSON escaping of 1 MB of text
+
+    async def post(self, ref: str) -> None:
+        row = self.job_by_token(ref)
+        sent = self.body(bodies.NODE_LOGS)
+        if sent["attempt"] != row["attempt"]:
+            # A node of an attempt that already ended: its lines belong to nobody now.
+            self.reply({"ok": True, "stale": True})
+            return
+        job = self.store.job_row(row["id"])
+        if job is None:
+            self.fail(404, f"job: {show(ref)} was deleted meanwhile")
+        spec = json.loads(job["spec"])
+        try:
+            node_logs.check(sent, spec["nodes"], spec["nproc_per_node"])
+        except SpecError as error:
+            self.fail(400, str(error))
+        attempt_dir = layout.attempt_dir(job["job_dir"], sent["attempt"])
+        await asyncio.get_running_loop().run_in_executor(None, node_logs.append, attempt_dir, sent)
+        self.reply({"ok": True})
 
 
 class LogsHandler(BaseHandler):
@@ -1014,6 +1046,7 @@ def make_app(launcher: Launcher) -> tornado.web.Application:
         (job + r"/(stop|resume|clone)", ActionHandler, args),
         (job + r"/report", ReportHandler, args),
         (job + r"/logs", LogsHandler, args),
+        (job + r"/node-logs", NodeLogsHandler, args),
         (job + r"/metrics", MetricsHandler, args),
         (job + r"/metrics/stream", MetricsStreamHandler, args),
         (job + r"/events", EventsHandler, args),

@@ -77,6 +77,8 @@ RANK_REPORT: dict[str, Any] = {
                 "start": nullable(TIME), "end": nullable(TIME),
                 "exit_code": nullable({"type": "integer", "minimum": -255, "maximum": 255}),
                 "traceback": nullable({"type": "string", "maxLength": MAX_TEXT}),
+                # `node_exit`: the engine job (a Slurm job id) whose node task exited.
+                "engine_id": nullable({"type": "string", "maxLength": 64}),
                 # `stacks`, a rank's answer to a suspected hang (runtime/stacks.py).
                 "main": nullable({"type": "string", "maxLength": MAX_TEXT}),
                 "threads": nullable({"type": "string", "maxLength": MAX_TEXT}),
@@ -95,6 +97,20 @@ REPORT = {**RANK_REPORT,
           "properties": {**RANK_REPORT["properties"],
                          "ranks": {"type": "array", "maxItems": MAX_RANKS_PER_BATCH,
                                    "items": RANK_REPORT}}}
+
+# What a node without the launcher's filesystem sends of its logs (backends/slurm_node.py):
+# new lines of its ranks' logs and of its agent's, appended to the attempt's files.
+NODE_LOG_BYTES = 1 << 20  # text in one body, all entries together
+NODE_LOGS = {
+    "type": "object", "additionalProperties": False, "required": ["attempt", "node", "logs"],
+    "description": "New lines of one node's logs: `rank` null is the node's own (node-K.log).",
+    "properties": {
+        "attempt": {"type": "integer", "minimum": 1, "maximum": 1 << 30},
+        "node": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
+        "logs": {"type": "array", "maxItems": 4096, "items": {
+            "type": "object", "additionalProperties": False, "required": ["text"],
+            "properties": {"rank": nullable({"type": "integer", "minimum": 0, "maximum": 1 << 20}),
+                           "text": {"type": "string", "maxLength": NODE_LOG_BYTES}}}}}}
 
 STOP = {"type": "object", "additionalProperties": False, "properties": {
     "grace": nullable({"type": "number", "minimum": 0, "maximum": SECONDS_MAX,

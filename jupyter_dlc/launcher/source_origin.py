@@ -30,9 +30,15 @@ class SourceOrigin:
                            if isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) for x in r))
 
     def is_script(self, path: str) -> bool:
-        """The job's copy, here or staged under the same job id on another node."""
-        return path == self.script or path.endswith(os.sep + os.path.join(
-            os.path.basename(self.job_dir), "script.py"))
+        """The job's copy: here, under the same job id on another node, or in a node's own
+        copy of the job directory where the nodes do not share it (`dlc-<job>-a<N>-n<K>-*`:
+        ssh_node.stage, for SSH hosts and Slurm nodes)."""
+        if path == self.script:
+            return True
+        folder, name = os.path.split(path)
+        job, folder = os.path.basename(self.job_dir), os.path.basename(folder)
+        return name == "script.py" and (
+            folder == job or re.fullmatch(rf"dlc-{re.escape(job)}-a\d+-n\d+-.*", folder) is not None)
 
     def cell_line(self, line: int) -> tuple[int, int] | None:
         """(cell, line in the cell) of a notebook job's script line; None for added lines."""

@@ -29,7 +29,15 @@ import urllib.error
 
 from .. import identity, layout
 from . import control, system
-from ..node_reporter import ENV as NODE_REPORTER_ENV, MAX_PACE, launcher_tls, paced, phase_shift
+from ..node_reporter import (
+    ENV as NODE_REPORTER_ENV,
+    MAX_PACE,
+    RETRYABLE_CLIENT_ERRORS,
+    launcher_tls,
+    paced,
+    phase_shift,
+    post_until,
+)
 from .env import rank_info
 
 # Metrics reach live views within about this long after a log(); batching keeps a rank to a
@@ -56,8 +64,7 @@ MAX_BACKOFF = layout.REPORT_MAX_BACKOFF
 EXIT_FLUSH_SECONDS = 5.0
 # How long a rank that found no node reporter reports directly before it looks again.
 NODE_REPORTER_RECHECK = 5.0
-# 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
-_RETRYABLE_CLIENT_ERRORS = (408, 429)
+_RETRYABLE_CLIENT_ERRORS = RETRYABLE_CLIENT_ERRORS  # "later"; every other 4xx: never
 # A batch that failed this many times while a bare heartbeat got through is what the
 # launcher cannot take (a 500 on its content): dropped, so the job is not killed as silent.
 POISON_TRIES = 3
@@ -354,29 +361,12 @@ def send_events_now(events, timeout):
     body = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
             "pid": os.getpid(), "t": time.time(), "events": stamped}
     data = json.dumps(body, allow_nan=False, default=_plain).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"token {info.token}"}
-    deadline = time.monotonic() + timeout
-    pause = 0.1
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        try:
-            answer = identity.exchange(f"{info.launcher_url}/api/jobs/{info.job_id}/report", "POST",
-                                       data, headers, info.proof_key or None,
-                                       min(HTTP_TIMEOUT, left), launcher_tls())
-        except (OSError, ValueError):
-            answer = None  # down or restarting: try again until the deadline
-        # An answer that does not prove the launcher counts as none (Reporter._send).
-        if answer is not None and answer.proven:
-            if answer.status < 300:
-                return True
-            if answer.status < 500 and answer.status not in _RETRYABLE_CLIENT_ERRORS:
-                print(f"jupyter_dlc: launcher refused this rank's records ({answer.status})",
-                      file=sys.stderr, flush=True)
-                return False
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(1.0, pause * 2)
+    # An answer that does not prove the launcher counts as none (Reporter._send).
+    status = post_until(f"{info.launcher_url}/api/jobs/{info.job_id}/report", data, info.token,
+                        info.proof_key or None, launcher_tls(), time.monotonic() + timeout, HTTP_TIMEOUT)
+    if status is not None and status >= 300:
+        print(f"jupyter_dlc: launcher refused this rank's records ({status})", file=sys.stderr, flush=True)
+    return status is not None and status < 300
 
 
 _stacks_sent = False

@@ -232,6 +232,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/jobs/{job}/node-logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description From a node that does not see the launcher's job directory (Slurm without a shared filesystem), with the job token: new lines of its ranks' logs and its own, appended to the current attempt's rank-R.log and node-K.log. Only the node's own ranks; `stale` when the attempt has ended (nothing written). */
+        post: operations["nodeLogs"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/jobs/{job}/report": {
         parameters: {
             query?: never;
@@ -244,7 +264,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes). A report of only these is not a heartbeat. `stacks` (main, threads) is a rank's answer to the `stacks` command of a suspected hang. */
+        /** @description From a rank's runtime, or a node reporter's batch of its ranks' reports; the job token works too. Besides `checkpoint`, `nan` and `preempted`, `events` carry the rank's own records, so that no engine needs a filesystem shared with the launcher: `rank_start` (pid, node, local_rank, start), `rank_end` (exit_code, end; also sent for os._exit), `rank_error` (the first exception: error = its type, message, traceback's tail) and `node_preflight` (node, host, ok, message: a node's preflight, where the engine runs it on its nodes) and `node_exit` (node, exit_code, engine_id: a node's exit, where the launcher cannot read its exit file). A report of only these is not a heartbeat. `stacks` (main, threads) is a rank's answer to the `stacks` command of a suspected hang. */
         post: operations["report"];
         delete?: never;
         options?: never;
@@ -567,6 +587,8 @@ export interface components {
         } | {
             /** @description an account name */
             account?: string;
+            /** @description a directory every node and the launcher see, for checkpoints (one per job under it); needed without a shared filesystem */
+            checkpoint_dir?: string;
             /** @description a feature expression */
             constraint?: string;
             /** @description a line of text */
@@ -914,6 +936,19 @@ export interface components {
             last_seq: number;
             points: components["schemas"]["MetricPoint"][];
         };
+        /** @description New lines of one node's logs: `rank` null is the node's own (node-K.log). */
+        NodeLogs: {
+            attempt: number;
+            logs: {
+                rank?: number | null;
+                text: string;
+            }[];
+            node: number;
+        };
+        NodeLogsAnswer: {
+            ok: boolean;
+            stale?: boolean;
+        };
         Parent: {
             job: string;
             step: number;
@@ -1010,6 +1045,7 @@ export interface components {
             attempt?: number | null;
             events?: ({
                 end?: number | null;
+                engine_id?: string | null;
                 error?: string | null;
                 exit_code?: number | null;
                 local_rank?: number | null;
@@ -1049,6 +1085,7 @@ export interface components {
                 attempt?: number | null;
                 events?: ({
                     end?: number | null;
+                    engine_id?: string | null;
                     error?: string | null;
                     exit_code?: number | null;
                     local_rank?: number | null;
@@ -1977,6 +2014,78 @@ export interface operations {
             };
             /** @description No such job or pool */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Request line (path and query) over the launcher's limit */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    nodeLogs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A job id, a unique prefix of one, or `last`. */
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NodeLogs"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeLogsAnswer"];
+                };
+            };
+            /** @description Bad input: the field and how to fix it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Missing or wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such job or pool */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Body over this route's size limit */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -206,6 +206,36 @@ def test_dry_run_prints_the_batch_script_sbatch_would_get_and_queues_nothing(lau
     assert "nodes: 5 nodes but partition debug" in capsys.readouterr().err
 
 
+def test_a_node_that_cannot_reach_the_launcher_fails_preflight_once(launcher, slurm, tmp_path):
+    """Node n2 runs its Python in a network namespace of its own: its preflight verdict cannot
+    reach the launcher, so no event will say why it failed. The batch script exits with the
+    preflight's own code, Slurm keeps it, and the attempt ends FAILED once with that reason,
+    not restarted into the same wall (its ranks could not have reported either)."""
+    from jupyter_dlc import clusters
+
+    wrapper = tmp_path / "python-no-network-on-n2"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$SLURMD_NODENAME" = n2 ]; then exec unshare -n {sys.executable} "$@"; fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    clusters.put_profile("cutoff", dict(clusters.get_profile(CLUSTER).options, engine="slurm",
+                                        python=str(wrapper)))
+    ran = tmp_path / "ran"
+    try:
+        job = launcher.client.submit({"script": launcher.script("never.py", f"open({str(ran)!r}, 'a').close()\n"),
+                                      "nodes": 2, "nproc_per_node": 1, "cluster": "cutoff",
+                                      "max_restarts": 2})
+        final = launcher.client.wait(job["id"], timeout=180)
+    finally:
+        clusters.remove_profile("cutoff")
+    assert final["state"] == "FAILED" and final["attempt"] == 1, final["reason"]
+    url = launcher.client.url.rstrip("/")
+    assert final["reason"].startswith(f"preflight on a node of Slurm job {engine_id(launcher.client, job['id'])}: "
+                                      f"it cannot reach the launcher at {url}"), final["reason"]
+    assert not ran.exists()
+
+
 def test_stop_leaves_no_process_on_any_node(launcher, slurm):
     polite, stubborn = stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
     ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]

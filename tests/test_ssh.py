@@ -241,7 +241,7 @@ def test_a_host_that_cannot_reach_the_launcher_fails_preflight_once_naming_it(la
         clusters.remove_profile("cutoff")
     url = launcher.client.url.rstrip("/")
     assert final["state"] == "FAILED" and final["attempt"] == 1, final["reason"]
-    assert final["reason"].startswith(f"preflight on node 1 ({HOSTS[1]}): the host cannot reach the "
+    assert final["reason"].startswith(f"preflight on node 1 ({HOSTS[1]}): it cannot reach the "
                                       f"launcher at {url}"), final["reason"]
     assert not ran.exists() and all(r["pid"] is None for r in final["ranks"])
     # Node 0 reached the launcher and said so; node 1's word is the keeper's record.

@@ -333,6 +333,14 @@ def failed_preflight(events: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def unreachable_launcher(where: str, ctx: AttemptContext) -> str:
+    """The reason an attempt ends with when a node's preflight could not deliver its verdict:
+    its ranks could not have reported either, so it is not retried."""
+    return (f"preflight on {where}: it cannot reach the launcher at {ctx.env.get('DLC_LAUNCHER_URL')}; "
+            "serve it on an address the nodes reach (jupyter-dlc launcher start --host ADDR, "
+            "or --advertise-url URL)")
+
+
 def remove_preflight_markers(ctx: AttemptContext) -> None:
     """Preflight markers that node 0 did not live to remove (the attempt ended mid-check)."""
     import glob

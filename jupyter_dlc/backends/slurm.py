@@ -43,6 +43,7 @@ from . import (
     failed_preflight,
     rank_records,
     remove_preflight_markers,
+    unreachable_launcher,
 )
 from . import local, slurm_node, staging
 from .local import agent_summary_codes, torchrun_argv
@@ -149,6 +150,15 @@ def sbatch(argv: list[str], env: dict[str, str]) -> str:
     if result.returncode != 0:
         raise submit_error(result.stderr or result.stdout, result.returncode)
     return result.stdout
+
+
+def _batch_exit(slurm: dict) -> int | None:
+    """The batch script's exit code as squeue gives it (a wait status: code << 8)."""
+    status = slurm.get("exit_code")
+    if isinstance(status, dict):  # newer Slurm: {"status": ..., "return_code": N}
+        status = status.get("return_code")
+        return status if isinstance(status, int) else None
+    return status >> 8 if isinstance(status, int) and not isinstance(status, bool) else None
 
 
 def read_owned_exit(path: str, engine_id: str) -> int | None:
@@ -315,8 +325,11 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
         check_argv = ([python, "-m", "jupyter_dlc.backends.slurm_node", "preflight", staged.job_dir, staged.cwd]
                       if staged else [python, "-m", "jupyter_dlc.runtime.node_preflight"])
         node_check = "\n".join([*head, f"exec {shell.command(check_argv, slots)}"])
-        checks = (f"{srun}{shell.quote(node_check)} <&3 || {{ clean_nodes; exit 3; }}\n" if staged
-                  else f"{srun}{shell.quote(node_check)} || exit 3\n")
+        # The batch exits PREFLIGHT_UNREACHABLE when a node could not deliver its verdict
+        # (Slurm keeps that code; no event will say it), else 3.
+        failed = (f'{{ rc=$?; {"clean_nodes; " if staged else ""}[ "$rc" = {layout.PREFLIGHT_UNREACHABLE} ] '
+                  '|| rc=3; exit "$rc"; }')
+        checks = f"{srun}{shell.quote(node_check)}{' <&3' if staged else ''} || {failed}\n"
     staged_end = ' <&4\nrc=$?\n[ "$rc" = 0 ] || clean_nodes\nexit "$rc"'
     export_lines = "\n".join(exports)
     header = "\n".join(f"#SBATCH {line}" for line in directives)
@@ -569,6 +582,8 @@ class SlurmBackend(Backend):
         status.phase = ACTIVE.get(state, "ENDED")
         status.alive = status.phase != "ENDED"
         unfit = failed_preflight(ctx.reported)
+        if not unfit and status.phase == "ENDED" and _batch_exit(slurm) == layout.PREFLIGHT_UNREACHABLE:
+            unfit = unreachable_launcher(f"a node of Slurm job {job_id}", ctx)
         if unfit:
             status.reason = unfit  # the launcher's word on a node, no retry: fix and resume
         elif status.phase == "PENDING":

@@ -57,6 +57,7 @@ from . import (
     failed_preflight,
     rank_records,
     remove_preflight_markers,
+    unreachable_launcher,
 )
 from .local import _alive, _spawn, agent_summary_codes, torchrun_argv
 from .slurm import job_script_env
@@ -179,9 +180,7 @@ def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str |
         code = layout.read_int(layout.node_preflight_code(ctx.attempt_dir, node.node))
         where = f"node {node.node} ({node.host})"
         if code == layout.PREFLIGHT_UNREACHABLE:
-            return (f"preflight on {where}: the host cannot reach the launcher at "
-                    f"{ctx.env.get('DLC_LAUNCHER_URL')}; serve it on an address the hosts reach "
-                    "(jupyter-dlc launcher start --host ADDR, or --advertise-url URL)")
+            return unreachable_launcher(where, ctx)
         if code == SSH_FAILED:
             return f"preflight on {where}: ssh to the host failed (exit 255); see node-{node.node}.log"
         if code not in (None, 0, 1):  # 1: the check failed and said why (an event is coming)

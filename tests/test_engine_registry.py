@@ -98,3 +98,21 @@ def test_without_the_plugin_nothing_of_it_is_known():
         JobSpec.from_dict({"script": "/x.py", "backend": "tiny"})
     with pytest.raises(engines.UnknownEngine, match="not an engine here; engines: local, kubernetes"):
         engines.engine_class("tiny")
+
+
+def test_an_engine_that_leaves_out_a_method_of_the_contract_is_refused_when_made():
+    """The contract's methods every engine must have are abstract: a class missing one
+    cannot be made, so it fails where it is registered, not at a user's first stop."""
+    from jupyter_dlc.backends import Backend
+
+    class Half(Backend):
+        name = "half"
+
+        def dry_run(self, ctx):
+            return {}
+
+        def submit(self, ctx):
+            return {}
+
+    with pytest.raises(TypeError, match="abstract method.*(describe|kill|stop)"):
+        Half()

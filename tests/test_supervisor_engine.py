@@ -51,6 +51,9 @@ class ScriptedEngine(Backend):
     def capabilities(self, spec):
         return Capabilities(standby_agents=False, shared_filesystem=True)
 
+    def dry_run(self, ctx):
+        return {"backend": self.name, "attempt": ctx.attempt}
+
     def submit(self, ctx):
         self.calls.append(("submit", ctx.attempt))
         if self.store is not None:

@@ -37,6 +37,7 @@ Engines are singletons (`get_backend`); per-job options come from the job's clus
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -152,7 +153,7 @@ class Capabilities:
     branches: bool = _can("Branch from another job's committed step (--from JOB@STEP)", True)
 
 
-class PoolDriver:
+class PoolDriver(ABC):
     """How one engine holds a warm pool: its agents (zygotes that fork each job's ranks,
     `pool_agent.py`) in a directory of the pool's, and what the launcher may see of them.
     `launcher/pools.py` keeps the policy (shapes, idle time, who may use a pool) and asks the
@@ -162,30 +163,30 @@ class PoolDriver:
 
     here = False
 
+    @abstractmethod
     def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
         """Start the pool's agents; the engine's id of what holds them (a Slurm allocation)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def broken(self, directory: str, record: dict[str, Any]) -> str | None:
         """Why the pool must be replaced (an agent died, its allocation ended), or None."""
-        raise NotImplementedError
 
     def snapshot(self) -> dict:
         """One look at what runs, shared by every pool of this driver in a tick."""
         return {}
 
+    @abstractmethod
     def job_left(self, record: dict[str, Any], snapshot: dict, ended: bool) -> bool:
         """Whether nothing of the pool's last job runs any more; `ended`: the job has ended
         (its leftovers may be killed)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def kill_job(self, ctx: AttemptContext) -> None:
         """A job the pool took only in part: its processes go."""
-        raise NotImplementedError
 
+    @abstractmethod
     def release(self, directory: str, record: dict[str, Any]) -> None:
         """End the pool's agents (and what holds them) and remove `directory`."""
-        raise NotImplementedError
 
 
 def capability_report(spec: JobSpec) -> dict[str, Any]:
@@ -204,7 +205,10 @@ def capability_report(spec: JobSpec) -> dict[str, Any]:
     return {"name": spec.backend, "capabilities": values, "cannot": cannot}
 
 
-class Backend:
+class Backend(ABC):
+    """One engine (module docstring): what every engine must do is abstract, the rest has
+    a default that engines sharing the launcher's filesystem need not change."""
+
     name = "base"
     # The options a cluster profile of this engine may give, besides the common ones
     # (clusters.COMMON_OPTIONS): name -> engines.Option. Read through the registry.
@@ -224,38 +228,47 @@ class Backend:
 
         return spec.checkpoint_dir or layout.default_checkpoint_dir(job_dir)
 
+    @abstractmethod
     def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
-        raise NotImplementedError
+        """The engine's native request for the attempt (what `submit` would send)."""
 
+    @abstractmethod
     def submit(self, ctx: AttemptContext) -> dict[str, Any]:
-        raise NotImplementedError
+        """Start the attempt; its JSON-able handle, or a SubmitError."""
 
     def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
         return None
 
+    @abstractmethod
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
-        raise NotImplementedError
+        """The attempt as the engine sees it now."""
 
+    @abstractmethod
     def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:
-        raise NotImplementedError
+        """SIGTERM to every rank (the supervisor kills after `grace`)."""
 
+    @abstractmethod
     def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """End every process of the attempt now."""
 
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         """Release what an ended job's attempt may still hold; nothing by default."""
+        return None  # optional for an engine: nothing to do by default
 
     def refresh(self) -> None:
         """Called once per supervisor tick before any `describe`."""
+        return None  # optional for an engine: nothing to do by default
 
     def leftover_jobs(self) -> set[str]:
         return set()
 
     def kill_leftovers(self, job_id: str) -> None:
         """Nothing by default: `kill` and `cleanup` reach everything an attempt holds."""
+        return None  # optional for an engine: nothing to do by default
 
     def release_all(self, is_ours) -> None:
         """Nothing by default."""
+        return None  # optional for an engine: nothing to do by default
 
     def pool_driver(self, options: dict[str, Any] | None) -> PoolDriver | str:
         """The driver of this engine's warm pools for a profile's `options`, or why it holds

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 from ..engines import Option
@@ -103,7 +104,15 @@ class RankStatus:
     end: float | None = None
 
 
-PHASES = ("PENDING", "RUNNING", "ENDED")
+class Phase(str, Enum):
+    """Where an attempt stands as its engine sees it (`AttemptStatus.phase`)."""
+
+    PENDING = "PENDING"  # queued by the engine; the reason says why
+    RUNNING = "RUNNING"  # allocated: processes may run
+    ENDED = "ENDED"  # the engine holds nothing more of it
+
+
+PHASES = tuple(p.value for p in Phase)
 
 
 @dataclass
@@ -113,10 +122,13 @@ class AttemptStatus:
     # PENDING: queued by the engine (reason says why); RUNNING: allocated, processes may run;
     # ENDED: the engine holds nothing more. `reason` is the engine's word, set when the
     # engine (not a rank) decided: a pending reason, or who ended the attempt (scancel).
-    phase: str = "RUNNING"
+    phase: Phase = Phase.RUNNING
     reason: str | None = None
     # Whether any process (or allocation) of the attempt is left, as the engine sees it.
     alive: bool = False
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)  # a misspelt phase fails here, not in the supervisor
 
     @property
     def running(self) -> bool:

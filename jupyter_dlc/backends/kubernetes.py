@@ -17,6 +17,7 @@ from .. import k8s_manifests, layout
 from ..engines import Option
 from ..spec import JobSpec
 from . import (
+    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
@@ -252,7 +253,7 @@ class KubernetesBackend(Backend):
         pods = self._pods(ctx, handle)
         conditions = {c["type"] for c in (workload or {}).get("status", {}).get("conditions", [])
                       if c.get("status") == "True"}
-        status = AttemptStatus(phase="RUNNING")
+        status = AttemptStatus(phase=Phase.RUNNING)
         nproc = ctx.spec.nproc_per_node
         records, _ = reported_records(ctx.reported)
         reasons, pending = [], []
@@ -281,17 +282,17 @@ class KubernetesBackend(Backend):
             status.reason = ended_by_cluster[0]
         elif workload is None:
             # Gone: deleted by our stop (foreground: its pods went first), or by someone else.
-            status.phase = "RUNNING" if status.alive else "ENDED"
+            status.phase = Phase.RUNNING if status.alive else Phase.ENDED
             if handle["name"] not in self._stopping:
                 status.reason = f"the {kind} {handle['name']} was deleted outside the launcher"
         elif pending or (not pods and not conditions & ENDED):
-            status.phase = "PENDING"
+            status.phase = Phase.PENDING
             status.alive = True
             status.reason = (reasons[0][1] if reasons else
                              f"{len(pending) or ctx.spec.nodes} of {ctx.spec.nodes} pod(s) pending; "
                              "logs start when they run")
         elif not status.alive and conditions & ENDED:
-            status.phase = "ENDED"
+            status.phase = Phase.ENDED
         return status
 
     def _copy_logs(self, ctx: AttemptContext, handle: dict, pods: list[dict]) -> None:

@@ -25,6 +25,7 @@ from .. import layout, node_reporter, shell
 from ..shims import torch_private
 from ..spec import JobSpec
 from . import (
+    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
@@ -486,7 +487,7 @@ class LocalBackend(Backend):
         processes = self.snapshot if self.snapshot is not None else job_processes()
         status = self.poll(ctx, handle, processes)
         status.alive = bool(processes.get((ctx.job_id, ctx.attempt)))
-        status.phase = "RUNNING" if status.alive or status.running else "ENDED"
+        status.phase = Phase.RUNNING if status.alive or status.running else Phase.ENDED
         return status
 
     def stop(self, ctx: AttemptContext, handle: dict[str, Any], grace: float) -> None:

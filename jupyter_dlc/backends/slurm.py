@@ -33,6 +33,7 @@ from .. import layout, node_reporter, shell
 from ..engines import Option
 from ..spec import JobSpec, network_env
 from . import (
+    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
@@ -579,7 +580,7 @@ class SlurmBackend(Backend):
         if withhold:
             exits = dict.fromkeys(exits)
             records = {r: dict(rec, exit_code=None) for r, rec in records.items()}
-        status.phase = ACTIVE.get(state, "ENDED")
+        status.phase = Phase(ACTIVE.get(state, "ENDED"))
         status.alive = status.phase != "ENDED"
         unfit = failed_preflight(ctx.reported)
         if not unfit and status.phase == "ENDED" and _batch_exit(slurm) == layout.PREFLIGHT_UNREACHABLE:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import layout, shell
 from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, NodeStatus, PoolDriver, RankStatus, rank_records
+from . import AttemptContext, AttemptStatus, NodeStatus, Phase, PoolDriver, RankStatus, rank_records
 from . import local, pool
 from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
 
@@ -160,7 +160,7 @@ def describe_job(ctx: AttemptContext, handle: dict) -> AttemptStatus:
         sorted({r // ctx.spec.nproc_per_node for r, rec in records.items() if rec.get("exit_code")})
     status = AttemptStatus()
     lost = _lost(ctx, handle, waiting, failing) if waiting or failing else None
-    status.phase = "RUNNING" if waiting and not lost else "ENDED"
+    status.phase = Phase.RUNNING if waiting and not lost else Phase.ENDED
     status.alive = status.phase == "RUNNING"
     status.reason = lost
     for node, code in exits.items():

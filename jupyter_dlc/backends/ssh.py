@@ -48,6 +48,7 @@ from ..engines import Option
 from ..spec import JobSpec
 from . import staging
 from . import (
+    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
@@ -365,7 +366,7 @@ class SSHBackend(Backend):
                 code = KILLED if code is None else code
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)
-        status.phase = "RUNNING" if status.alive else "ENDED"
+        status.phase = Phase.RUNNING if status.alive else Phase.ENDED
         # No agent started: fix and resume.
         status.reason = failed_preflight(ctx.reported) or _unreported_preflight(ctx, status.nodes)
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)

@@ -15,12 +15,25 @@ with the operator's naming, labels and env (PET_*, MASTER_ADDR), Pending until t
 them (`run`, `finish`, `oom`, `unschedulable`, `evict`, `image_pull_backoff`), and the workload's
 conditions follow its pods. What a real cluster adds: scheduling, admission webhooks, CEL rules,
 server-side defaults, real containers and their logs, garbage collection by owner references.
+
+With a `Kubelet` attached (`Standin(kubelet=Kubelet(root, pvc_dir))`) it runs each pod's
+container for real, as a process of this machine: the workload's command and env (the token
+from its Secret, the script from its ConfigMap), the pod's paths (/dlc, /dlc/pvc, the node
+reporter's file) moved under `root` (the PVC to `pvc_dir`, which a launcher with
+`launcher_pvc_dir` sees), and the operator's rendezvous at 127.0.0.1. Its output is the pod
+log, its exit the container's; a delete sends SIGTERM and, after the grace, SIGKILL. So the
+engine conformance suite runs real torchrun ranks through the Kubernetes engine. No image,
+no pod network, no cgroup limits: those a real cluster adds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -48,8 +61,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class Standin:
-    def __init__(self, groups=("batch",)):
+    def __init__(self, groups=("batch",), kubelet: Kubelet | None = None):
         self.groups = set(groups) | {"batch"}
+        self.kubelet = kubelet
+        # namespace -> (code, reason, message): every create there is refused so (an admission
+        # webhook or RBAC saying no), as the API answers a 4xx
+        self.refuse: dict[str, tuple[int, str, str]] = {}
         self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
         self.deletes: list[dict] = []  # what each DELETE asked (grace, propagation)
@@ -67,6 +84,8 @@ class Standin:
         return self
 
     def __exit__(self, *exc):
+        if self.kubelet is not None:
+            self.kubelet.close()
         self.server.shutdown()
         self.server.server_close()
 
@@ -110,6 +129,9 @@ class Standin:
         # Under the lock throughout: a test that sees the workload sees all its pods too. (A
         # real operator creates them a moment later; a test that ran "every pod" in between
         # would leave the late ones Pending, as CI once caught.)
+        if ns in self.refuse:
+            code, reason, message = self.refuse[ns]
+            return code, _status(code, reason, message)
         with self.lock:
             if (plural, ns, meta.get("name")) in self.objects:
                 return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
@@ -118,7 +140,9 @@ class Standin:
             obj = self._put(plural, body, "ADDED")
             if body.get("kind") in WORKLOADS:
                 self._operator(body)
-            return 201, obj
+        if body.get("kind") in WORKLOADS and self.kubelet is not None:
+            self.kubelet.start(self, body)
+        return 201, obj
 
     # -- the operator's part --------------------------------------------------------------
     def _operator(self, workload: dict) -> None:
@@ -453,7 +477,118 @@ def _handler(standin: Standin):
             standin.deletes.append({"kind": obj.get("kind"), "name": name, **body})
             if obj.get("kind") in WORKLOADS and body.get("propagationPolicy") in ("Foreground", "Background"):
                 for pod in standin.pods(name):  # garbage collection of the dependents
+                    if standin.kubelet is not None:
+                        standin.kubelet.stop(pod["metadata"]["name"], body.get("gracePeriodSeconds"))
                     standin._remove("pods", ns, pod["metadata"]["name"])
             return self._send(200, _status(200, "Success", "deleted"))
 
     return Handler
+
+
+class Kubelet:
+    """Runs a workload's pods as local processes (see the module's docstring)."""
+
+    def __init__(self, root: str, pvc_dir: str):
+        self.root, self.pvc_dir = root, pvc_dir
+        self.procs: dict[str, subprocess.Popen] = {}  # pod name -> its container
+        self.lock = threading.Lock()
+        bin_dir = os.path.join(root, "bin")  # the image's `python`
+        os.makedirs(bin_dir, exist_ok=True)
+        if not os.path.exists(os.path.join(bin_dir, "python")):
+            os.symlink(sys.executable, os.path.join(bin_dir, "python"))
+        self.path = f"{bin_dir}:{os.environ['PATH']}"
+
+    def start(self, standin: Standin, workload: dict) -> None:
+        from labserver import free_port
+
+        name, ns = workload["metadata"]["name"], workload["metadata"]["namespace"]
+        spec = workload["spec"]
+        if workload["kind"] == "TrainJob":
+            command = spec["trainer"]["command"] + spec["trainer"].get("args", [])
+        elif workload["kind"] == "PyTorchJob":
+            container = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+            command = container["command"] + container.get("args", [])
+        else:
+            container = spec["template"]["spec"]["containers"][0]
+            command = container["command"] + container.get("args", [])
+        files = standin.objects.get(("configmaps", ns, f"{name}-files"), {}).get("data", {})
+        secret = standin.objects.get(("secrets", ns, f"{name}-token"), {}).get("stringData", {})
+        port = str(free_port())
+        for pod in standin.pods(name):
+            pod_name = pod["metadata"]["name"]
+            here = os.path.join(self.root, pod_name)
+            moved = {"/dlc/pvc": self.pvc_dir, "/dlc": os.path.join(here, "dlc"),
+                     "/tmp/dlc-node.reporter": os.path.join(here, "reporter")}
+            pattern = re.compile("|".join(map(re.escape, moved)))
+
+            def in_pod(text: str, pattern=pattern, moved=moved) -> str:
+                return pattern.sub(lambda m: moved[m.group(0)], text)
+
+            os.makedirs(os.path.join(here, "dlc", "job"))
+            for file, text in files.items():
+                with open(os.path.join(here, "dlc", "job", file), "w") as f:
+                    f.write(text)
+            env = dict(os.environ, PATH=self.path, HOME=here)
+            for item in pod["spec"]["containers"][0]["env"]:
+                if "value" in item:
+                    env[item["name"]] = in_pod(item["value"])
+                elif "secretKeyRef" in item.get("valueFrom", {}):
+                    env[item["name"]] = secret[item["valueFrom"]["secretKeyRef"]["key"]]
+            for key in ("PET_MASTER_ADDR", "MASTER_ADDR"):
+                if key in env:
+                    env[key] = "127.0.0.1"
+            for key in ("PET_MASTER_PORT", "MASTER_PORT"):
+                if key in env:
+                    env[key] = port
+            proc = subprocess.Popen([in_pod(word) for word in command], env=env, cwd=here,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            with self.lock:
+                self.procs[pod_name] = proc
+            standin._pod_update(pod, "Running", containerStatuses=standin._container(
+                pod, {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}),
+                conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}])
+            threading.Thread(target=self._follow, args=(standin, name, pod, proc), daemon=True).start()
+        standin._conditions(name, "Running")
+
+    def _follow(self, standin: Standin, workload: str, pod: dict, proc: subprocess.Popen) -> None:
+        ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            standin.write_log(ns, pod_name, line.decode(errors="replace"))
+        code = proc.wait()
+        code = code if code >= 0 else 128 - code  # a signal, as a container's exit code
+        if ("pods", ns, pod_name) not in standin.objects:
+            return  # deleted: gone with its pod
+        standin._terminate(standin.objects[("pods", ns, pod_name)], code, "Completed" if code == 0 else "Error")
+        with standin.lock:
+            pods = standin.pods(workload)
+            ended = [p for p in pods if p["status"]["phase"] in ("Succeeded", "Failed")]
+        if len(ended) == len(pods):
+            failed = any(p["status"]["phase"] == "Failed" for p in pods)
+            standin._conditions(workload, "Failed" if failed else "Succeeded")
+
+    def stop(self, pod_name: str, grace: int | None) -> None:
+        """SIGTERM to the container, SIGKILL once its grace is over (the kubelet's way)."""
+        with self.lock:
+            proc = self.procs.get(pod_name)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM if grace else signal.SIGKILL)
+        if grace:
+            threading.Timer(grace, self._kill, args=(proc,)).start()
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            procs = list(self.procs.values())
+        for proc in procs:
+            self._kill(proc)
+            proc.wait()

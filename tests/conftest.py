@@ -127,16 +127,18 @@ def env_contract_spec(script: str, cwd, **more) -> dict:
                  "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}}, **more)
 
 
-def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd) -> None:
+def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd, job_dir: str | None = None,
+                        checkpoint_dir: str | None = None) -> None:
     """What every engine adds to torchrun's variables, as tests/test_jobs.py's env-contract
     job sees it (2 nodes x 2, `--network tcp`, `--env USER_VAR=x NCCL_SOCKET_IFNAME=lo0`,
-    arguments `--lr 0.1`, run in `cwd`)."""
+    arguments `--lr 0.1`, run in `cwd`). `job_dir`, `checkpoint_dir`: where the ranks see
+    them, when not the launcher's job directory (an engine without a shared filesystem)."""
     assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
     assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
     assert env["DLC_LAUNCHER_URL"] == launcher.client.url
     assert env["DLC_TOKEN"] and env["DLC_TOKEN"] != launcher.client.token
-    assert env["DLC_JOB_DIR"] == job["job_dir"]
-    assert env["DLC_CHECKPOINT_DIR"] == os.path.join(job["job_dir"], "checkpoints")
+    assert env["DLC_JOB_DIR"] == (job_dir or job["job_dir"])
+    assert env["DLC_CHECKPOINT_DIR"] == (checkpoint_dir or os.path.join(job["job_dir"], "checkpoints"))
     assert env["DLC_RESUME_PATH"] == env["EASYCKPT_RESUME_PATH"] == ""
     assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
     assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

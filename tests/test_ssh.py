@@ -9,9 +9,11 @@ carry the job's id, and by what runs in each namespace (`ip netns pids`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -58,12 +60,12 @@ for step in range(1, 100000):
 """
 
 
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    """Two SSH hosts of our own (namespaces, bridge, sshds, key, profile), up for the module
-    and down after it: nothing is left."""
-    root = tmp_path_factory.mktemp("ssh")
-    env = dict(os.environ, DLC_SSH_DIR=str(root / "hosts"), DLC_SSH_PREFIX=PREFIX, DLC_SSH_NET=NET,
+@contextlib.contextmanager
+def ssh_hosts(root: pathlib.Path, prefix: str = PREFIX, net: str = NET):
+    """Two SSH hosts of our own (namespaces `<prefix>1`, `<prefix>2` on a bridge at
+    `<net>.254`, sshds, key, profile `local-ssh`), up while the block runs and down after it:
+    nothing is left. Launchers started inside listen on the bridge. Yields the script's env."""
+    env = dict(os.environ, DLC_SSH_DIR=str(root / "hosts"), DLC_SSH_PREFIX=prefix, DLC_SSH_NET=net,
                DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
     up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
                         check=False)
@@ -72,20 +74,28 @@ def hosts(tmp_path_factory):
     assert up.returncode == 0, up.stdout + up.stderr
     saved = {k: os.environ.get(k) for k in ("DLC_CLUSTERS", "DLC_LAUNCHER_HOST")}
     # The launchers of this module listen where the namespaces reach them.
-    os.environ.update(DLC_CLUSTERS=env["DLC_CLUSTERS"], DLC_LAUNCHER_HOST=BRIDGE)
-    yield env
-    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.update(DLC_CLUSTERS=env["DLC_CLUSTERS"], DLC_LAUNCHER_HOST=f"{net}.254")
+    try:
+        yield env
+    finally:
+        down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     assert down.returncode == 0, down.stderr
     assert not os.path.exists(env["DLC_SSH_DIR"])
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"{PREFIX}1" not in names and f"{PREFIX}2" not in names
-    assert subprocess.run(["ip", "link", "show", f"{PREFIX}br"], capture_output=True).returncode != 0
+    assert f"{prefix}1" not in names and f"{prefix}2" not in names
+    assert subprocess.run(["ip", "link", "show", f"{prefix}br"], capture_output=True).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with ssh_hosts(tmp_path_factory.mktemp("ssh")) as env:
+        yield env
 
 
 @pytest.fixture

@@ -197,6 +197,21 @@ def probe_hosts(profile, spec: JobSpec | None = None, timeout: float = 20.0) -> 
     return rows
 
 
+def unreachable(ctx: AttemptContext, nodes: list[NodeStatus]) -> str | None:
+    """Why a host could not be reached at all: its preflight's ssh failed (255), so no agent
+    started anywhere, and no node reported a verdict. ssh's own words from the node log
+    (`ssh: connect to host H port P: Connection refused`), as the reason the attempt ends
+    with, without retry: a node that preflight never reached fails each try alike."""
+    for node in nodes:
+        if layout.read_int(os.path.join(ctx.attempt_dir, f"node-{node.node}.preflight")) != SSH_FAILED:
+            continue
+        lines, _ = layout.read_log_lines(layout.node_log(ctx.attempt_dir, node.node), 0, 1 << 16)
+        said = next((line for line in reversed(lines) if line.startswith("ssh:")), None)
+        return (f"ssh to host {node.host} failed: {said or 'ssh exited with code 255'}; "
+                "check the profile's hosts, port and user, and that sshd answers there")
+    return None
+
+
 class SSHBackend(Backend):
     name = "ssh"
 
@@ -372,7 +387,7 @@ class SSHBackend(Backend):
             status.nodes.append(NodeStatus(node, running, code, keeper.get("host")))
         status.alive = any(n.running for n in status.nodes)
         status.phase = "RUNNING" if status.alive else "ENDED"
-        status.reason = failed_preflight(ctx.reported)  # no agent started: fix and resume
+        status.reason = failed_preflight(ctx.reported) or unreachable(ctx, status.nodes)
         summary = agent_summary_codes(ctx.attempt_dir, ctx.spec.nodes)
         records = rank_records(ctx)  # reported over the route: the ranks write no files
         for rank in range(ctx.spec.world_size):

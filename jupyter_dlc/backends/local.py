@@ -431,7 +431,8 @@ class LocalBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=True, node_copies=True, warm_pools=True,
-                            shared_filesystem=True, per_rank_signals=True)
+                            shared_filesystem=True, per_rank_signals=True,
+                            submit_refusals=False)
 
     def refresh(self) -> None:
         self.snapshot = job_processes()

@@ -471,18 +471,26 @@ def _handler(standin: Standin):
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             plural, ns, name = match["plural"], match["ns"], match["name"]
+            current = standin.objects.get((plural, ns, name))
+            kubelet = standin.kubelet
+            if current is not None and current.get("kind") in WORKLOADS and kubelet is not None and \
+                    any(kubelet.running(p["metadata"]["name"]) for p in standin.pods(name)):
+                standin.deletes.append({"kind": current.get("kind"), "name": name, **body})
+                kubelet.terminate(standin, plural, ns, name, body.get("gracePeriodSeconds"))
+                return self._send(200, _status(200, "Success", "deleting"))
             obj = standin._remove(plural, ns, name)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
             standin.deletes.append({"kind": obj.get("kind"), "name": name, **body})
             if obj.get("kind") in WORKLOADS and body.get("propagationPolicy") in ("Foreground", "Background"):
                 for pod in standin.pods(name):  # garbage collection of the dependents
-                    if standin.kubelet is not None:
-                        standin.kubelet.stop(pod["metadata"]["name"], body.get("gracePeriodSeconds"))
                     standin._remove("pods", ns, pod["metadata"]["name"])
             return self._send(200, _status(200, "Success", "deleted"))
 
     return Handler
+
+
+POD_ENV = "DLC_STANDIN_POD"  # in every process of a pod the Kubelet runs: its "cgroup"
 
 
 class Kubelet:
@@ -528,7 +536,7 @@ class Kubelet:
             for file, text in files.items():
                 with open(os.path.join(here, "dlc", "job", file), "w") as f:
                     f.write(text)
-            env = dict(os.environ, PATH=self.path, HOME=here)
+            env = dict(os.environ, PATH=self.path, HOME=here, **{POD_ENV: pod_name})
             for item in pod["spec"]["containers"][0]["env"]:
                 if "value" in item:
                     env[item["name"]] = in_pod(item["value"])
@@ -558,9 +566,16 @@ class Kubelet:
             standin.write_log(ns, pod_name, line.decode(errors="replace"))
         code = proc.wait()
         code = code if code >= 0 else 128 - code  # a signal, as a container's exit code
-        if ("pods", ns, pod_name) not in standin.objects:
-            return  # deleted: gone with its pod
-        standin._terminate(standin.objects[("pods", ns, pod_name)], code, "Completed" if code == 0 else "Error")
+        self._kill_pod(pod_name)  # the container ends with its main process: all of it goes
+        with standin.lock:
+            current = standin.objects.get(("pods", ns, pod_name))
+            if current is None:
+                return
+            if current["metadata"].get("deletionTimestamp"):  # terminating: now it is gone
+                standin._remove("pods", ns, pod_name)
+                self._remove_deleted_workload(standin, ns, workload)
+                return
+        standin._terminate(current, code, "Completed" if code == 0 else "Error")
         with standin.lock:
             pods = standin.pods(workload)
             ended = [p for p in pods if p["status"]["phase"] in ("Succeeded", "Failed")]
@@ -568,27 +583,77 @@ class Kubelet:
             failed = any(p["status"]["phase"] == "Failed" for p in pods)
             standin._conditions(workload, "Failed" if failed else "Succeeded")
 
+    @staticmethod
+    def _remove_deleted_workload(standin: Standin, ns: str, workload: str) -> None:
+        """A workload deleted in the foreground goes once its last pod has."""
+        if standin.pods(workload):
+            return
+        for (plural, n, name), obj in list(standin.objects.items()):
+            if n == ns and name == workload and obj.get("kind") in WORKLOADS:
+                standin._remove(plural, ns, name)
+
+    def running(self, pod_name: str) -> bool:
+        with self.lock:
+            proc = self.procs.get(pod_name)
+        return proc is not None and proc.poll() is None
+
+    def terminate(self, standin: Standin, plural: str, ns: str, workload: str, grace: int | None) -> None:
+        """A foreground delete of a workload whose pods run: they are marked terminating and
+        stay until their containers have exited (SIGTERM, SIGKILL after the grace), then
+        the workload goes, as a real cluster's garbage collector does."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for pod in standin.pods(workload):
+            name = pod["metadata"]["name"]
+            if not self.running(name):
+                standin._remove("pods", ns, name)
+                continue
+            if not pod["metadata"].get("deletionTimestamp"):
+                marked = json.loads(json.dumps(pod))
+                marked["metadata"]["deletionTimestamp"] = when
+                standin._put("pods", marked, "MODIFIED")
+            self.stop(name, grace)
+        obj = standin.objects.get((plural, ns, workload))
+        if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+            obj = json.loads(json.dumps(obj))
+            obj["metadata"]["deletionTimestamp"] = when
+            standin._put(plural, obj, "MODIFIED")
+        self._remove_deleted_workload(standin, ns, workload)
+
     def stop(self, pod_name: str, grace: int | None) -> None:
-        """SIGTERM to the container, SIGKILL once its grace is over (the kubelet's way)."""
+        """SIGTERM to the container's main process, every process of the pod SIGKILLed once
+        its grace is over (the kubelet's and the container runtime's way)."""
         with self.lock:
             proc = self.procs.get(pod_name)
         if proc is None or proc.poll() is not None:
             return
-        os.killpg(proc.pid, signal.SIGTERM if grace else signal.SIGKILL)
-        if grace:
-            threading.Timer(grace, self._kill, args=(proc,)).start()
+        if not grace:
+            self._kill_pod(pod_name)
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        threading.Timer(grace, self._kill_pod, args=(pod_name,)).start()
 
     @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
+    def _kill_pod(pod_name: str) -> None:
+        """Every process of the pod (they carry its name in their environment, as a
+        container's processes share its cgroup), SIGKILLed."""
+        marker = f"{POD_ENV}={pod_name}".encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
                 pass
 
     def close(self) -> None:
         with self.lock:
-            procs = list(self.procs.values())
-        for proc in procs:
-            self._kill(proc)
+            procs = dict(self.procs)
+        for name, proc in procs.items():
+            self._kill_pod(name)
             proc.wait()

@@ -45,7 +45,14 @@ TRAINED = TRAIN.replace("total = int(sys.argv[1])\npause = float(sys.argv[2])\n"
         'dist.init_process_group("gloo", init_method="env://")', "").replace("total", "rank_sum")).replace(
     'torch.save(model.state_dict(), os.path.join(os.environ["DLC_JOB_DIR"], "final.pt"))',
     'torch.save(model.state_dict(), os.path.join(os.environ["DLC_CHECKPOINT_DIR"], "final.pt"))')
-assert "TOTAL" in TRAINED and "DLC_CHECKPOINT_DIR\"], \"final.pt\"" in TRAINED
+# With HOLD set, every rank waits at step 12 (step 10 committed) until that file exists:
+# the kill -9 scenario kills a rank there, however long the other scenarios took.
+LOGGED = "        runtime.log(step, loss=loss.item())\n"
+TRAINED = TRAINED.replace(LOGGED, LOGGED + """\
+        while step == 12 and os.environ.get("HOLD") and not os.path.exists(os.environ["HOLD"]):
+            time.sleep(0.05)
+""")
+assert "TOTAL" in TRAINED and "DLC_CHECKPOINT_DIR\"], \"final.pt\"" in TRAINED and "HOLD" in TRAINED
 STEPS_TOTAL = 30  # checkpoints at 10, 20, 30
 
 # test_jobs' STEPS, 20 steps of 0.2 s: long enough to kill a launcher mid-job.
@@ -116,9 +123,21 @@ def trained(rig, tmp_path_factory):
     script = rig.launcher.script("trained.py", TRAINED)
     job = rig.client.submit(env_contract_spec(script, cwd, **rig.spec(), env={
         "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "TOTAL": str(STEPS_TOTAL), "PAUSE": "0"}))
+    # The kill -9 scenario's job runs beside it (a warm pool serves one job at a time: there
+    # it starts once this one has ended, so that both its attempts run on the pool).
+    faulty = None if rig.config.pool else submit_faulty(rig, script, cwd)
     job = rig.client.wait(job["id"], timeout=240)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    return {"job": job, "cwd": cwd, "params": final_params(rig, job)}
+    return {"job": job, "cwd": cwd, "params": final_params(rig, job), "script": script,
+            "faulty": faulty or submit_faulty(rig, script, cwd)}
+
+
+def submit_faulty(rig: Rig, script: str, cwd) -> dict:
+    """The trained job again, with restarts, held at step 12 until `cwd/go` exists."""
+    return rig.client.submit(env_contract_spec(script, cwd, **rig.spec(), name="faulty", max_restarts=2,
+                                               heartbeat_interval=1, env={
+        "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "TOTAL": str(STEPS_TOTAL), "PAUSE": "0",
+        "HOLD": os.path.join(cwd, "go")}))
 
 
 def test_environment_contract(rig, trained):
@@ -138,6 +157,32 @@ def test_environment_contract(rig, trained):
             assert env["DLC_JOB_DIR"] != job["job_dir"]
         if not caps.workdir:  # as declared: the pod's own working directory
             assert env["cwd"] != str(cwd)
+
+
+def test_kill_9_of_a_rank_resumes_automatically_bitwise_equal(rig, trained):
+    client, job = rig.client, trained["faulty"]
+    wait_for(lambda: any(c["step"] == 10 for c in client.checkpoints(job["id"])) and
+             client.job(job["id"])["last_step"] == 12, 180, what="step 10 committed, held at step 12")
+    # Live: metrics and rank logs come through the launcher's routes while the job runs.
+    assert client.job(job["id"])["state"] == "RUNNING"
+    assert {(p["rank"], p["step"]) for p in client.metrics(job["id"])["points"] if p["name"] == "loss"} >= {
+        (rank, step) for rank in range(4) for step in range(1, 13)}
+    assert any(line["text"].startswith("ENV ") for line in client.logs(job["id"], rank=3)["lines"])
+    victim = next(r for r in client.job(job["id"])["ranks"] if r["rank"] == 3)
+    os.kill(victim["pid"], signal.SIGKILL)
+    open(os.path.join(trained["cwd"], "go"), "w").close()
+    final = client.wait(job["id"], timeout=240)
+    assert final["state"] == "SUCCEEDED", final["reason"]
+    assert [a["outcome"] for a in final["attempts"]] == ["failed", "succeeded"]
+    assert final["attempts"][1]["resume_path"] == os.path.join(final["attempts"][0]["checkpoint_dir"], "step-10")
+    # On a warm configuration the first attempt ran on the pool, and so did the restart,
+    # unless the engine warms standby agents for restarts (they win: pools.submit).
+    first, second = (a["start"] for a in final["attempts"])
+    assert first.startswith("warm pool ") == rig.config.pool, first
+    if rig.config.pool and not rig.capabilities().standby_agents:
+        assert second.startswith("warm pool "), second
+    assert_equal_params(final_params(rig, final), trained["params"])
+    nothing_left(rig)
 
 
 def test_live_metrics_and_per_rank_logs_through_the_launchers_routes(rig, trained):
@@ -212,27 +257,6 @@ def test_resume_from_a_picked_step_that_is_not_the_newest(rig, trained):
     assert second["checkpoint_dir"] == final["attempts"][0]["checkpoint_dir"]
     # Steps 11-30 again from step 10's state: the clean run's parameters, bit for bit.
     assert_equal_params(final_params(rig, final), trained["params"])
-
-
-def test_kill_9_of_a_rank_resumes_automatically_bitwise_equal(rig, trained):
-    client = rig.client
-    script = rig.launcher.script("trained.py", TRAINED)
-    job = client.submit(env_contract_spec(script, trained["cwd"], **rig.spec(), name="faulty",
-                                          max_restarts=2, heartbeat_interval=1, env={
-        "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "TOTAL": str(STEPS_TOTAL), "PAUSE": "0.15"}))
-    wait_for(lambda: any(c["step"] >= 10 for c in client.checkpoints(job["id"])), 180,
-             what="a committed checkpoint")
-    # Live: metrics and rank logs come through the launcher's routes while the job runs.
-    assert client.job(job["id"])["state"] == "RUNNING"
-    assert any(p["name"] == "loss" for p in client.metrics(job["id"])["points"])
-    victim = next(r for r in client.job(job["id"])["ranks"] if r["rank"] == 3)
-    os.kill(victim["pid"], signal.SIGKILL)
-    final = client.wait(job["id"], timeout=240)
-    assert final["state"] == "SUCCEEDED", final["reason"]
-    assert [a["outcome"] for a in final["attempts"]] == ["failed", "succeeded"]
-    assert os.path.basename(final["attempts"][1]["resume_path"]).startswith("step-")
-    assert_equal_params(final_params(rig, final), trained["params"])
-    nothing_left(rig)
 
 
 def test_stop_with_grace(rig):

@@ -19,19 +19,16 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from conftest import (
     LauncherEnv,
     assert_launcher_env,
     assert_torchrun_env,
     env_contract_spec,
-    stop_polite_and_stubborn,
     wait_for,
 )
 from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
-from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
-from test_recovery import TRAIN, committed_beyond, final_params
 
 from jupyter_dlc import clusters, formatting, layout
 from jupyter_dlc.backends import ssh_node
@@ -344,14 +341,6 @@ def test_a_profile_without_a_shared_filesystem_needs_a_checkpoint_dir_and_small_
     assert launcher.client.jobs() == []  # nothing stored for a refused job
 
 
-def test_stop_leaves_nothing_on_either_host(launcher, hosts):
-    """SIGTERM reaches every rank on both hosts (the polite job leaves within its 30 s grace),
-    SIGKILL the stubborn one's when its grace is over."""
-    stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
-    wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the jobs anywhere")
-
-
 @pytest.mark.parametrize("victim", ["ssh", "keeper"])
 def test_a_killed_ssh_client_leaves_nothing_remote(hosts, tmp_path, victim):
     """No launcher here: the launcher-side process of one node (the ssh client, or the keeper
@@ -415,50 +404,6 @@ def _ppid(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
-
-
-def test_launcher_kill_9_then_readoption(launcher, hosts):
-    """The keepers of the ssh connections run in sessions of their own: a launcher killed
-    with -9 leaves the job running on the hosts, and the next one follows it to its end."""
-    script = launcher.script("steps.py", STEPS)
-    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
-                                  "heartbeat_interval": 1, "cluster": CLUSTER})
-    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
-    launcher.restart(kill=True)
-    assert launcher.client.url.startswith(f"http://{BRIDGE}:")  # where the ranks report
-    final = launcher.client.wait(job["id"], timeout=120)
-    assert final["state"] == "SUCCEEDED", final["reason"]
-    assert final["attempt"] == 1 and final["last_step"] == 40
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
-
-
-@pytest.mark.slow
-def test_kill_9_of_a_rank_resumes_on_new_ssh_sessions_bitwise_equal(launcher, hosts):
-    script = launcher.script("train.py", TRAIN)
-    client = launcher.client
-    total = 40
-    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
-                           "nproc_per_node": 1, "name": "clean", "cluster": CLUSTER})
-    faulty = client.submit({"script": script, "args": [str(total), "0.1"], "nodes": 2,
-                            "nproc_per_node": 1, "name": "faulty", "cluster": CLUSTER,
-                            "max_restarts": 2, "heartbeat_interval": 1})
-    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 12 and
-             committed_beyond(client, faulty["id"], 0), 240, what="a committed checkpoint")
-    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 1)
-    assert victim["pid"] in namespace_pids(2)  # rank 1 runs on host 2
-    os.kill(victim["pid"], signal.SIGKILL)
-    clean = client.wait(clean["id"], timeout=300)
-    faulty = client.wait(faulty["id"], timeout=300)
-    assert clean["state"] == "SUCCEEDED", clean["reason"]
-    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
-    attempts = faulty["attempts"]
-    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
-    assert f"on host {HOSTS[1]}" in attempts[0]["reason"]
-    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
-    a, b = final_params(clean), final_params(faulty)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 
 def test_a_cut_link_fails_the_job_with_a_reason_naming_the_host(launcher, hosts):
@@ -653,38 +598,3 @@ def test_adopt_finds_a_whole_set_of_keepers_by_their_environment_and_kills_a_par
         assert lone.wait(timeout=10) == -signal.SIGKILL
     finally:
         lone.kill()
-def test_a_picked_step_resume_reads_the_profiles_checkpoint_dir(tmp_path, monkeypatch):
-    """Issue 21: with `shared_filesystem: false` the SSH engine's checkpoint directory is the
-    profile's `checkpoint_dir/<job>`, but the launcher listed and picked steps in the job
-    directory's: GET /checkpoints showed nothing and `resume --step 5` was refused ("committed
-    steps: none"). A real launcher and the real SSH engine, whose one host does not answer (no
-    network namespaces needed: only the directory is under test, and an attempt stores it as
-    it starts, before its ssh fails); the steps are committed there as the ranks would."""
-    ckpt = tmp_path / "ckpt"
-    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
-    clusters.put_profile("noanswer", {"engine": "ssh", "hosts": ["127.0.0.1"], "port": 9,
-                                      "shared_filesystem": False, "checkpoint_dir": str(ckpt)})
-    env = LauncherEnv(str(tmp_path / "launcher"))
-    try:
-        client = env.client
-        job = client.submit({"script": env.script("train.py", "print('hi')\n"), "cluster": "noanswer",
-                             "max_restarts": 0})
-        assert client.wait(job["id"], timeout=120)["state"] == "FAILED"
-        mine = ckpt / job["id"]
-        assert client.job(job["id"])["attempts"][0]["checkpoint_dir"] == str(mine)
-        paths = {}
-        for step in (5, 10):
-            path = mine / f"step-{step}"
-            path.mkdir(parents=True)
-            (path / layout.rank_file_name(0)).write_bytes(b"w")
-            layout.write_manifest(str(path), step, 1, {layout.rank_file_name(0): {
-                "size": 1, "sha256": layout.sha256_of(str(path / layout.rank_file_name(0)))}})
-            paths[step] = str(path)
-        assert [(c["step"], c["path"]) for c in client.checkpoints(job["id"])] == sorted(paths.items())
-        client.resume(job["id"], step=5)  # not the newest
-        wait_for(lambda: len(client.job(job["id"])["attempts"]) == 2 and
-                 client.job(job["id"])["attempts"][1]["resume_path"], 60, what="attempt 2 started")
-        assert client.job(job["id"])["attempts"][1]["resume_path"] == paths[5]
-        client.wait(job["id"], timeout=120)
-    finally:
-        env.close()

@@ -165,8 +165,8 @@ def test_kill_9_of_a_rank_resumes_automatically_bitwise_equal(rig, trained):
              client.job(job["id"])["last_step"] == 12, 180, what="step 10 committed, held at step 12")
     # Live: metrics and rank logs come through the launcher's routes while the job runs.
     assert client.job(job["id"])["state"] == "RUNNING"
-    assert {(p["rank"], p["step"]) for p in client.metrics(job["id"])["points"] if p["name"] == "loss"} >= {
-        (rank, step) for rank in range(4) for step in range(1, 13)}
+    wait_for(lambda: {(p["rank"], p["step"]) for p in client.metrics_after(job["id"]) if p["name"] == "loss"} >= {
+        (rank, step) for rank in range(4) for step in range(1, 13)}, 60, what="every rank's loss of steps 1-12")
     assert any(line["text"].startswith("ENV ") for line in client.logs(job["id"], rank=3)["lines"])
     victim = next(r for r in client.job(job["id"])["ranks"] if r["rank"] == 3)
     os.kill(victim["pid"], signal.SIGKILL)

@@ -132,8 +132,9 @@ def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd, job_di
                         checkpoint_dir: str | None = None) -> None:
     """What every engine adds to torchrun's variables, as tests/test_jobs.py's env-contract
     job sees it (2 nodes x 2, `--network tcp`, `--env USER_VAR=x NCCL_SOCKET_IFNAME=lo0`,
-    arguments `--lr 0.1`, run in `cwd`). Nodes without the launcher's filesystem run in a
-    `job_dir` of their own and checkpoint in the profile's `checkpoint_dir`."""
+    arguments `--lr 0.1`, run in `cwd`, None where the engine declares it does not honour
+    --workdir). `job_dir`, `checkpoint_dir`: where the ranks see
+    them, when not the launcher's job directory (an engine without a shared filesystem)."""
     assert env["DLC_JOB_ID"] == job["id"] and env["DLC_JOB_NAME"] == "envjob"
     assert env["DLC_ATTEMPT"] == "1" and env["DLC_NNODES"] == "2"
     assert env["DLC_LAUNCHER_URL"] == launcher.client.url
@@ -144,7 +145,8 @@ def assert_launcher_env(env: dict, job: dict, launcher: LauncherEnv, cwd, job_di
     assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo0"
     assert env["TORCH_FR_BUFFER_SIZE"] and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["USER_VAR"] == "x" and env["sum"] == 6.0
-    assert env["argv"] == ["--lr", "0.1"] and env["cwd"] == str(cwd)
+    assert env["argv"] == ["--lr", "0.1"]
+    assert (env["cwd"] == str(cwd)) if cwd is not None else env["cwd"]
 
 
 def assert_torchrun_env(env: dict, rank: int, nproc_per_node: int = 2, world: int = 4) -> None:
@@ -156,22 +158,34 @@ def assert_torchrun_env(env: dict, rank: int, nproc_per_node: int = 2, world: in
     assert env["GROUP_RANK"] == str(node) == env["DLC_NODE_RANK"]
 
 
-def stop_polite_and_stubborn(launcher: LauncherEnv, sleeper: str, cluster: str) -> tuple[dict, dict]:
+def stop_polite_and_stubborn(launcher: LauncherEnv, sleeper: str, cluster: str | None,
+                             grace_by_engine: bool = False) -> tuple[dict, dict]:
     """Two running jobs on `cluster`, one that leaves on SIGTERM (2x2) and one that ignores it
     (2x1, 2 s grace), both stopped: the polite one within its grace, the stubborn one killed
-    when its grace is over. Returns both jobs as they ended."""
+    when its grace is over, by the launcher (a `grace over` event) or, `grace_by_engine`, by
+    the engine it handed the grace to (Kubernetes: the kubelet's termination grace period).
+    Returns both jobs as they ended."""
     polite = launcher.client.submit({"script": sleeper, "nodes": 2, "nproc_per_node": 2,
                                      "cluster": cluster})
     stubborn = launcher.client.submit({"script": sleeper, "args": ["--ignore-term"], "nodes": 2,
                                        "nproc_per_node": 1, "stop_grace": 2, "cluster": cluster})
-    for job in (polite, stubborn):
-        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
-                 what="RUNNING")
+    for job, world in ((polite, 4), (stubborn, 2)):
+        # Every rank runs the script (it printed `up`, after its SIGTERM choice): RUNNING
+        # alone may be a pod whose torchrun is still starting.
+        wait_for(lambda job=job, world=world: {line["rank"] for line in launcher.client.logs(job["id"])["lines"]
+                                               if line["text"].startswith("up ")} == set(range(world)),
+                 120, what="every rank up")
     launcher.client.stop(polite["id"])
     launcher.client.stop(stubborn["id"])
     polite = launcher.client.wait(polite["id"], timeout=60)
     stubborn = launcher.client.wait(stubborn["id"], timeout=60)
     assert polite["state"] == stubborn["state"] == "STOPPED"
-    assert not any("grace over" in (e["reason"] or "") for e in launcher.client.events(polite["id"]))
-    assert any("grace over" in (e["reason"] or "") for e in launcher.client.events(stubborn["id"]))
+    events = launcher.client.events(polite["id"])
+    assert not any("grace over" in (e["reason"] or "") for e in events), [e["reason"] for e in events]
+    events = launcher.client.events(stubborn["id"])
+    if grace_by_engine:
+        asked = next(e["t"] for e in events if (e["reason"] or "").startswith("stopped by the user"))
+        assert events[-1]["t"] - asked >= 1.9, [(e["t"], e["reason"]) for e in events]
+    else:
+        assert any("grace over" in (e["reason"] or "") for e in events), [e["reason"] for e in events]
     return polite, stubborn

@@ -15,12 +15,25 @@ with the operator's naming, labels and env (PET_*, MASTER_ADDR), Pending until t
 them (`run`, `finish`, `oom`, `unschedulable`, `evict`, `image_pull_backoff`), and the workload's
 conditions follow its pods. What a real cluster adds: scheduling, admission webhooks, CEL rules,
 server-side defaults, real containers and their logs, garbage collection by owner references.
+
+With a `Kubelet` attached (`Standin(kubelet=Kubelet(root, pvc_dir))`) it runs each pod's
+container for real, as a process of this machine: the workload's command and env (the token
+from its Secret, the script from its ConfigMap), the pod's paths (/dlc, /dlc/pvc, the node
+reporter's file) moved under `root` (the PVC to `pvc_dir`, which a launcher with
+`launcher_pvc_dir` sees), and the operator's rendezvous at 127.0.0.1. Its output is the pod
+log, its exit the container's; a delete sends SIGTERM and, after the grace, SIGKILL. So the
+engine conformance suite runs real torchrun ranks through the Kubernetes engine. No image,
+no pod network, no cgroup limits: those a real cluster adds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -48,8 +61,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class Standin:
-    def __init__(self, groups=("batch",)):
+    def __init__(self, groups=("batch",), kubelet: Kubelet | None = None):
         self.groups = set(groups) | {"batch"}
+        self.kubelet = kubelet
+        # namespace -> (code, reason, message): every create there is refused so (an admission
+        # webhook or RBAC saying no), as the API answers a 4xx
+        self.refuse: dict[str, tuple[int, str, str]] = {}
         self.objects: dict[tuple, dict] = {}  # (plural, ns, name) -> object
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
         self.deletes: list[dict] = []  # what each DELETE asked (grace, propagation)
@@ -67,6 +84,8 @@ class Standin:
         return self
 
     def __exit__(self, *exc):
+        if self.kubelet is not None:
+            self.kubelet.close()
         self.server.shutdown()
         self.server.server_close()
 
@@ -110,6 +129,9 @@ class Standin:
         # Under the lock throughout: a test that sees the workload sees all its pods too. (A
         # real operator creates them a moment later; a test that ran "every pod" in between
         # would leave the late ones Pending, as CI once caught.)
+        if ns in self.refuse:
+            code, reason, message = self.refuse[ns]
+            return code, _status(code, reason, message)
         with self.lock:
             if (plural, ns, meta.get("name")) in self.objects:
                 return 409, _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists')
@@ -118,7 +140,9 @@ class Standin:
             obj = self._put(plural, body, "ADDED")
             if body.get("kind") in WORKLOADS:
                 self._operator(body)
-            return 201, obj
+        if body.get("kind") in WORKLOADS and self.kubelet is not None:
+            self.kubelet.start(self, body)
+        return 201, obj
 
     # -- the operator's part --------------------------------------------------------------
     def _operator(self, workload: dict) -> None:
@@ -447,6 +471,13 @@ def _handler(standin: Standin):
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             plural, ns, name = match["plural"], match["ns"], match["name"]
+            current = standin.objects.get((plural, ns, name))
+            kubelet = standin.kubelet
+            if current is not None and current.get("kind") in WORKLOADS and kubelet is not None and \
+                    any(kubelet.running(p["metadata"]["name"]) for p in standin.pods(name)):
+                standin.deletes.append({"kind": current.get("kind"), "name": name, **body})
+                kubelet.terminate(standin, plural, ns, name, body.get("gracePeriodSeconds"))
+                return self._send(200, _status(200, "Success", "deleting"))
             obj = standin._remove(plural, ns, name)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
@@ -457,3 +488,172 @@ def _handler(standin: Standin):
             return self._send(200, _status(200, "Success", "deleted"))
 
     return Handler
+
+
+POD_ENV = "DLC_STANDIN_POD"  # in every process of a pod the Kubelet runs: its "cgroup"
+
+
+class Kubelet:
+    """Runs a workload's pods as local processes (see the module's docstring)."""
+
+    def __init__(self, root: str, pvc_dir: str):
+        self.root, self.pvc_dir = root, pvc_dir
+        self.procs: dict[str, subprocess.Popen] = {}  # pod name -> its container
+        self.lock = threading.Lock()
+        bin_dir = os.path.join(root, "bin")  # the image's `python`
+        os.makedirs(bin_dir, exist_ok=True)
+        if not os.path.exists(os.path.join(bin_dir, "python")):
+            os.symlink(sys.executable, os.path.join(bin_dir, "python"))
+        self.path = f"{bin_dir}:{os.environ['PATH']}"
+
+    def start(self, standin: Standin, workload: dict) -> None:
+        from labserver import free_port
+
+        name, ns = workload["metadata"]["name"], workload["metadata"]["namespace"]
+        spec = workload["spec"]
+        if workload["kind"] == "TrainJob":
+            command = spec["trainer"]["command"] + spec["trainer"].get("args", [])
+        elif workload["kind"] == "PyTorchJob":
+            container = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+            command = container["command"] + container.get("args", [])
+        else:
+            container = spec["template"]["spec"]["containers"][0]
+            command = container["command"] + container.get("args", [])
+        files = standin.objects.get(("configmaps", ns, f"{name}-files"), {}).get("data", {})
+        secret = standin.objects.get(("secrets", ns, f"{name}-token"), {}).get("stringData", {})
+        port = str(free_port())
+        for pod in standin.pods(name):
+            pod_name = pod["metadata"]["name"]
+            here = os.path.join(self.root, pod_name)
+            moved = {"/dlc/pvc": self.pvc_dir, "/dlc": os.path.join(here, "dlc"),
+                     "/tmp/dlc-node.reporter": os.path.join(here, "reporter")}
+            pattern = re.compile("|".join(map(re.escape, moved)))
+
+            def in_pod(text: str, pattern=pattern, moved=moved) -> str:
+                return pattern.sub(lambda m: moved[m.group(0)], text)
+
+            os.makedirs(os.path.join(here, "dlc", "job"))
+            for file, text in files.items():
+                with open(os.path.join(here, "dlc", "job", file), "w") as f:
+                    f.write(text)
+            env = dict(os.environ, PATH=self.path, HOME=here, **{POD_ENV: pod_name})
+            for item in pod["spec"]["containers"][0]["env"]:
+                if "value" in item:
+                    env[item["name"]] = in_pod(item["value"])
+                elif "secretKeyRef" in item.get("valueFrom", {}):
+                    env[item["name"]] = secret[item["valueFrom"]["secretKeyRef"]["key"]]
+            for key in ("PET_MASTER_ADDR", "MASTER_ADDR"):
+                if key in env:
+                    env[key] = "127.0.0.1"
+            for key in ("PET_MASTER_PORT", "MASTER_PORT"):
+                if key in env:
+                    env[key] = port
+            proc = subprocess.Popen([in_pod(word) for word in command], env=env, cwd=here,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            with self.lock:
+                self.procs[pod_name] = proc
+            standin._pod_update(pod, "Running", containerStatuses=standin._container(
+                pod, {"running": {"startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}),
+                conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}])
+            threading.Thread(target=self._follow, args=(standin, name, pod, proc), daemon=True).start()
+        standin._conditions(name, "Running")
+
+    def _follow(self, standin: Standin, workload: str, pod: dict, proc: subprocess.Popen) -> None:
+        ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            standin.write_log(ns, pod_name, line.decode(errors="replace"))
+        code = proc.wait()
+        code = code if code >= 0 else 128 - code  # a signal, as a container's exit code
+        self._kill_pod(pod_name)  # the container ends with its main process: all of it goes
+        with standin.lock:
+            current = standin.objects.get(("pods", ns, pod_name))
+            if current is None:
+                return
+            if current["metadata"].get("deletionTimestamp"):  # terminating: now it is gone
+                standin._remove("pods", ns, pod_name)
+                self._remove_deleted_workload(standin, ns, workload)
+                return
+        standin._terminate(current, code, "Completed" if code == 0 else "Error")
+        with standin.lock:
+            pods = standin.pods(workload)
+            ended = [p for p in pods if p["status"]["phase"] in ("Succeeded", "Failed")]
+        if len(ended) == len(pods):
+            failed = any(p["status"]["phase"] == "Failed" for p in pods)
+            standin._conditions(workload, "Failed" if failed else "Succeeded")
+
+    @staticmethod
+    def _remove_deleted_workload(standin: Standin, ns: str, workload: str) -> None:
+        """A workload deleted in the foreground goes once its last pod has."""
+        if standin.pods(workload):
+            return
+        for (plural, n, name), obj in list(standin.objects.items()):
+            if n == ns and name == workload and obj.get("kind") in WORKLOADS:
+                standin._remove(plural, ns, name)
+
+    def running(self, pod_name: str) -> bool:
+        with self.lock:
+            proc = self.procs.get(pod_name)
+        return proc is not None and proc.poll() is None
+
+    def terminate(self, standin: Standin, plural: str, ns: str, workload: str, grace: int | None) -> None:
+        """A foreground delete of a workload whose pods run: they are marked terminating and
+        stay until their containers have exited (SIGTERM, SIGKILL after the grace), then
+        the workload goes, as a real cluster's garbage collector does."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for pod in standin.pods(workload):
+            name = pod["metadata"]["name"]
+            if not self.running(name):
+                standin._remove("pods", ns, name)
+                continue
+            if not pod["metadata"].get("deletionTimestamp"):
+                marked = json.loads(json.dumps(pod))
+                marked["metadata"]["deletionTimestamp"] = when
+                standin._put("pods", marked, "MODIFIED")
+            self.stop(name, grace)
+        obj = standin.objects.get((plural, ns, workload))
+        if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+            obj = json.loads(json.dumps(obj))
+            obj["metadata"]["deletionTimestamp"] = when
+            standin._put(plural, obj, "MODIFIED")
+        self._remove_deleted_workload(standin, ns, workload)
+
+    def stop(self, pod_name: str, grace: int | None) -> None:
+        """SIGTERM to the container's main process, every process of the pod SIGKILLed once
+        its grace is over (the kubelet's and the container runtime's way)."""
+        with self.lock:
+            proc = self.procs.get(pod_name)
+        if proc is None or proc.poll() is not None:
+            return
+        if not grace:
+            self._kill_pod(pod_name)
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        threading.Timer(grace, self._kill_pod, args=(pod_name,)).start()
+
+    @staticmethod
+    def _kill_pod(pod_name: str) -> None:
+        """Every process of the pod (they carry its name in their environment, as a
+        container's processes share its cgroup), SIGKILLed."""
+        marker = f"{POD_ENV}={pod_name}".encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            procs = dict(self.procs)
+        for name, proc in procs.items():
+            self._kill_pod(name)
+            proc.wait()

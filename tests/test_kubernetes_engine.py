@@ -289,30 +289,6 @@ def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path
         assert error.status == 410
 
 
-def test_through_the_launcher_a_failed_node_restarts_as_a_new_workload_and_a_killed_launcher_readopts(
-        cluster, k8s_launcher):
-    """Stand-in cluster, real launcher: a node exiting 1 restarts the job as attempt 2, a new
-    TrainJob with its own attempt label; the launcher killed with -9 comes back and follows
-    attempt 2 to SUCCEEDED from its stored handle. A real cluster would also run the ranks,
-    and attempt 2 would resume from the newest checkpoint they committed on the PVC."""
-    from conftest import wait_for
-
-    client = k8s_launcher.client
-    job, first = _running_job(k8s_launcher, cluster, nodes=2, nproc_per_node=1, max_restarts=1,
-                              restart_backoff=0.1)
-    cluster.finish(first, codes={1: 1})
-    second = f"dlc-{job['id']}-a2"
-    wait_for(lambda: ("trainjobs", "ml", second) in cluster.objects, what="attempt 2's TrainJob")
-    assert cluster.objects[("trainjobs", "ml", second)]["metadata"]["labels"]["dlc.jupyter.org/attempt"] == "2"
-    k8s_launcher.restart(kill=True)
-    client = k8s_launcher.client
-    cluster.run(second)
-    wait_for(lambda: client.job(job["id"])["state"] == "RUNNING", what="RUNNING after the restart")
-    cluster.finish(second)
-    wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
-    assert client.job(job["id"])["attempt"] == 2
-
-
 def test_a_killed_launcher_whose_handle_is_lost_readopts_the_workload_by_labels(cluster, k8s_launcher):
     """Stand-in cluster, real launcher: killed with -9 while the TrainJob runs, and its store
     lost the attempt's handle (as when killed between submit and storing it). The restarted
@@ -428,95 +404,6 @@ def test_each_rank_gets_its_own_exit_code_from_the_record_it_reported(cluster, k
     assert {r["rank"]: r["exit_code"] for r in final["ranks"]} == {0: 0, 1: 1}
     [diagnosis] = client.diagnosis(job["id"])
     assert diagnosis["rank"] == 1 and diagnosis["line"] == "RuntimeError: rank 1 lost its shard"
-
-
-def test_a_launcher_that_mounts_the_pvc_resumes_from_the_step_the_pods_committed(
-        cluster, tmp_path, monkeypatch):
-    """Stand-in cluster, real launcher that mounts the PVC (`launcher_pvc_dir`, as the
-    in-cluster launcher of `jupyter-dlc launcher manifest` does at /dlc/pvc; here a directory
-    standing for the claim). The stand-in runs no containers, so the test commits step 5 into
-    the job's checkpoint directory on the PVC as the ranks' Checkpointer would (files, then the
-    manifest). A node then fails: attempt 2 is a new TrainJob whose pods get
-    EASYCKPT_RESUME_PATH and DLC_RESUME_PATH at that step as the pods see the PVC. A real
-    cluster adds the ranks that write and read the step through a ReadWriteMany volume."""
-    from conftest import LauncherEnv, wait_for
-
-    from jupyter_dlc import k8s_manifests
-
-    pvc = tmp_path / "pvc"
-    cluster.profile(launcher_pvc_dir=str(pvc))
-    launcher = LauncherEnv(str(tmp_path / "launcher"))
-    try:
-        client = launcher.client
-        job, first = _running_job(launcher, cluster, nodes=1, nproc_per_node=1, max_restarts=1,
-                                  restart_backoff=0.1)
-        in_pods = k8s_manifests.checkpoint_dir(job["id"])
-        step = pvc / in_pods[len(k8s_manifests.PVC_DIR) + 1:] / "step-5"
-        step.mkdir(parents=True)
-        (step / layout.rank_file_name(0)).write_bytes(b"weights")
-        layout.write_manifest(str(step), 5, 1, {layout.rank_file_name(0): {
-            "size": 7, "sha256": layout.sha256_of(str(step / layout.rank_file_name(0)))}})
-        cluster.finish(first, codes={0: 1})
-        second = f"dlc-{job['id']}-a2"
-        wait_for(lambda: cluster.pods(second), what="attempt 2's pods")
-        [pod] = cluster.pods(second)
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["EASYCKPT_RESUME_PATH"] == env["DLC_RESUME_PATH"] == f"{in_pods}/step-5"
-        assert env["DLC_CHECKPOINT_DIR"] == in_pods
-        assert client.job(job["id"])["attempts"][1]["resume_path"] == str(step)
-    finally:
-        launcher.close()
-
-
-def _commit_step(ckpt_dir, step: int) -> str:
-    """A committed step of one rank, written as the ranks' Checkpointer would (the file, then
-    the manifest): the stand-in runs no containers."""
-    path = ckpt_dir / f"step-{step}"
-    path.mkdir(parents=True)
-    (path / layout.rank_file_name(0)).write_bytes(b"weights %d" % step)
-    layout.write_manifest(str(path), step, 1, {layout.rank_file_name(0): {
-        "size": (path / layout.rank_file_name(0)).stat().st_size,
-        "sha256": layout.sha256_of(str(path / layout.rank_file_name(0)))}})
-    return str(path)
-
-
-def test_the_checkpoint_list_and_a_picked_step_resume_read_the_engines_directory(cluster, tmp_path):
-    """Issue 21: the launcher recomputed the checkpoint directory as the spec's or the job
-    directory's, while the Kubernetes engine's is the PVC's (`launcher_pvc_dir`): GET
-    /checkpoints listed nothing and `resume --step N` was refused with "committed steps: none".
-    Stand-in cluster (no API server can run here) and a real launcher mounting the "PVC" (a
-    directory standing for the claim): the attempt stores the engine's directory, the list
-    shows both steps there, and a resume from the older one gives attempt 2's pods that step
-    as they see the PVC."""
-    from conftest import LauncherEnv, wait_for
-
-    from jupyter_dlc import k8s_manifests
-
-    pvc = tmp_path / "pvc"
-    cluster.profile(launcher_pvc_dir=str(pvc))
-    launcher = LauncherEnv(str(tmp_path / "launcher"))
-    try:
-        client = launcher.client
-        job, first = _running_job(launcher, cluster, nodes=1, nproc_per_node=1, max_restarts=0)
-        in_pods = k8s_manifests.checkpoint_dir(job["id"])
-        ckpt = pvc / in_pods[len(k8s_manifests.PVC_DIR) + 1:]
-        older, newest = _commit_step(ckpt, 5), _commit_step(ckpt, 10)
-        cluster.finish(first)
-        wait_for(lambda: client.job(job["id"])["state"] == "SUCCEEDED", what="SUCCEEDED")
-        assert client.job(job["id"])["attempts"][0]["checkpoint_dir"] == str(ckpt)
-        listed = client.checkpoints(job["id"])
-        assert [(c["step"], c["path"], c["verification"]) for c in listed] == [
-            (5, older, "unverified"), (10, newest, "unverified")]
-
-        client.resume(job["id"], step=5)  # not the newest
-        second = f"dlc-{job['id']}-a2"
-        wait_for(lambda: cluster.pods(second), what="attempt 2's pods")
-        [pod] = cluster.pods(second)
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["EASYCKPT_RESUME_PATH"] == env["DLC_RESUME_PATH"] == f"{in_pods}/step-5"
-        assert client.job(job["id"])["attempts"][1]["resume_path"] == older
-    finally:
-        launcher.close()
 
 
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
@@ -20,7 +19,7 @@ from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
 from test_ingest import THROUGH_NODE_REPORTERS, assert_every_step, sent_lines
 from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
-from test_recovery import TRAIN, committed_beyond, final_params
+from test_recovery import TRAIN
 
 # Each job of a test file imports this helper module from its workdir and records what it
 # found there before setting it: a module-level global, torch's own module, the process group.
@@ -326,32 +325,6 @@ def test_pool_up_status_down_from_the_cli_and_the_magic(pooled, capsys):
     assert capsys.readouterr().out.strip() == "released local-1x2"
     status = run_cli("status")
     assert status.returncode == 0 and status.stdout.startswith("no warm pools")
-
-
-@pytest.mark.slow
-def test_a_restart_on_the_pool_resumes_exactly_as_cold(pooled_restarts):
-    """A job killed mid-training restarts on the same pool as attempt 2, from its newest
-    committed checkpoint, and ends with exactly the parameters of a cold run that never
-    failed (the deterministic script of test_recovery.py)."""
-    client = pooled_restarts.client
-    script = pooled_restarts.script("train.py", TRAIN)
-    clean = run(client, script, args=["40", "0"], name="clean")  # cold: no pool yet
-    assert clean["state"] == "SUCCEEDED" and clean["attempts"][0]["start"].startswith("cold start")
-    ready_pool(client)
-    faulty = client.submit({"script": script, "args": ["40", "0.05"], "nodes": 2,
-                            "nproc_per_node": 2, "name": "faulty", "max_restarts": 1})
-    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 14 and
-             committed_beyond(client, faulty["id"], 0), 120, what="a committed step, then more")
-    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 1)
-    os.kill(victim["pid"], signal.SIGKILL)
-    faulty = client.wait(faulty["id"], timeout=180, poll=0.1)
-    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
-    attempts = faulty["attempts"]
-    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
-    assert [a["start"] for a in attempts] == ["warm pool local-2x2"] * 2
-    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
-    a, b = final_params(clean), final_params(faulty)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise
 
 
 def test_a_graceful_stop_on_the_pool_checkpoints_and_the_node_records_its_exit(pooled):

@@ -12,24 +12,19 @@ import contextlib
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 
 import pytest
-import torch
 from conftest import (
     LauncherEnv,
     assert_launcher_env,
-    assert_torchrun_env,
-    env_contract_spec,
-    stop_polite_and_stubborn,
     wait_for,
 )
 from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
-from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
-from test_recovery import TRAIN, committed_beyond, final_params
+from test_recovery import TRAIN
 
 from jupyter_dlc import formatting
 from jupyter_dlc.backends.local import job_processes
@@ -89,29 +84,6 @@ def squeue_ids(slurm) -> list[str]:
 
 def engine_id(client, job_id, attempt=-1) -> str | None:
     return client.job(job_id)["attempts"][attempt].get("engine_id")
-
-
-def test_environment_contract_on_2x2(launcher, slurm, tmp_path):
-    script = launcher.script("envjob.py", ENV_SCRIPT.replace(
-        '"argv":', '"SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "argv":'))
-    job = launcher.client.submit(env_contract_spec(script, tmp_path, cluster=CLUSTER))
-    job = launcher.client.wait(job["id"], timeout=180)
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["spec"]["backend"] == "slurm"  # the profile named the engine
-    slurm_id = job["attempts"][0]["engine_id"]
-    assert slurm_id and slurm_id.isdigit()
-    envs = rank_env(launcher.client, job["id"], 4)
-    for rank, env in envs.items():
-        assert_torchrun_env(env, rank)
-        # Rendezvous at the head node's own address (NodeAddr of n1), not loopback's default.
-        assert env["MASTER_ADDR"] == "127.0.0.11" and int(env["MASTER_PORT"]) > 0
-        assert env["SLURM_JOB_ID"] == slurm_id
-        assert_launcher_env(env, job, launcher, tmp_path)
-    # The batch script on record is what ran; the token is not in it.
-    with open(os.path.join(job["job_dir"], "attempt-1", "job.sbatch")) as f:
-        batch = f.read()
-    assert "#SBATCH --nodes=2" in batch and launcher.client.token not in batch
-    assert slurm_id not in squeue_ids(slurm)
 
 
 def test_ranks_report_through_node_reporters_and_directly_once_theirs_is_gone(launcher, slurm, tmp_path):
@@ -234,55 +206,6 @@ exec {sys.executable} "$@"
     assert final["reason"].startswith(f"preflight on a node of Slurm job {engine_id(launcher.client, job['id'])}: "
                                       f"it cannot reach the launcher at {url}"), final["reason"]
     assert not ran.exists()
-
-
-def test_stop_leaves_no_process_on_any_node(launcher, slurm):
-    polite, stubborn = stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
-    ids = [engine_id(launcher.client, j["id"]) for j in (polite, stubborn)]
-    wait_for(lambda: not set(ids) & set(squeue_ids(slurm)), 30, what="Slurm jobs gone")
-    wait_for(lambda: launcher.own_processes() == [], 30, what="no process on any node")
-
-
-@pytest.mark.slow
-def test_kill_9_of_a_rank_resumes_as_a_new_slurm_job(launcher, slurm):
-    script = launcher.script("train.py", TRAIN)
-    client = launcher.client
-    total = 60
-    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
-                           "nproc_per_node": 2, "name": "clean", "cluster": CLUSTER})
-    faulty = client.submit({"script": script, "args": [str(total), "0.1"], "nodes": 2,
-                            "nproc_per_node": 2, "name": "faulty", "cluster": CLUSTER,
-                            "max_restarts": 2, "heartbeat_interval": 1})
-    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 15 and
-             committed_beyond(client, faulty["id"], 0), 240, what="a committed checkpoint")
-    first_slurm_id = engine_id(client, faulty["id"])
-    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 3)
-    os.kill(victim["pid"], signal.SIGKILL)
-    clean = client.wait(clean["id"], timeout=300)
-    faulty = client.wait(faulty["id"], timeout=300)
-    assert clean["state"] == "SUCCEEDED", clean["reason"]
-    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
-    attempts = faulty["attempts"]
-    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
-    assert attempts[1]["engine_id"] != first_slurm_id  # a new sbatch
-    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
-    a, b = final_params(clean), final_params(faulty)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    wait_for(lambda: launcher.own_processes() == [], 30, what="no process left")
-
-
-def test_launcher_kill_9_then_readoption(launcher, slurm):
-    script = launcher.script("steps.py", STEPS)
-    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
-                                  "heartbeat_interval": 1, "cluster": CLUSTER})
-    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
-    slurm_id = engine_id(launcher.client, job["id"])
-    launcher.restart(kill=True)
-    final = launcher.client.wait(job["id"], timeout=120)
-    assert final["state"] == "SUCCEEDED", final["reason"]
-    assert final["attempt"] == 1 and engine_id(launcher.client, job["id"]) == slurm_id
-    assert final["last_step"] == 40  # the new launcher followed the same Slurm job to its end
 
 
 def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):

@@ -18,8 +18,8 @@ import signal
 import subprocess
 
 import pytest
-from conftest import LauncherEnv, assert_launcher_env, wait_for
-from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
+from conftest import LauncherEnv, wait_for
+from test_jobs import SLEEPER
 from test_slurm import CLUSTER, local_slurm, squeue_ids
 
 from jupyter_dlc import layout
@@ -116,44 +116,6 @@ def _stop(pooled: LauncherEnv, job: dict) -> None:
 def ran_warm(client, job_id: str) -> bool:
     return any((e["reason"] or "").endswith(f"; warm pool {CLUSTER}-2x2")
                for e in client.events(job_id) if e["type"] == "state")
-
-
-def test_a_pooled_job_keeps_the_env_contract_and_succeeds_with_a_blind_launcher(pooled, slurm, tmp_path):
-    client = pooled.client
-    allocation = client.pools()[0]["engine_id"]
-    script = pooled.script("envjob.py", ENV_SCRIPT.replace(
-        '"argv":', '"SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID"), "argv":'))
-    job = client.submit({"script": script, "args": ["--lr", "0.1"], "nodes": 2, "nproc_per_node": 2,
-                         "name": "envjob", "cluster": CLUSTER, "network": "tcp",
-                         "workdir": str(tmp_path), "env": {"USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0"}})
-    job = client.wait(job["id"], timeout=180)
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    assert ran_warm(client, job["id"])
-    for rank, env in rank_env(client, job["id"], 4).items():
-        assert env["RANK"] == str(rank) and env["GROUP_RANK"] == str(rank // 2)
-        assert env["MASTER_ADDR"] == "127.0.0.11" and env["SLURM_JOB_ID"] == allocation
-        assert_launcher_env(env, job, pooled, tmp_path)
-    # Every rank's pid and exit reached the blind launcher (reports and node exit files).
-    assert [(r["rank"], r["exit_code"]) for r in job["ranks"]] == [(0, 0), (1, 0), (2, 0), (3, 0)]
-    assert all(r["pid"] for r in job["ranks"])
-
-
-def test_stop_of_a_pooled_job_is_graceful_then_killed_and_leaves_nothing(pooled, tmp_path):
-    client = pooled.client
-    script = pooled.script("graceful.py", GRACEFUL)
-    job = client.submit({"script": script, "args": [str(tmp_path)], "nodes": 2, "nproc_per_node": 2,
-                         "cluster": CLUSTER, "max_restarts": 0})
-    wait_for(lambda: _running(client, job["id"]), 120, what="ranks up")
-    assert ran_warm(client, job["id"])
-    client.stop(job["id"], grace=3)
-    final = client.wait(job["id"], timeout=90)
-    assert final["state"] == "STOPPED", final["reason"]
-    assert os.path.exists(tmp_path / "left-0")  # the TERM reached rank 0, which left cleanly
-    assert not os.path.exists(tmp_path / "left-3")  # rank 3 ignored it: killed after the grace
-    ranks = {r["rank"]: r["exit_code"] for r in final["ranks"]}
-    assert ranks == {0: 0, 1: 137, 2: 137, 3: 137}, ranks
-    wait_for(lambda: not _left(pooled, job["id"]), 30, what="nothing of the job left")
-    wait_for(lambda: client.pools()[0]["state"] == "ready", 30, what="pool free again")
 
 
 def test_kill_9_of_a_pooled_rank_ends_the_job_with_its_code(pooled):

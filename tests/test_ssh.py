@@ -9,27 +9,26 @@ carry the job's id, and by what runs in each namespace (`ip netns pids`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 
 import pytest
-import torch
 from conftest import (
     LauncherEnv,
     assert_launcher_env,
     assert_torchrun_env,
     env_contract_spec,
-    stop_polite_and_stubborn,
     wait_for,
 )
 from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
-from test_jobs import ENV_SCRIPT, SLEEPER, STEPS, rank_env
+from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
-from test_recovery import TRAIN, committed_beyond, final_params
 
 from jupyter_dlc import clusters, formatting, layout
 from jupyter_dlc.backends import ssh_node
@@ -58,12 +57,12 @@ for step in range(1, 100000):
 """
 
 
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    """Two SSH hosts of our own (namespaces, bridge, sshds, key, profile), up for the module
-    and down after it: nothing is left."""
-    root = tmp_path_factory.mktemp("ssh")
-    env = dict(os.environ, DLC_SSH_DIR=str(root / "hosts"), DLC_SSH_PREFIX=PREFIX, DLC_SSH_NET=NET,
+@contextlib.contextmanager
+def ssh_hosts(root: pathlib.Path, prefix: str = PREFIX, net: str = NET):
+    """Two SSH hosts of our own (namespaces `<prefix>1`, `<prefix>2` on a bridge at
+    `<net>.254`, sshds, key, profile `local-ssh`), up while the block runs and down after it:
+    nothing is left. Launchers started inside listen on the bridge. Yields the script's env."""
+    env = dict(os.environ, DLC_SSH_DIR=str(root / "hosts"), DLC_SSH_PREFIX=prefix, DLC_SSH_NET=net,
                DLC_CLUSTERS=str(root / "dlc_clusters.yaml"), PYTHON=sys.executable)
     up = subprocess.run([SCRIPT, "up"], env=env, capture_output=True, text=True, timeout=600,
                         check=False)
@@ -72,20 +71,28 @@ def hosts(tmp_path_factory):
     assert up.returncode == 0, up.stdout + up.stderr
     saved = {k: os.environ.get(k) for k in ("DLC_CLUSTERS", "DLC_LAUNCHER_HOST")}
     # The launchers of this module listen where the namespaces reach them.
-    os.environ.update(DLC_CLUSTERS=env["DLC_CLUSTERS"], DLC_LAUNCHER_HOST=BRIDGE)
-    yield env
-    down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.update(DLC_CLUSTERS=env["DLC_CLUSTERS"], DLC_LAUNCHER_HOST=f"{net}.254")
+    try:
+        yield env
+    finally:
+        down = subprocess.run([SCRIPT, "down"], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     assert down.returncode == 0, down.stderr
     assert not os.path.exists(env["DLC_SSH_DIR"])
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"{PREFIX}1" not in names and f"{PREFIX}2" not in names
-    assert subprocess.run(["ip", "link", "show", f"{PREFIX}br"], capture_output=True).returncode != 0
+    assert f"{prefix}1" not in names and f"{prefix}2" not in names
+    assert subprocess.run(["ip", "link", "show", f"{prefix}br"], capture_output=True).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with ssh_hosts(tmp_path_factory.mktemp("ssh")) as env:
+        yield env
 
 
 @pytest.fixture
@@ -367,14 +374,6 @@ def test_a_profile_without_a_shared_filesystem_needs_a_checkpoint_dir_and_small_
     assert launcher.client.jobs() == []  # nothing stored for a refused job
 
 
-def test_stop_leaves_nothing_on_either_host(launcher, hosts):
-    """SIGTERM reaches every rank on both hosts (the polite job leaves within its 30 s grace),
-    SIGKILL the stubborn one's when its grace is over."""
-    stop_polite_and_stubborn(launcher, launcher.script("sleeper.py", SLEEPER), CLUSTER)
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
-    wait_for(lambda: launcher.own_processes() == [], 30, what="no process of the jobs anywhere")
-
-
 @pytest.mark.parametrize("victim", ["ssh", "keeper"])
 def test_a_killed_ssh_client_leaves_nothing_remote(hosts, tmp_path, victim):
     """No launcher here: the launcher-side process of one node (the ssh client, or the keeper
@@ -438,50 +437,6 @@ def _ppid(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
-
-
-def test_launcher_kill_9_then_readoption(launcher, hosts):
-    """The keepers of the ssh connections run in sessions of their own: a launcher killed
-    with -9 leaves the job running on the hosts, and the next one follows it to its end."""
-    script = launcher.script("steps.py", STEPS)
-    job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 1,
-                                  "heartbeat_interval": 1, "cluster": CLUSTER})
-    wait_for(lambda: (launcher.client.job(job["id"])["last_step"] or 0) >= 5, 120, what="step 5")
-    launcher.restart(kill=True)
-    assert launcher.client.url.startswith(f"http://{BRIDGE}:")  # where the ranks report
-    final = launcher.client.wait(job["id"], timeout=120)
-    assert final["state"] == "SUCCEEDED", final["reason"]
-    assert final["attempt"] == 1 and final["last_step"] == 40
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
-
-
-@pytest.mark.slow
-def test_kill_9_of_a_rank_resumes_on_new_ssh_sessions_bitwise_equal(launcher, hosts):
-    script = launcher.script("train.py", TRAIN)
-    client = launcher.client
-    total = 40
-    clean = client.submit({"script": script, "args": [str(total), "0"], "nodes": 2,
-                           "nproc_per_node": 1, "name": "clean", "cluster": CLUSTER})
-    faulty = client.submit({"script": script, "args": [str(total), "0.1"], "nodes": 2,
-                            "nproc_per_node": 1, "name": "faulty", "cluster": CLUSTER,
-                            "max_restarts": 2, "heartbeat_interval": 1})
-    wait_for(lambda: (client.job(faulty["id"])["last_step"] or 0) >= 12 and
-             committed_beyond(client, faulty["id"], 0), 240, what="a committed checkpoint")
-    victim = next(r for r in client.job(faulty["id"])["ranks"] if r["rank"] == 1)
-    assert victim["pid"] in namespace_pids(2)  # rank 1 runs on host 2
-    os.kill(victim["pid"], signal.SIGKILL)
-    clean = client.wait(clean["id"], timeout=300)
-    faulty = client.wait(faulty["id"], timeout=300)
-    assert clean["state"] == "SUCCEEDED", clean["reason"]
-    assert faulty["state"] == "SUCCEEDED", faulty["reason"]
-    attempts = faulty["attempts"]
-    assert [a["outcome"] for a in attempts] == ["failed", "succeeded"]
-    assert f"on host {HOSTS[1]}" in attempts[0]["reason"]
-    assert os.path.basename(attempts[1]["resume_path"]).startswith("step-")
-    a, b = final_params(clean), final_params(faulty)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 
 def test_a_cut_link_fails_the_job_with_a_reason_naming_the_host(launcher, hosts):
@@ -676,38 +631,3 @@ def test_adopt_finds_a_whole_set_of_keepers_by_their_environment_and_kills_a_par
         assert lone.wait(timeout=10) == -signal.SIGKILL
     finally:
         lone.kill()
-def test_a_picked_step_resume_reads_the_profiles_checkpoint_dir(tmp_path, monkeypatch):
-    """Issue 21: with `shared_filesystem: false` the SSH engine's checkpoint directory is the
-    profile's `checkpoint_dir/<job>`, but the launcher listed and picked steps in the job
-    directory's: GET /checkpoints showed nothing and `resume --step 5` was refused ("committed
-    steps: none"). A real launcher and the real SSH engine, whose one host does not answer (no
-    network namespaces needed: only the directory is under test, and an attempt stores it as
-    it starts, before its ssh fails); the steps are committed there as the ranks would."""
-    ckpt = tmp_path / "ckpt"
-    monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
-    clusters.put_profile("noanswer", {"engine": "ssh", "hosts": ["127.0.0.1"], "port": 9,
-                                      "shared_filesystem": False, "checkpoint_dir": str(ckpt)})
-    env = LauncherEnv(str(tmp_path / "launcher"))
-    try:
-        client = env.client
-        job = client.submit({"script": env.script("train.py", "print('hi')\n"), "cluster": "noanswer",
-                             "max_restarts": 0})
-        assert client.wait(job["id"], timeout=120)["state"] == "FAILED"
-        mine = ckpt / job["id"]
-        assert client.job(job["id"])["attempts"][0]["checkpoint_dir"] == str(mine)
-        paths = {}
-        for step in (5, 10):
-            path = mine / f"step-{step}"
-            path.mkdir(parents=True)
-            (path / layout.rank_file_name(0)).write_bytes(b"w")
-            layout.write_manifest(str(path), step, 1, {layout.rank_file_name(0): {
-                "size": 1, "sha256": layout.sha256_of(str(path / layout.rank_file_name(0)))}})
-            paths[step] = str(path)
-        assert [(c["step"], c["path"]) for c in client.checkpoints(job["id"])] == sorted(paths.items())
-        client.resume(job["id"], step=5)  # not the newest
-        wait_for(lambda: len(client.job(job["id"])["attempts"]) == 2 and
-                 client.job(job["id"])["attempts"][1]["resume_path"], 60, what="attempt 2 started")
-        assert client.job(job["id"])["attempts"][1]["resume_path"] == paths[5]
-        client.wait(job["id"], timeout=120)
-    finally:
-        env.close()

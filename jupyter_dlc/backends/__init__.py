@@ -163,6 +163,14 @@ class Capabilities:
     # `--from JOB@STEP` plants the parent's step in the new job's checkpoint directory, which
     # the launcher must therefore see where the ranks do (launcher/branches.py).
     branches: bool = _can("Branch from another job's committed step (--from JOB@STEP)", True)
+    # --workdir is a directory of the submitting machine; a pod runs in its image's working
+    # directory, which need not have that path (the job directory is /dlc/job there).
+    workdir: bool = _can("The ranks run in the job's --workdir", True)
+    # Something outside the launcher decides at submit (sbatch, the API server, sshd) and can
+    # say no: the job ends FAILED with that refusal's own words. The local engine has nobody
+    # to refuse; what it cannot run the launcher refuses at once (400, no job stored).
+    submit_refusals: bool = _can("A submit the engine refuses ends FAILED in the engine's own words", True,
+                                 shown=False)
 
 
 class PoolDriver(ABC):

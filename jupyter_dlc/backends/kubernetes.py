@@ -15,14 +15,14 @@ from typing import Any
 
 from .. import k8s_manifests, layout
 from ..engines import Option
-from ..spec import JobSpec
+from ..spec import JobSpec, network_env
 from . import (
-    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
     Capabilities,
     NodeStatus,
+    Phase,
     RankStatus,
     SubmitError,
     reported_records,
@@ -70,9 +70,11 @@ def read_job_files(job_dir: str) -> dict[str, bytes]:
 
 def attempt_env(ctx: AttemptContext, profile) -> dict[str, str]:
     """The env contract as the pods get it: the launcher's DLC_* and EASYCKPT_* for this
-    attempt, the launcher's URL as pods reach it; never the token (a Secret carries it)."""
-    env = {k: v for k, v in ctx.env.items()
-           if k.startswith(("DLC_", "EASYCKPT_")) and k not in ("DLC_TOKEN", "DLC_ATTEMPT_DIR")}
+    attempt, the launcher's URL as pods reach it, the `--network` variables (NCCL_*, the
+    flight recorder's) as every engine sets them; never the token (a Secret carries it)."""
+    env = network_env(ctx.spec.network, profile.get("interface"))
+    env.update({k: v for k, v in ctx.env.items()
+                if k.startswith(("DLC_", "EASYCKPT_")) and k not in ("DLC_TOKEN", "DLC_ATTEMPT_DIR")})
     # A pod cannot write the launcher's attempt directory: its output is the pod log, and
     # its records (pid, exit code, first error) go over the report route.
     env[layout.RECORDS_ENV] = "report"
@@ -170,7 +172,7 @@ class KubernetesBackend(Backend):
     def capabilities(self, spec: JobSpec) -> Capabilities:
         # Without the PVC mounted the launcher cannot plant a branch's step where pods read it.
         return Capabilities(standby_agents=False, shared_filesystem=False, per_rank_signals=False,
-                            branches=bool(profile_of(spec, lenient=True).get("launcher_pvc_dir")))
+                            workdir=False, branches=bool(profile_of(spec, lenient=True).get("launcher_pvc_dir")))
 
     def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
         """A launcher that mounts the PVC (`launcher_pvc_dir`; the in-cluster one does) reads

@@ -25,12 +25,12 @@ from .. import layout, node_reporter, shell
 from ..shims import torch_private
 from ..spec import JobSpec
 from . import (
-    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
     Capabilities,
     NodeStatus,
+    Phase,
     RankStatus,
     children,
 )
@@ -435,7 +435,8 @@ class LocalBackend(Backend):
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         return Capabilities(standby_agents=True, node_copies=True, warm_pools=True,
-                            shared_filesystem=True, per_rank_signals=True)
+                            shared_filesystem=True, per_rank_signals=True,
+                            submit_refusals=False)
 
     def refresh(self) -> None:
         self.snapshot = job_processes()

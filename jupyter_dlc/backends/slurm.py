@@ -33,12 +33,12 @@ from .. import layout, node_reporter, shell
 from ..engines import Option
 from ..spec import JobSpec, network_env
 from . import (
-    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
     Capabilities,
     NodeStatus,
+    Phase,
     RankStatus,
     SubmitError,
     failed_preflight,

@@ -48,12 +48,12 @@ from ..engines import Option
 from ..spec import JobSpec
 from . import staging
 from . import (
-    Phase,
     AttemptContext,
     AttemptStatus,
     Backend,
     Capabilities,
     NodeStatus,
+    Phase,
     RankStatus,
     failed_preflight,
     rank_records,
@@ -174,16 +174,21 @@ def probe_hosts(profile, spec: JobSpec | None = None, timeout: float = 20.0) -> 
 
 def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str | None:
     """A node whose preflight failed where no `node_preflight` event can say why (its keeper,
-    beside the launcher, recorded the check's exit code): it could not reach the launcher,
-    or ssh or its Python failed before the check ran. Without this the gate's failure would
-    look like a crashed node and be restarted into the same wall."""
+    beside the launcher, recorded the check's exit code): it could not reach the launcher
+    (PREFLIGHT_UNREACHABLE), ssh could not reach the host (255: ssh's own words from the node
+    log, `ssh: connect to host H port P: Connection refused`), or its Python failed before the
+    check ran. Without this the gate's failure would look like a crashed node and be restarted
+    into the same wall: a node that preflight never reached fails each try alike."""
     for node in nodes:
         code = layout.read_int(layout.node_preflight_code(ctx.attempt_dir, node.node))
         where = f"node {node.node} ({node.host})"
         if code == layout.PREFLIGHT_UNREACHABLE:
             return unreachable_launcher(where, ctx)
         if code == SSH_FAILED:
-            return f"preflight on {where}: ssh to the host failed (exit 255); see node-{node.node}.log"
+            lines, _ = layout.read_log_lines(layout.node_log(ctx.attempt_dir, node.node), 0, 1 << 16)
+            said = next((line for line in reversed(lines) if line.startswith("ssh:")), None)
+            return (f"ssh to host {node.host} failed: {said or 'ssh exited with code 255'}; "
+                    "check the profile's hosts, port and user, and that sshd answers there")
         if code not in (None, 0, 1):  # 1: the check failed and said why (an event is coming)
             return (f"preflight on {where} ended with code {code} before it could report; "
                     f"see node-{node.node}.log")

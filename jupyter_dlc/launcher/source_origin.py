@@ -30,15 +30,16 @@ class SourceOrigin:
                            if isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) for x in r))
 
     def is_script(self, path: str) -> bool:
-        """The job's copy: here, under the same job id on another node, or in a node's own
-        copy of the job directory where the nodes do not share it (`dlc-<job>-a<N>-n<K>-*`:
-        ssh_node.stage, for SSH hosts and Slurm nodes)."""
-        if path == self.script:
+        """The job's copy, here or staged under the same job id on another node, or in the
+        directory of its own that an SSH host without a shared filesystem writes it to
+        (`dlc-<job>-a<N>-n<K>-*`, backends/ssh_node.py), or a Kubernetes pod's ConfigMap
+        mount (`/dlc/job`, k8s_manifests.JOB_DIR)."""
+        job = os.path.basename(self.job_dir)
+        if path == self.script or path.endswith((os.sep + os.path.join(job, "script.py"), "/dlc/job/script.py")):
             return True
         folder, name = os.path.split(path)
-        job, folder = os.path.basename(self.job_dir), os.path.basename(folder)
-        return name == "script.py" and (
-            folder == job or re.fullmatch(rf"dlc-{re.escape(job)}-a\d+-n\d+-.*", folder) is not None)
+        return name == "script.py" and re.fullmatch(
+            rf"dlc-{re.escape(job)}-a\d+-n\d+-[^/]+", os.path.basename(folder)) is not None
 
     def cell_line(self, line: int) -> tuple[int, int] | None:
         """(cell, line in the cell) of a notebook job's script line; None for added lines."""

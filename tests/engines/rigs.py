@@ -2,7 +2,9 @@
 and the cluster it needs, brought up once per module.
 
 Every cluster runs on this machine, for real where one can: the local engine; Slurm
-(`scripts/local-slurm.sh`: slurmctld and 4 slurmd, real sbatch/squeue/scancel); SSH hosts
+(`scripts/local-slurm.sh`: slurmctld and 4 slurmd, real sbatch/squeue/scancel; with a shared
+filesystem and without one, where the nodes' Python runs in a mount namespace that hides the
+launcher's data directory, as on the SSH hosts); SSH hosts
 (`scripts/ssh-hosts.sh`: two network namespaces with an sshd each, with a shared filesystem
 and without one, where the hosts' Python runs in a mount namespace that hides the launcher's
 data directory); Kubernetes against the API stand-in (tests/k8s_standin.py), a stand-in
@@ -66,6 +68,7 @@ CONFIGS = (
     EngineConfig("local-warm", "local", pool=True),
     EngineConfig("slurm-cold", "slurm"),
     EngineConfig("slurm-warm", "slurm", pool=True),
+    EngineConfig("slurm-noshare", "slurm", (("shared_filesystem", False),)),
     EngineConfig("ssh-shared", "ssh"),
     EngineConfig("ssh-noshare", "ssh", (("shared_filesystem", False),)),
     EngineConfig("k8s-standin", "k8s"),
@@ -87,7 +90,17 @@ def _slurm(root: Path) -> Iterator[Cluster]:
         # The launcher's own checks (sinfo on the profile's partition) pass; sbatch refuses.
         yield Cluster("slurm", "local-slurm", {"sbatch_args": ["--partition=nosuch"]},
                       "sbatch refused: sbatch: error: Batch job submission failed: "
-                      "Invalid partition name specified", env)
+                      "Invalid partition name specified", env,
+                      lambda launcher, options: _unshared(launcher, root, options))
+
+
+def _unshared(launcher: LauncherEnv, root: Path, options: dict) -> dict:
+    """Profile options of a configuration without a shared filesystem: nodes whose Python
+    cannot see the launcher's data directory, and a checkpoint directory all of them see."""
+    if options.get("shared_filesystem", True):
+        return {}
+    return {"python": str(_hidden_job_dirs(launcher, root)),
+            "checkpoint_dir": str(Path(launcher.root) / "ckpt")}
 
 
 def _hidden_job_dirs(launcher: LauncherEnv, root: Path) -> Path:
@@ -107,15 +120,9 @@ def _ssh(root: Path) -> Iterator[Cluster]:
     from test_ssh import ssh_hosts
 
     with ssh_hosts(root, "dlcc", "10.233.0") as env:
-        def on_launcher(launcher: LauncherEnv, options: dict) -> dict:
-            if options.get("shared_filesystem", True):
-                return {}
-            return {"python": str(_hidden_job_dirs(launcher, root)),
-                    "checkpoint_dir": str(Path(launcher.root) / "ckpt")}
-
         # Nothing listens on port 9 of a host: ssh's own "Connection refused".
         yield Cluster("ssh", "local-ssh", {"port": 9}, "ssh: connect to host 10.233.0.1 port 9: Connection refused",
-                      env, on_launcher)
+                      env, lambda launcher, options: _unshared(launcher, root, options))
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """The engine conformance suite (issue 21), after TorchX's one integration suite per
 scheduler: the same user-level scenarios, written once, run on every engine configuration of
-`rigs.CONFIGS` (local cold and on a warm pool, Slurm cold and on a warm pool, SSH hosts with
-and without a shared filesystem, Kubernetes against the API stand-in: a stand-in, because no
-API server can run on these machines; see rigs.py for what each cluster is).
+`rigs.CONFIGS` (local cold and on a warm pool, Slurm cold, on a warm pool and without a shared
+filesystem, SSH hosts with and without a shared filesystem, Kubernetes against the API
+stand-in: a stand-in, because no API server can run on these machines; see rigs.py for what
+each cluster is).
 
 One cluster and one launcher per configuration, and one trained job that the scenarios
 which only read it share (the environment contract, metrics and logs, the checkpoint list,

@@ -170,8 +170,10 @@ def stop_polite_and_stubborn(launcher: LauncherEnv, sleeper: str, cluster: str |
     stubborn = launcher.client.submit({"script": sleeper, "args": ["--ignore-term"], "nodes": 2,
                                        "nproc_per_node": 1, "stop_grace": 2, "cluster": cluster})
     for job, world in ((polite, 4), (stubborn, 2)):
-        # Every rank runs the script (it printed `up`, after its SIGTERM choice): RUNNING
-        # alone may be a pod whose torchrun is still starting.
+        # RUNNING, and every rank runs the script (it printed `up`, after its SIGTERM
+        # choice): RUNNING alone may be a pod whose torchrun is still starting.
+        wait_for(lambda job=job: launcher.client.job(job["id"])["state"] == "RUNNING", 120,
+                 what="RUNNING")
         wait_for(lambda job=job, world=world: {line["rank"] for line in launcher.client.logs(job["id"])["lines"]
                                                if line["text"].startswith("up ")} == set(range(world)),
                  120, what="every rank up")

@@ -112,8 +112,13 @@ def ran_warm(rig: Rig, job_id: str) -> bool:
     return any("; warm pool " in (e["reason"] or "") for e in rig.client.events(job_id) if e["type"] == "state")
 
 
-def nothing_left(rig: Rig) -> None:
-    wait_for(lambda: rig.launcher.own_processes() == [], 60, what="no process of the jobs anywhere")
+def nothing_left(rig: Rig, *jobs: dict) -> None:
+    """No process of these jobs is left on any node (every node is this machine)."""
+    from jupyter_dlc.backends.local import job_processes
+
+    ids = {job["id"] for job in jobs}
+    wait_for(lambda: not [key for key in job_processes() if key[0] in ids], 60,
+             what="no process of the jobs anywhere")
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +134,11 @@ def trained(rig, tmp_path_factory):
     faulty = None if rig.config.pool else submit_faulty(rig, script, cwd)
     job = rig.client.wait(job["id"], timeout=240)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    return {"job": job, "cwd": cwd, "params": final_params(rig, job), "script": script,
-            "faulty": faulty or submit_faulty(rig, script, cwd)}
+    faulty = faulty or submit_faulty(rig, script, cwd)
+    yield {"job": job, "cwd": cwd, "params": final_params(rig, job), "script": script, "faulty": faulty}
+    open(os.path.join(cwd, "go"), "w").close()  # a kill -9 scenario that did not run holds it no more
+    if rig.client.job(faulty["id"])["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        rig.client.stop(faulty["id"], grace=0)
 
 
 def submit_faulty(rig: Rig, script: str, cwd) -> dict:
@@ -183,7 +191,7 @@ def test_kill_9_of_a_rank_resumes_automatically_bitwise_equal(rig, trained):
     if rig.config.pool and not rig.capabilities().standby_agents:
         assert second.startswith("warm pool "), second
     assert_equal_params(final_params(rig, final), trained["params"])
-    nothing_left(rig)
+    nothing_left(rig, final)
 
 
 def test_live_metrics_and_per_rank_logs_through_the_launchers_routes(rig, trained):
@@ -261,9 +269,9 @@ def test_resume_from_a_picked_step_that_is_not_the_newest(rig, trained):
 
 
 def test_stop_with_grace(rig):
-    stop_polite_and_stubborn(rig.launcher, rig.launcher.script("sleeper.py", SLEEPER), rig.profile,
-                             rig.cluster.grace_by_engine)
-    nothing_left(rig)
+    polite, stubborn = stop_polite_and_stubborn(rig.launcher, rig.launcher.script("sleeper.py", SLEEPER),
+                                                rig.profile, rig.cluster.grace_by_engine)
+    nothing_left(rig, polite, stubborn)
 
 
 def test_why_points_at_the_users_file(rig):
@@ -274,7 +282,7 @@ def test_why_points_at_the_users_file(rig):
     [why] = rig.client.diagnosis(job["id"])
     assert why["rank"] == 3 and "ValueError: shard 7 is corrupt" in why["line"], why
     assert why["where"] == f"{script}:7", why
-    nothing_left(rig)
+    nothing_left(rig, final)
 
 
 def test_launcher_kill_9_mid_job_then_readoption(rig):
@@ -289,7 +297,7 @@ def test_launcher_kill_9_mid_job_then_readoption(rig):
     assert final["state"] == "SUCCEEDED", final["reason"]
     assert final["attempt"] == 1 and final["last_step"] == 20
     assert final["attempts"][0].get("engine_id") == engine_id  # the same engine job, followed
-    nothing_left(rig)
+    nothing_left(rig, final)
 
 
 def test_a_submit_the_engine_refuses_ends_failed_in_its_words(rig):
@@ -310,7 +318,7 @@ def test_a_submit_the_engine_refuses_ends_failed_in_its_words(rig):
     assert rig.cluster.refused_words in final["reason"], final["reason"]
     events = rig.client.events(job["id"])
     assert events[-1]["t"] - events[0]["t"] < 10, events
-    nothing_left(rig)
+    nothing_left(rig, final)
 
 
 def test_delete(rig, trained):

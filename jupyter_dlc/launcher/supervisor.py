@@ -527,7 +527,12 @@ class Supervisor(threading.Thread):
         from each rank's offset in `offsets` (updated in place), or each one's last `tail`:
         the logs route and the alert rules read here. Only the stored handle is passed: a
         reader never adopts or asks the engine to search (that is the supervisor's tick)."""
-        ctx = self.context(row, attempt, reported=False)
+        # What a log read needs of the attempt, and no more: no engine call (a cluster profile
+        # removed since the job ran must not take its logs away).
+        spec = JobSpec.from_dict(json.loads(row["spec"]))
+        ctx = AttemptContext(row["id"], attempt, spec, row["job_dir"],
+                             layout.attempt_dir(row["job_dir"], attempt),
+                             os.path.join(row["job_dir"], "script.py"), {}, 0)
         arow = self.store.attempt_row(row["id"], attempt)
         handle = json.loads(arow["handle"] or "{}") if arow else {}
         engine = get_backend(ctx.spec.backend)

@@ -718,8 +718,12 @@ export interface components {
                 shared_filesystem?: boolean;
                 /** @description Warm restarts: a standby agent per node, torch imported, takes the next attempt */
                 standby_agents?: boolean;
+                /** @description A submit the engine refuses ends FAILED in the engine's own words */
+                submit_refusals?: boolean;
                 /** @description Warm pools (`pool up`): the next cell's ranks fork from agents that are already up */
                 warm_pools?: boolean;
+                /** @description The ranks run in the job's --workdir */
+                workdir?: boolean;
             };
             /** @description why the engine could not be asked (not installed) */
             error?: string;

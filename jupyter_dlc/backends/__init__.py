@@ -29,10 +29,14 @@
     kill_leftovers(job_id)    an ended or deleted job keeps nothing: every attempt's processes,
                               standby agents included, and what the engine keeps for them
     release_all(is_ours)      at the launcher's exit: let go what belongs to no running job
+    pool_driver(options)      the engine's warm-pool driver (PoolDriver), or why jobs start cold
+    standby_started(ctx)      whether standby agents were started for this attempt
     check(profile)            a live check of a cluster profile (reachable, idle nodes, GPUs)
     node_host(ctx, handle, n) the host node n runs on, so failure reasons can name it
 
-Engines are singletons (`get_backend`); per-job options come from the job's cluster profile.
+Engines are registered by entry point (engines.py) and made once each (`get_backend`);
+per-job options come from the job's cluster profile. dry_run, submit, describe, stop and
+kill are abstract: every engine writes them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Report ingest at scale: N simulated ranks on M nodes against a real launcher (issue 14).
 
-No torch: each simulated node sends what its node reporter (jupyter_dlc/node_reporter.py)
+No torch: each simulated node sends what its node reporter (jupyter_dlc/node/reporter.py)
 sends, one batch of its ranks' reports every quarter second (a rank's reporter batches for
 0.25 s), each rank logging `--rate` times a second (loss and samples_per_s) and rank 0 of
 each node adding a system sample every 5 s. Batches go through the real report route with
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results as dashboard  # noqa: E402
 from common import private_launcher, stop_launcher  # noqa: E402
 
-from jupyter_dlc.node_reporter import MAX_PACE, paced, phase_shift  # noqa: E402
+from jupyter_dlc.node.reporter import MAX_PACE, paced, phase_shift  # noqa: E402
 
 GOAL_MS = 50.0
 READ_GOAL_MS = 100.0  # issue 14: every read of a view under 100 ms at 4,096 ranks

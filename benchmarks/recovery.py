@@ -104,7 +104,7 @@ def wait(predicate, timeout: float = 180):
 def kill_and_time(marks: str, warm=lambda: True) -> tuple[float, float, str]:
     """(seconds to the resumed first step, time of the kill, tag of the resumed run)."""
     # Step 200 is ~5 s into training; `warm` waits for the launcher's standby agents of the
-    # next attempt (backends/standby.py): real failures come minutes or hours in, by which
+    # next attempt (node/standby.py): real failures come minutes or hours in, by which
     # time they are warm.
     first = wait(lambda: [s for s in steps(marks) if s[1] >= 200] if warm() else None)[0]
     with open(os.path.join(marks, "pid-1")) as f:

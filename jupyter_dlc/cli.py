@@ -100,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(options, script_args: list[str]) -> int:
     command = options.command
     if command == "launcher" and options.action == "manifest":
-        from .k8s_launcher import render
+        from .engines.kubernetes.launcher_manifests import render
 
         print(render(options.namespace, **({"image": options.image} if options.image else {})), end="")
         return 0
     if command == "launcher":
         return _launcher(options.action)
     if command == "clusters":
-        from .clusters import check_clusters, clusters_table
+        from .clusters import clusters_table
+        from .engines.contract import check_clusters
 
         rows = check_clusters()
         print(clusters_table(rows))

@@ -36,8 +36,9 @@ from typing import Any
 
 import yaml
 
-from . import engines, layout, shell
-from .engines import Option
+from . import layout, shell
+from . import engine_registry
+from .engine_registry import Option
 
 FILE_NAME = "dlc_clusters.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -57,14 +58,14 @@ COMMON_OPTIONS = {
 
 def options_of(engine: str) -> dict[str, Option]:
     """Every option a profile of `engine` may give."""
-    return dict(COMMON_OPTIONS, **engines.profile_options(engine))
+    return dict(COMMON_OPTIONS, **engine_registry.profile_options(engine))
 
 
 def profile_schema() -> dict[str, Any]:
     """A profile of `dlc_clusters.yaml` as JSON Schema, one branch an engine, from the same
     declarations `_validate` checks (the OpenAPI document's ClusterProfile)."""
     branches = []
-    for engine in engines.names():
+    for engine in engine_registry.names():
         properties: dict[str, Any] = {k: option.schema() for k, option in options_of(engine).items()}
         properties["engine"] = {"const": engine}
         properties["env"]["additionalProperties"] = {"type": "string"}
@@ -111,8 +112,8 @@ def _validate(name: str, data: Any, where: str) -> Profile:
     if not isinstance(data, dict):
         raise ClusterError(f"{where}: {name}: expected a mapping of options, e.g. {{engine: slurm}}")
     engine = data.get("engine")
-    if not isinstance(engine, str) or engine not in engines.names():
-        raise ClusterError(f"{where}: {name}.engine: expected one of {', '.join(engines.names())}, "
+    if not isinstance(engine, str) or engine not in engine_registry.names():
+        raise ClusterError(f"{where}: {name}.engine: expected one of {', '.join(engine_registry.names())}, "
                            f"got {engine!r}")
     known = options_of(engine)
     for key, value in data.items():
@@ -220,20 +221,6 @@ def _write(path: str, clusters: dict[str, Any]) -> None:
                         + yaml.safe_dump({"clusters": clusters}, sort_keys=False))
 
 
-def check_clusters() -> list[dict[str, Any]]:
-    """A live check of every profile, like `sky check`: reachable, idle nodes, GPUs."""
-    from .backends import get_backend
-
-    rows = []
-    for profile in load_profiles().values():
-        try:
-            result = get_backend(profile.engine).check(profile)
-        except Exception as error:  # noqa: BLE001 - one broken profile must not hide the rest
-            result = {"ok": False, "detail": f"{type(error).__name__}: {error}"}
-        rows.append(dict({"name": profile.name, "engine": profile.engine}, **result))
-    return rows
-
-
 def clusters_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return f"no cluster profiles (add them to {profiles_path(for_writing=True)})"
@@ -247,7 +234,7 @@ def clusters_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m jupyter_dlc.clusters put NAME JSON | remove NAME | path | check"
+    usage = "usage: python -m jupyter_dlc.clusters put NAME JSON | remove NAME | path (checks: jupyter-dlc clusters)"
     try:
         if argv[:1] == ["put"] and len(argv) == 3:
             print(put_profile(argv[1], json.loads(argv[2])))
@@ -255,8 +242,6 @@ def main(argv: list[str]) -> int:
             print(remove_profile(argv[1]))
         elif argv == ["path"]:
             print(profiles_path())
-        elif argv == ["check"]:
-            print(clusters_table(check_clusters()))
         else:
             print(usage, file=sys.stderr)
             return 2

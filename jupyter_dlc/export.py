@@ -10,7 +10,7 @@
                  ran the job: one torchrun agent per node via srun
   k8s/           kubectl apply -f k8s/ on a Kubernetes cluster, whichever engine ran the job
                  (an Indexed Job, or the profile's TrainJob/PyTorchJob; edit image, namespace)
-  <extra>        native forms a backend adds (a PyTorchJob manifest, an sbatch script)
+  <extra>        each engine's own form (k8s/*.yaml manifests, job.sbatch)
 ```
 
 Neither Jupyter nor the launcher is needed: run.sh is torchrun with a static rendezvous on
@@ -32,7 +32,8 @@ import yaml
 from . import shell
 from .spec import JobSpec, network_env, params_env, parse_branch
 
-RESERVED = ("script.py", "job.yaml", "run.sh", "job.sbatch", "files", "checkpoints")
+BUNDLE_OWN = ("script.py", "job.yaml", "run.sh", "files", "checkpoints")
+RESERVED = (*BUNDLE_OWN, "job.sbatch")  # and the engines' own forms, for `extra`
 DEFAULT_PORT = 29500
 
 
@@ -48,11 +49,13 @@ def _load_spec(spec: JobSpec | dict[str, Any]) -> tuple[JobSpec, dict[str, str]]
     return JobSpec.from_dict(data), staged
 
 
-def _check_extra_name(name: str) -> None:
+def _check_bundle_name(name: str, who: str, reserved: tuple[str, ...] = RESERVED) -> None:
+    """`name` (an extra file, an engine's export file) stays inside the bundle and off the
+    bundle's own files."""
     parts = name.replace("\\", "/").split("/")
-    if os.path.isabs(name) or ".." in parts or not name or parts[0] in RESERVED:
-        raise ExportError(f"extra: {name!r} must be a relative path inside the bundle, other "
-                          f"than {', '.join(RESERVED)}")
+    if os.path.isabs(name) or ".." in parts or not name or parts[0] in reserved:
+        raise ExportError(f"{who}: {name!r} must be a relative path inside the bundle, other "
+                          f"than {', '.join(reserved)}")
 
 
 EXPORTED_MARK = "DLC_EXPORTED"
@@ -109,7 +112,7 @@ def bundle_env(spec: JobSpec, job_id: str | None = None, branch: Branch | None =
         shell.export("DLC_NODE_COPY", "0"),
         # The bundle carries the job's id, so a launcher on the same machine would take its
         # processes for leftovers of that (ended) job and kill them: this marks them as not
-        # the launcher's (backends/local.py job_processes).
+        # the launcher's (engines/local/engine.py job_processes).
         shell.export(EXPORTED_MARK, "1"),
     ]
     # As the launcher gives them: empty for a job that is no branch.
@@ -229,7 +232,7 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
     `branch`: where a branch's step is (branch_step); the bundle restores it.
 
     `files` (name -> path) are the pushed values to copy into files/; when None, the spec's
-    own `files` are used. `extra` (relative name -> text) are backends' native forms.
+    own `files` are used. `extra` (relative name -> text) are more files to write.
     Refuses a non-empty `dest_dir` unless `overwrite`.
     """
     job, staged = _load_spec(spec)
@@ -241,7 +244,7 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
             raise ExportError(f"files: {name!r} → {path!r} does not exist; export from the job "
                               "directory, where the launcher copied it")
     for name in extra or {}:
-        _check_extra_name(name)
+        _check_bundle_name(name, "extra")
     dest = os.path.abspath(dest_dir)
     if os.path.isdir(dest) and os.listdir(dest) and not overwrite:
         raise ExportError(f"{dest_dir}: the directory is not empty; choose a new one")
@@ -270,13 +273,16 @@ def export_bundle(spec: JobSpec | dict[str, Any], script_text: str, dest_dir: st
     write("job.yaml", header + yaml.safe_dump(record, sort_keys=False))
     write("run.sh", render_run_sh(job, uses_runtime="jupyter_dlc" in script_text, job_id=job_id,
                                   branch=branch), 0o755)
-    from .backends.slurm import export_sbatch
+    # Every engine's own form (job.sbatch, k8s/*.yaml), through the engine contract.
+    from . import engine_registry
+    from .engines.contract import get_engine
 
-    write("job.sbatch", export_sbatch(job, bundle_env(job, job_id, branch)), 0o755)
-    from .backends.kubernetes import export_manifests
-
-    for rel, text in export_manifests(job, script_text, files, job_id=job_id).items():
-        write(rel, text)
+    exports = bundle_env(job, job_id, branch)
+    for name in engine_registry.names():
+        for rel, text in get_engine(name).export_files(job, script_text, files, job_id or job.name,
+                                                       exports).items():
+            _check_bundle_name(rel, f"engine {name}: its export file", BUNDLE_OWN)
+            write(rel, text, 0o755 if rel.endswith((".sbatch", ".sh")) else 0o644)
     for name, text in (extra or {}).items():
         write(name, text)
     return written

@@ -158,7 +158,7 @@ def status_line(job: dict) -> str:
 def engine_text(job: dict) -> str | None:
     """Where the job runs, e.g. `slurm job 12 on cluster local-slurm`; None for local jobs."""
     spec = job.get("spec") or {}
-    engine = spec.get("backend") or "local"
+    engine = spec.get("engine") or spec.get("backend") or "local"
     if engine == "local" and not spec.get("cluster"):
         return None
     attempts = job.get("attempts") or []
@@ -168,9 +168,9 @@ def engine_text(job: dict) -> str | None:
 
 
 def engine_limits_text(job: dict) -> str | None:
-    """What the job's engine cannot do for it (the detail's `engine`, backends.capability_report),
+    """What the job's engine cannot do for it (the detail's `engine_report`, contract.capability_report),
     as the panel's detail says it (labextension/src/engine.ts); None when nothing is missing."""
-    report = job.get("engine") or {}
+    report = job.get("engine_report") or {}
     if report.get("error"):
         return f"{report.get('name')}: {report['error']}"
     missing = [item.get("feature", "") for item in report.get("cannot") or []]
@@ -359,37 +359,26 @@ def dry_run_text(answer: dict, more: list | None = None) -> str:
     import json
     import shlex
 
-    import yaml
-
     request = dict(answer.get("request") or {})
-    engine = answer.get("engine") or request.pop("backend", "?")
-    request.pop("backend", None)
+    engine = answer.get("engine") or request.get("engine") or "?"
     out = [f"# --dry-run: what the {engine} engine would be asked for job {answer.get('job_id')}, "
            "attempt 1; nothing was submitted"]
     if request.get("cluster"):
-        out.append(f"# cluster profile: {request.pop('cluster')}")
-    for key, value in request.items():
-        if key == "commands" and request.get("hosts"):
-            for host, argv in zip(request["hosts"], value, strict=True):
-                out += [f"# node on {host}:", shlex.join(argv)]
-        elif key == "commands":
-            for node, argv in enumerate(value):
-                out += [f"# node {node}:", shlex.join(argv)]
-        elif key == "sbatch":
-            out += ["# submitted as:", shlex.join(value + ["job.sbatch"])]
-        elif key == "script":
-            out += ["# job.sbatch:", value.rstrip("\n")]
-        elif key == "env":
-            out.append("# environment the launcher adds:")
-            out += [f"{k}={shlex.quote(str(v))}" for k, v in sorted(value.items())]
-        elif key == "cwd":
-            out.append(f"# working directory: {value}")
-        elif key == "manifests":
-            out += ["# manifests:", yaml.safe_dump_all(value, sort_keys=False).rstrip("\n")]
-        elif key in ("shell", "hosts"):
-            continue  # the commands above, as shell text / their hosts
-        else:
-            out += [f"# {key}:", json.dumps(value, indent=1, sort_keys=True)]
+        out.append(f"# cluster profile: {request['cluster']}")
+    hosts, labels = request.get("hosts") or [], request.get("labels") or []
+    for i, argv in enumerate(request.get("commands") or []):
+        label = labels[i] if i < len(labels) else f"node on {hosts[i]}" if i < len(hosts) else f"node {i}"
+        out += [f"# {label}:", shlex.join(argv)]
+    for name, text in (request.get("files") or {}).items():
+        out += [f"# {name}:", text.rstrip("\n")]
+    if request.get("cwd"):
+        out.append(f"# working directory: {request['cwd']}")
+    if request.get("env"):
+        out.append("# environment the launcher adds:")
+        out += [f"{k}={shlex.quote(str(v))}" for k, v in sorted(request["env"].items())]
+    native = {k: v for k, v in (request.get("native") or {}).items() if k != "manifests"}
+    for key, value in native.items():  # the manifests are the files above, as YAML
+        out += [f"# {key}:", json.dumps(value, indent=1, sort_keys=True)]
     if more:
         out.append(f"# and {len(more)} more trial(s) like it: " +
                    "; ".join(", ".join(f"{k}={v}" for k, v in spec.params.items()) for spec in more))

@@ -74,7 +74,7 @@ RECORD_TEXT = 4000
 
 def preflight_marker(checkpoint_dir, job_id, attempt):
     """The file node 0's preflight writes into the checkpoint directory for every node to read
-    back (runtime/node_preflight.py); `attempt="*"` is the glob of every attempt's."""
+    back (node/preflight.py); `attempt="*"` is the glob of every attempt's."""
     return os.path.join(checkpoint_dir, f".dlc-preflight-{job_id}-a{attempt}")
 
 

@@ -7,6 +7,8 @@ value gets the same message wherever it came from.
 from __future__ import annotations
 
 import dataclasses
+import warnings
+import argparse
 import math
 import os
 import re
@@ -15,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engines, shell
+from . import shell
+from . import engine_registry
 
-# The engines registered (engines.py, an entry-point group), read when spec is imported.
-BACKENDS = engines.names()
+# The engines registered (engine_registry.py, an entry-point group), read when spec is imported.
+ENGINES = engine_registry.names()
 NETWORKS = ("tcp", "rdma", "debug")
 
 # torchrun and the launcher own these; a user's --env must not break the rendezvous.
@@ -124,7 +127,7 @@ def require_unicode(value: str, field_name: str, key: bool = False) -> None:
     """SpecError unless `value` is valid Unicode text; `key`: it is a name in the mapping that
     `field_name` is. The one test of text before it can reach a file, a shell or the database:
     every text field of the spec (check_text), every request body and rank report
-    (launcher/bodies.check_unicode)."""
+    (bodies.check_unicode)."""
     problem = not_unicode(value)
     if problem:
         raise SpecError(field_name, f"name {show(value)} {problem}" if key else problem)
@@ -501,7 +504,7 @@ SPEC_FIELDS: dict[str, FieldRule] = {
         {"type": "array", "maxItems": MAX_ENV_VARS, "items": {"type": "string", "pattern": "="}}]}),
     "network": _network_rule(),
     "workdir": _path_rule(),
-    "backend": _choice_rule(BACKENDS, registry=engines.names),
+    "engine": _choice_rule(ENGINES, registry=engine_registry.names),
     "max_runtime": _duration_rule(nullable=True),
     "max_restarts": _int_rule(0, 100),
     "steps": dataclasses.replace(_int_rule(1, 2**53), nullable=True),
@@ -568,6 +571,40 @@ def require_absolute_paths(spec: JobSpec) -> None:
                                   "(jupyter-dlc and %%dlc resolve it against your directory)")
 
 
+# "backend" was the spec's (and the CLI's) word for the engine until 0.x: still taken where
+# users may have typed it or an older launcher stored it, with a deprecation note.
+OLD_ENGINE_FIELD = "backend"
+
+
+def engine_field(data: Any) -> Any:
+    """`data` (a spec as a dict) with the old field name `backend` read as `engine`."""
+    if not isinstance(data, dict) or OLD_ENGINE_FIELD not in data:
+        return data
+    data = dict(data)
+    old = data.pop(OLD_ENGINE_FIELD)
+    if "engine" in data and data["engine"] != old:
+        raise SpecError("engine", f"{show(data['engine'])} conflicts with backend {show(old)} "
+                        "(the old name of the same field); give only engine")
+    data["engine"] = old
+    warnings.warn("the spec field 'backend' is now 'engine'; 'backend' is still taken",
+                  DeprecationWarning, stacklevel=3)
+    return data
+
+
+def spec_engine(spec: dict[str, Any]) -> str:
+    """The engine of a spec stored as a dict, by either name (an older launcher's record)."""
+    return spec.get("engine") or spec.get(OLD_ENGINE_FIELD) or "local"
+
+
+class _OldSpelling(argparse.Action):
+    """Takes an option by its new name or its old one, with a note for the old one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string == "--backend":
+            print("jupyter-dlc: --backend is now --engine (still taken)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 @dataclass
 class JobSpec:
     """A job as the user asked for it. Durations are seconds."""
@@ -582,7 +619,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     network: str | None = None
     workdir: str | None = None
-    backend: str = "local"
+    engine: str = "local"
     max_runtime: float | None = None
     max_restarts: int = 3
     # The steps the job will run (progress and ETA); the script may say it instead:
@@ -620,6 +657,7 @@ class JobSpec:
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         if not isinstance(data, dict):
             raise SpecError("spec", "expected a JSON object")
+        data = engine_field(data)
         unknown = sorted(str(key) for key in set(data) - set(SPEC_FIELDS))
         if unknown:
             raise SpecError(unknown[0], f"unknown field; known fields are {', '.join(SPEC_FIELDS)}")
@@ -724,7 +762,8 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--dry-run",), dict(action="store_true",
                           help="print what the engine would be asked (torchrun per node, the "
                                "sbatch script, the manifests) and submit nothing")),
-    (("--backend",), dict(default="local", choices=list(BACKENDS), help="engine to run on")),
+    (("--engine", "--backend"), dict(default="local", choices=list(ENGINES), action=_OldSpelling,
+                                     help="engine to run on (--backend: the old spelling, still taken)")),
     (("--cluster",), dict(default=None, help="cluster profile to run on (see jupyter-dlc clusters)")),
     (("--from",), dict(dest="branch_from", default=None, metavar="JOB[@STEP]",
                        help="branch: start from that job's committed step (default its newest), "
@@ -758,7 +797,7 @@ def spec_from_options(options: Any, **fields: Any) -> JobSpec:
         max_restarts=options.max_restarts, steps=options.steps, checkpoint_dir=options.checkpoint_dir,
         keep_last=options.keep_last, heartbeat_interval=options.heartbeat_interval,
         progress_timeout=options.progress_timeout, alerts=list(options.alert),
-        default_alerts=not options.no_default_alerts, backend=options.backend,
+        default_alerts=not options.no_default_alerts, engine=options.engine,
         cluster=options.cluster, branch_from=options.branch_from,
         fresh_optimizer=options.fresh_optimizer,
         resources={"gpus": options.gpus_per_node, "cpus": options.cpus_per_node,

@@ -168,7 +168,8 @@ class DLCMagics(Magics):
 
         command = options.command
         if command == "clusters":  # profiles and their live checks; no launcher involved
-            from ..clusters import check_clusters, clusters_table
+            from ..clusters import clusters_table
+            from ..engines.contract import check_clusters
 
             print(clusters_table(check_clusters()))
             return

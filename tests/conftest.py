@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.hostprocs import job_processes
 from jupyter_dlc.client import LauncherClient
 from labserver import wait_until
 

@@ -336,7 +336,7 @@ def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_p
     ranks' logs, through the engine's `logs` as the alert rules do: every rank's new lines
     arrive within a few looks, exactly once."""
     from jupyter_dlc import layout
-    from jupyter_dlc.backends import AttemptContext, get_backend
+    from jupyter_dlc.engines.contract import AttemptContext, get_engine
     from jupyter_dlc.launcher.alerting import LOGS_PER_LOOK, _log_turn
     from jupyter_dlc.spec import JobSpec
 
@@ -349,7 +349,7 @@ def test_a_large_job_has_its_rank_logs_read_in_turns_and_no_line_is_missed(tmp_p
             f.write(f"rank {rank} line 1\n")
     ctx = AttemptContext("J", 1, JobSpec(name="t", code="x", nodes=1, nproc_per_node=world),
                          str(tmp_path), attempt_dir, "", {}, 0)
-    engine = get_backend("local")
+    engine = get_engine("local")
     offsets: dict[str, int] = {}
 
     def look(turn: int) -> list[tuple[int, str]]:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from jupyter_dlc import openapi
+from jupyter_dlc.launcher import openapi
 
 EXAMPLES = 55  # per operation, mode and job choice: about 1,500 requests in all
 NEGATIVE_ONLY = {"submitJob", "resumeJob", "cloneJob"}

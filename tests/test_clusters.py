@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from jupyter_dlc import clusters
-from jupyter_dlc.backends import bind_cluster
+from jupyter_dlc.engines.contract import bind_cluster
 from jupyter_dlc.spec import JOB_OPTIONS, JobSpec, SpecError, spec_from_options
 
 
@@ -60,9 +60,15 @@ def test_unknown_cluster_names_the_known_ones(profiles):
     with pytest.raises(clusters.ClusterError, match=r"cluster: no profile named 'cpu' \(profiles: gpu\)"):
         bind_cluster(JobSpec.from_dict({"code": "x = 1", "cluster": "cpu"}))
     spec = bind_cluster(JobSpec.from_dict({"code": "x = 1", "cluster": "gpu"}))
-    assert spec.backend == "slurm"
-    with pytest.raises(SpecError, match="backend: 'kubernetes' conflicts with cluster 'gpu'"):
-        bind_cluster(JobSpec.from_dict({"code": "x = 1", "cluster": "gpu", "backend": "kubernetes"}))
+    assert spec.engine == "slurm"
+    with pytest.raises(SpecError, match="engine: 'kubernetes' conflicts with cluster 'gpu'"):
+        bind_cluster(JobSpec.from_dict({"code": "x = 1", "cluster": "gpu", "engine": "kubernetes"}))
+    # The old name of the field is still taken, with a deprecation note.
+    with pytest.warns(DeprecationWarning, match="'backend' is now 'engine'"):
+        old = JobSpec.from_dict({"code": "x = 1", "backend": "slurm"})
+    assert old.engine == "slurm" and "backend" not in old.to_dict()
+    with pytest.raises(SpecError, match="^engine: 'ssh' conflicts with backend 'slurm'"):
+        JobSpec.from_dict({"code": "x = 1", "backend": "slurm", "engine": "ssh"})
 
 
 def test_resources_are_validated_and_normalised():
@@ -88,9 +94,9 @@ def test_cluster_and_resource_options_reach_the_spec():
 
 
 def test_local_engine_refuses_what_this_machine_lacks():
-    from jupyter_dlc.backends import get_backend
+    from jupyter_dlc.engines.contract import get_engine
 
-    local = get_backend("local")
+    local = get_engine("local")
     refusal = local.capacity_error(JobSpec.from_dict({"code": "x = 1", "resources": {"cpus": 4000}}))
     assert refusal.startswith("resources.cpus: 4000 CPUs per node but this machine has")
 

@@ -9,6 +9,7 @@ cluster runs (its capacity check asks sinfo)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 
 import pytest
@@ -18,7 +19,7 @@ from test_openapi import validator
 
 from jupyter_dlc import cli, clusters
 from jupyter_dlc.client import LauncherError
-from jupyter_dlc.openapi import document
+from jupyter_dlc.launcher.openapi import document
 
 SCRIPT = "import torch\nprint('trained')\n"
 
@@ -90,14 +91,17 @@ def test_ssh_and_kubernetes_requests_need_no_host_and_no_api(launcher, tmp_path,
     assert "what the ssh engine would be asked" in out and "# cluster profile: two-hosts" in out
     for host in ("127.0.0.1", "127.0.0.2"):
         ssh = out.splitlines()[out.splitlines().index(f"# node on {host}:") + 1]
-        assert ssh.startswith("ssh ") and f"-- {host} " in ssh and "jupyter_dlc.backends.ssh_node run" in ssh
+        assert ssh.startswith("ssh ") and f"-- {host} " in ssh and "jupyter_dlc.node.ssh_node run" in ssh
     payloads = json.loads(out.split("# payloads:\n", 1)[1])
     assert [p["env"]["DLC_NODE_RANK"] for p in payloads] == ["0", "1"]
     assert all("DLC_TOKEN" not in p["env"] for p in payloads)  # the token joins at submit only
 
     assert cli.main(["run", script, "--nodes", "2", "--cluster", "k8s", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    manifests = list(yaml.safe_load_all(out.split("# manifests:\n", 1)[1]))
+    # Each manifest a file of its own, as `kubectl apply -f` takes them.
+    sections = re.split(r"^# (\d\d-[a-z]+\.yaml):$", out.split("\n# kind:", 1)[0], flags=re.M)
+    manifests = [yaml.safe_load(text) for text in sections[2::2]]
+    assert [f"{i:02d}-{m['kind'].lower()}.yaml" for i, m in enumerate(manifests)] == sections[1::2]
     kinds = {m["kind"] for m in manifests}
     assert {"ConfigMap", "Job"} <= kinds, kinds
     assert all(m["metadata"]["namespace"] == "ml" for m in manifests)

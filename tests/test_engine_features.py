@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from jupyter_dlc.backends import Capabilities, features
+from jupyter_dlc.engines import features
+from jupyter_dlc.engines.contract import Capabilities
 from jupyter_dlc.launcher.pools import cannot_pool
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "ARCHITECTURE.md"
@@ -19,7 +20,7 @@ def test_the_documented_table_is_the_declared_one():
     shown = features.BEGIN + text.split(features.BEGIN, 1)[1].split(features.END, 1)[0] + features.END
     assert shown == features.table(), (
         "ARCHITECTURE.md's engine-by-feature table differs from the engines' capabilities: "
-        "paste the output of `python -m jupyter_dlc.backends.features` there")
+        "paste the output of `python -m jupyter_dlc.engines.features` there")
 
 
 def test_every_capability_has_its_row_and_every_column_differs_from_the_defaults_somewhere():

@@ -15,7 +15,8 @@ import sys
 import pytest
 from conftest import LauncherEnv
 
-from jupyter_dlc import clusters, engines
+from jupyter_dlc import clusters
+from jupyter_dlc import engine_registry as engines
 from jupyter_dlc.spec import JobSpec, SpecError
 
 PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_plugin")
@@ -60,7 +61,7 @@ def test_an_engine_registered_by_an_entry_point_runs_a_job(plugged, tmp_path):
     with pytest.raises(clusters.ClusterError, match=r"bad\.hosts: unknown option for engine tiny; known: "):
         clusters.put_profile("bad", {"engine": "tiny", "hosts": ["h1"]})
     clusters.put_profile("tiny1", {"engine": "tiny", "greeting": "hello from a plugin"})
-    JobSpec.from_dict({"script": "/x.py", "backend": "tiny"})  # the spec knows it too
+    JobSpec.from_dict({"script": "/x.py", "engine": "tiny"})  # the spec knows it too
 
     script = plugged.script("greet.py", SCRIPT)
     dry = _cli("run", script, "--cluster", "tiny1", "--nodes", "2", "--dry-run").stdout
@@ -68,13 +69,13 @@ def test_an_engine_registered_by_an_entry_point_runs_a_job(plugged, tmp_path):
     ran = _cli("run", script, "--cluster", "tiny1", "--nodes", "2", "--wait")
     job_id = ran.stdout.split()[0]
     job = plugged.client.job(job_id)
-    assert job["state"] == "SUCCEEDED" and job["spec"]["backend"] == "tiny", job["reason"]
+    assert job["state"] == "SUCCEEDED" and job["spec"]["engine"] == "tiny", job["reason"]
     logs = [line["text"] for line in plugged.client.logs(job_id)["lines"]]
     assert sorted(line for line in logs if line.startswith("greeting")) == [
         f"greeting hello from a plugin rank {r}" for r in range(2)], logs
     # What it cannot do for the job, the views say (the panel's detail turns Branch off).
-    assert job["engine"]["name"] == "tiny" and job["engine"]["capabilities"]["branches"] is False
-    assert {c["capability"] for c in job["engine"]["cannot"]} == {"branches", "warm_pools",
+    assert job["engine_report"]["name"] == "tiny" and job["engine_report"]["capabilities"]["branches"] is False
+    assert {c["capability"] for c in job["engine_report"]["cannot"]} == {"branches", "warm_pools",
                                                                  "standby_agents", "node_copies"}
     status = _cli("status", job_id).stdout
     assert "not on tiny for this job: Warm restarts" in status and "Branch from another job" in status
@@ -83,10 +84,13 @@ def test_an_engine_registered_by_an_entry_point_runs_a_job(plugged, tmp_path):
     view = JobView(plugged.client, job_id)
     assert view.refresh_now() and 'class="dlc-engine-limits">not on tiny for this job' in view.header.value
     view.close()
-    # --backend takes it where argparse checks choices (a fresh process reads the registry).
-    assert _cli("run", script, "--backend", "tiny", "--dry-run").returncode == 0
+    # --engine takes it where argparse checks choices (a fresh process reads the registry);
+    # --backend, the old spelling, still does, with a note.
+    assert _cli("run", script, "--engine", "tiny", "--dry-run").returncode == 0
+    old = _cli("run", script, "--backend", "tiny", "--dry-run")
+    assert old.returncode == 0 and "--backend is now --engine" in old.stderr
 
-    document = json.loads(subprocess.run([sys.executable, "-m", "jupyter_dlc.openapi"], capture_output=True,
+    document = json.loads(subprocess.run([sys.executable, "-m", "jupyter_dlc.launcher.openapi"], capture_output=True,
                                          text=True, check=True, timeout=60, env=os.environ).stdout)
     [tiny] = [b for b in document["components"]["schemas"]["ClusterProfile"]["oneOf"] if b["title"] == "tiny"]
     assert tiny["properties"]["greeting"]["type"] == "string"
@@ -94,8 +98,8 @@ def test_an_engine_registered_by_an_entry_point_runs_a_job(plugged, tmp_path):
 
 def test_without_the_plugin_nothing_of_it_is_known():
     assert "tiny" not in engines.names()
-    with pytest.raises(SpecError, match=r"^backend: expected one of local, kubernetes, slurm, ssh, got 'tiny'"):
-        JobSpec.from_dict({"script": "/x.py", "backend": "tiny"})
+    with pytest.raises(SpecError, match=r"^engine: expected one of local, kubernetes, slurm, ssh, got 'tiny'"):
+        JobSpec.from_dict({"script": "/x.py", "engine": "tiny"})
     with pytest.raises(engines.UnknownEngine, match="not an engine here; engines: local, kubernetes"):
         engines.engine_class("tiny")
 
@@ -103,15 +107,15 @@ def test_without_the_plugin_nothing_of_it_is_known():
 def test_an_engine_that_leaves_out_a_method_of_the_contract_is_refused_when_made():
     """The contract's methods every engine must have are abstract: a class missing one
     cannot be made, so it fails where it is registered, not at a user's first stop."""
-    from jupyter_dlc.backends import Backend
+    from jupyter_dlc.engines.contract import DryRun, Engine
 
-    class Half(Backend):
+    class Half(Engine):
         name = "half"
 
         def dry_run(self, ctx):
-            return {}
+            return DryRun(self.name)
 
-        def submit(self, ctx):
+        def submit(self, ctx, request):
             return {}
 
     with pytest.raises(TypeError, match="abstract method.*(describe|kill|stop)"):

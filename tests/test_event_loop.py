@@ -27,7 +27,7 @@ from test_ingest import ended_world
 from test_jobs import SLEEPER
 from test_slurm import CLUSTER, engine_id, local_slurm, squeue_ids
 
-from jupyter_dlc.backends import children
+from jupyter_dlc.engines import children
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.launcher.store import Store
 from jupyter_dlc.launcher.supervisor import Supervisor

@@ -154,7 +154,7 @@ def test_ranks_ignore_a_stand_in_on_the_launchers_port_and_go_on_to_their_real_e
 
 
 def _job_processes():
-    from jupyter_dlc.backends.local import job_processes
+    from jupyter_dlc.hostprocs import job_processes
 
     return job_processes()
 

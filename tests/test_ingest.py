@@ -16,7 +16,7 @@ import urllib.request
 from conftest import wait_for
 
 from jupyter_dlc import formatting
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.hostprocs import job_processes
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
 from jupyter_dlc.launcher.store import Store
 
@@ -254,7 +254,7 @@ def test_past_its_request_budget_the_launcher_paces_each_node_reporter(launcher,
     asks for the slowest pace; a real node reporter then forwards at most once per pace, and
     every rank report it carried is stored; once only one node reports, the pace is 0 again
     (a small job keeps its own quarter second)."""
-    from jupyter_dlc.node_reporter import MAX_PACE, NodeReporter
+    from jupyter_dlc.node.reporter import MAX_PACE, NodeReporter
 
     monkeypatch.setenv("DLC_REPORT_BUDGET", "4")
     launcher.restart()  # the launcher reads its budget at start
@@ -353,7 +353,7 @@ def node_reporter_pids(job_id: str) -> dict[int, int]:
                     environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
             except OSError:
                 continue
-            if b"jupyter_dlc.node_reporter" in argv:
+            if b"jupyter_dlc.node.reporter" in argv:
                 found[int(environ[b"DLC_NODE_RANK"])] = pid
     return found
 

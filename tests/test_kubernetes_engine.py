@@ -15,8 +15,9 @@ import pytest
 from k8s_standin import Standin
 
 from jupyter_dlc import clusters, layout
-from jupyter_dlc.backends import AttemptContext
-from jupyter_dlc.backends.kubernetes import KubernetesBackend
+from jupyter_dlc.engines import contract
+from jupyter_dlc.engines.contract import AttemptContext
+from jupyter_dlc.engines.kubernetes import KubernetesEngine
 from jupyter_dlc.spec import JobSpec
 
 pytest.importorskip("kubernetes")
@@ -34,16 +35,16 @@ def cluster(tmp_path, monkeypatch):
         yield standin
 
 
-def _engine(poll_interval: float = 0.0) -> KubernetesBackend:
+def _engine(poll_interval: float = 0.0) -> KubernetesEngine:
     """An engine that asks the API at every describe (these tests move the stand-in by hand)."""
-    engine = KubernetesBackend()
+    engine = KubernetesEngine()
     engine.poll_interval = poll_interval
     return engine
 
 
 def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
     spec = JobSpec(name="t", code="x", nodes=nodes, nproc_per_node=2, cluster="my-k8s",
-                   backend="kubernetes", resources={"memory": "8G"})
+                   engine="kubernetes", resources={"memory": "8G"})
     spec.validate()
     job_dir = tmp_path / "job"
     job_dir.mkdir(exist_ok=True)
@@ -409,10 +410,10 @@ def test_each_rank_gets_its_own_exit_code_from_the_record_it_reported(cluster, k
 def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
     """`jupyter-dlc clusters` asks the stand-in's discovery which kinds it serves; a real
     cluster would also answer for the credentials (401/403) and the namespace."""
-    rows = {row["name"]: row for row in clusters.check_clusters()}
+    rows = {row["name"]: row for row in contract.check_clusters()}
     assert rows["my-k8s"]["ok"] and rows["my-k8s"]["detail"] == "serves TrainJob, PyTorchJob, Job"
     cluster.groups = {"batch"}
-    assert clusters.check_clusters()[0]["detail"] == "serves Job"
+    assert contract.check_clusters()[0]["detail"] == "serves Job"
 
 
 def test_describe_asks_the_api_at_most_once_per_interval_and_a_stop_asks_again(cluster, tmp_path):
@@ -473,7 +474,7 @@ def test_a_pods_command_starts_its_node_reporter_and_its_ranks_report_through_it
     from labserver import free_port
     from test_ingest import assert_every_step
 
-    from jupyter_dlc.backends.local import job_processes
+    from jupyter_dlc.hostprocs import job_processes
 
     client = k8s_launcher.client
     script = k8s_launcher.script("train.py", POD_RANKS)
@@ -500,7 +501,7 @@ def test_a_pods_command_starts_its_node_reporter_and_its_ranks_report_through_it
                PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(free_port()),
                PATH=f"{bin_dir}:{os.environ['PATH']}", HOME=str(tmp_path))
     command = [in_pod(word) for word in trainer["command"] + trainer["args"]]
-    assert "-m jupyter_dlc.node_reporter &" in command[2]
+    assert "-m jupyter_dlc.node.reporter &" in command[2]
     cluster.run(name, lines_per_pod=0)
     with open(tmp_path / "pod.log", "w") as out:
         code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=240).returncode
@@ -530,7 +531,7 @@ def test_a_second_submit_of_an_attempt_makes_no_second_workload_and_hands_the_ne
 
 
 def test_an_api_server_that_does_not_answer_is_a_transient_refusal(cluster, tmp_path):
-    from jupyter_dlc.backends import SubmitError
+    from jupyter_dlc.engines.contract import SubmitError
 
     clusters.put_profile("my-k8s", {"engine": "kubernetes", "namespace": "ml", "launcher_url": "http://launcher:8787",
                                     "kubeconfig": _dead_kubeconfig(cluster, tmp_path)})

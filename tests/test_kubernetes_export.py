@@ -62,7 +62,7 @@ def test_a_local_job_exports_an_indexed_job_with_defaults_to_edit(profiles, tmp_
 def test_a_job_with_a_kubernetes_profile_exports_its_kind_and_options(profiles, tmp_path):
     clusters.put_profile("my-k8s", {"engine": "kubernetes", "kind": "PyTorchJob", "namespace": "ml",
                                     "image": "ghcr.io/me/t:2", "pvc": "team"})
-    spec = JobSpec(name="t", code="x", nodes=2, nproc_per_node=1, cluster="my-k8s", backend="kubernetes")
+    spec = JobSpec(name="t", code="x", nodes=2, nproc_per_node=1, cluster="my-k8s", engine="kubernetes")
     spec.validate()
     found = _export(tmp_path, spec)
     assert sorted(found) == ["ConfigMap", "PersistentVolumeClaim", "PyTorchJob"]
@@ -76,7 +76,7 @@ def test_a_job_with_a_kubernetes_profile_exports_its_kind_and_options(profiles, 
 
 def test_a_slurm_job_exports_defaults_and_big_files_go_on_the_pvc(profiles, tmp_path):
     clusters.put_profile("hpc", {"engine": "slurm", "partition": "a100"})
-    spec = JobSpec(name="s", code="x", nodes=1, cluster="hpc", backend="slurm")
+    spec = JobSpec(name="s", code="x", nodes=1, cluster="hpc", engine="slurm")
     spec.validate()
     found = _export(tmp_path, spec, {"big.bin": b"0" * (1024 * 1024)})
     assert "ConfigMap" not in found
@@ -103,7 +103,7 @@ def test_kubectl_apply_creates_the_exported_bundle_on_the_standin(profiles, tmp_
     if kind == "TrainJob":
         clusters.put_profile("k", {"engine": "kubernetes", "kind": "TrainJob", "namespace": "ml"})
     spec = JobSpec(name="applied", code="x", nodes=2, cluster="k" if kind == "TrainJob" else None,
-                   backend="kubernetes" if kind == "TrainJob" else "local")
+                   engine="kubernetes" if kind == "TrainJob" else "local")
     spec.validate()
     _export(tmp_path, spec)
     with Standin(groups=("trainer.kubeflow.org",)) as standin:

@@ -17,7 +17,7 @@ from k8s_validate import validate
 
 from jupyter_dlc.cli import main
 from jupyter_dlc.client import LauncherClient
-from jupyter_dlc.k8s_manifests import MANAGED_BY
+from jupyter_dlc.engines.kubernetes.manifests import MANAGED_BY
 
 
 def _manifest(capsys, *args) -> tuple[str, list[dict]]:

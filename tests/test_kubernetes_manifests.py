@@ -12,8 +12,9 @@ import jsonschema
 import pytest
 from k8s_validate import require_crds, validate
 
-from jupyter_dlc import clusters, k8s_manifests
-from jupyter_dlc.backends import AttemptContext, get_backend
+from jupyter_dlc import clusters
+from jupyter_dlc.engines.kubernetes import manifests as k8s_manifests
+from jupyter_dlc.engines.contract import AttemptContext, get_engine
 from jupyter_dlc.spec import JobSpec
 
 
@@ -54,8 +55,8 @@ PROFILE = {"engine": "kubernetes", "namespace": "ml", "image": "ghcr.io/me/train
 
 def _manifests(tmp_path, kind, pushed=None, **options):
     clusters.put_profile("my-k8s", dict(PROFILE, kind=kind, **options))
-    request = get_backend("kubernetes").dry_run(_ctx(tmp_path, _spec(), pushed))
-    return {m["kind"]: m for m in request["manifests"]}
+    request = get_engine("kubernetes").dry_run(_ctx(tmp_path, _spec(), pushed))
+    return {m["kind"]: m for m in request.native["manifests"]}
 
 
 def _pod_parts(found: dict) -> tuple[dict, dict]:
@@ -126,9 +127,9 @@ def test_the_command_runs_torchrun_with_the_operators_topology(profiles, tmp_pat
 
     clusters.put_profile("my-k8s", dict(PROFILE, kind="Job"))
     spec = _spec(args=["--lr", "0.1 0.2"])
-    found = get_backend("kubernetes").dry_run(_ctx(tmp_path, spec))["manifests"]
+    found = get_engine("kubernetes").dry_run(_ctx(tmp_path, spec)).native["manifests"]
     command = next(m for m in found if m["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["command"]
-    reporter = "python -m jupyter_dlc.node_reporter & "
+    reporter = "python -m jupyter_dlc.node.reporter & "
     assert reporter in command[2]  # a pod of 4 ranks starts its node reporter first
     line = (command[2].replace(reporter, 'echo "reporter=$DLC_NODE_REPORTER"; ')
             .replace("exec python", 'echo "rank=$DLC_NODE_RANK" python'))

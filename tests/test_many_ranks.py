@@ -34,7 +34,7 @@ def simulated_job(client, cluster: str) -> str:
     """Submit the 4,096-rank job to the stand-in's profile and return its id once RUNNING
     (the test plays the cluster: it starts the pods)."""
     job = client.submit({"code": "print('simulated')\n", "nodes": NODES, "nproc_per_node": NPROC,
-                         "cluster": cluster, "backend": "kubernetes", "name": "ranks4096",
+                         "cluster": cluster, "engine": "kubernetes", "name": "ranks4096",
                          "heartbeat_interval": "60s", "heartbeat_misses": 10})
     return job["id"]
 

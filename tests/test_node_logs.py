@@ -67,7 +67,7 @@ def test_a_slurm_node_sends_complete_lines_a_line_longer_than_a_batch_in_pieces_
     """slurm_node.LogSender's batches (no launcher needed to build them): complete lines while
     the node runs; a line longer than a batch in pieces, or its log would wait for ever; the
     last line without its newline once the node's processes are gone."""
-    from jupyter_dlc.backends import slurm_node
+    from jupyter_dlc.node import slurm_node
 
     (tmp_path / "node-0.log").write_bytes(b"agent line\nhalf")
     (tmp_path / "rank-1.log").write_bytes(b"x" * (slurm_node.BATCH_BYTES + 100))

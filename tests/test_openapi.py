@@ -19,7 +19,7 @@ import tornado.web
 from conftest import wait_for
 from jsonschema import Draft202012Validator
 
-from jupyter_dlc import openapi
+from jupyter_dlc.launcher import openapi
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.launcher.app import make_app
 

@@ -3,7 +3,7 @@
 tests/test_ingest.py follows a real node reporter through a real launcher's pace."""
 
 from jupyter_dlc.launcher.pacing import ReportPacer
-from jupyter_dlc.node_reporter import MAX_PACE, phase_shift
+from jupyter_dlc.node.reporter import MAX_PACE, phase_shift
 
 
 def test_the_pace_rises_as_senders_join_and_falls_only_at_a_recompute():

@@ -1,5 +1,5 @@
 """Warm pools on real processes: a real launcher, real zygotes with torch imported, real
-forked ranks, real gloo collectives (launcher/pools.py, backends/pool.py, pool_agent.py)."""
+forked ranks, real gloo collectives (launcher/pools.py, engines/local/pool.py, pool_agent.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from conftest import LauncherEnv, assert_launcher_env, wait_for
 from jupyter_dlc import clusters, formatting
-from jupyter_dlc.backends.local import process_slots
+from jupyter_dlc.hostprocs import process_slots
 from jupyter_dlc.client import LauncherError
 from jupyter_dlc.magics import DLCMagics
 from test_ingest import THROUGH_NODE_REPORTERS, assert_every_step, sent_lines

@@ -10,7 +10,7 @@ import pytest
 from conftest import _alive as alive
 from conftest import wait_for
 
-from jupyter_dlc.backends.local import cgroup_base
+from jupyter_dlc.hostprocs import cgroup_base
 
 pytestmark = pytest.mark.skipif(
     cgroup_base() is None,
@@ -74,7 +74,7 @@ def test_a_long_empty_cgroup_goes_at_the_next_scan_whoever_made_it():
     import subprocess
     import time
 
-    from jupyter_dlc.backends import local
+    from jupyter_dlc import hostprocs
 
     base = cgroup_base()
     tag = f"cgtest-{os.getpid()}"
@@ -85,10 +85,10 @@ def test_a_long_empty_cgroup_goes_at_the_next_scan_whoever_made_it():
     try:
         with open(os.path.join(live, "cgroup.procs"), "w") as f:
             f.write(str(sleeper.pid))
-        made = time.time() - 2 * local.STALE_CGROUP_S
+        made = time.time() - 2 * hostprocs.STALE_CGROUP_S
         for path in (stale, live):
             os.utime(path, (made, made))
-        found = local.job_processes()
+        found = hostprocs.job_processes()
         assert not os.path.exists(stale)
         assert os.path.isdir(live) and found[(f"live-{tag}", 1)] == [sleeper.pid]
         assert os.path.isdir(fresh)

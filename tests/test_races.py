@@ -9,7 +9,7 @@ import time
 
 from conftest import wait_for
 
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.hostprocs import job_processes
 
 # First thing the script does: leave a marker, so the test knows whether a rank ever ran.
 MARKED_SLEEPER = """

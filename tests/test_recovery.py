@@ -361,7 +361,7 @@ def test_restart_on_warm_ranks_forked_by_the_standby_resumes_bitwise(launcher):
         with open(os.path.join(attempt_dir, f"node-{origin['node']}.go.ready")) as f:
             assert f.read() == "2"  # both local ranks were forked ahead
         assert origin["ppid"] == standby, origin
-        assert "jupyter_dlc.backends.standby" in origin["argv"], origin
+        assert "jupyter_dlc.node.standby" in origin["argv"], origin
         assert origin["omp"] == "1" and origin["threads"] == 1, origin
         assert origin["token"] and origin["attempt_env"] == "2"
         assert origin["resume"].endswith("step-10")

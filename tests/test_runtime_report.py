@@ -332,7 +332,7 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_stuck(launcher, tmp_p
     rank's report still reaches the launcher, directly, once the request to it timed out."""
     import socket
 
-    from jupyter_dlc.node_reporter import COALESCE, FORWARD_TIMEOUT, MAX_PACE
+    from jupyter_dlc.node.reporter import COALESCE, FORWARD_TIMEOUT, MAX_PACE
     from jupyter_dlc.runtime.report import HTTP_TIMEOUT
 
     # A live reporter always answers before the rank's timeout (503 past its own), also
@@ -367,7 +367,7 @@ def test_the_report_interval_grows_with_the_world(monkeypatch):
 def test_a_rank_reporting_directly_keeps_the_launchers_pace(launcher):
     """An answer's `report_interval` (launcher/pacing.py) slows a rank that reports directly,
     never below its own pace, and never past the most a node reporter holds a batch."""
-    from jupyter_dlc.node_reporter import MAX_PACE
+    from jupyter_dlc.node.reporter import MAX_PACE
 
     reporter = make_reporter(launcher.url)
     own = reporter.batch_interval

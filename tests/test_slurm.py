@@ -27,7 +27,7 @@ from test_notebook import run_notebook, text
 from test_recovery import TRAIN
 
 from jupyter_dlc import formatting
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.hostprocs import job_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "local-slurm.sh")
@@ -93,7 +93,7 @@ def test_ranks_report_through_node_reporters_and_directly_once_theirs_is_gone(la
     script = launcher.script("through.py", THROUGH_NODE_REPORTERS)
     job = check_node_reporters(launcher.client, {"script": script, "cluster": CLUSTER}, tmp_path / "go")
     with open(os.path.join(job["job_dir"], "attempt-1", "job.sbatch")) as f:
-        assert "-m jupyter_dlc.node_reporter &" in f.read()
+        assert "-m jupyter_dlc.node.reporter &" in f.read()
     assert engine_id(launcher.client, job["id"]) not in squeue_ids(slurm)
     wait_for(lambda: not [p for (j, _), pids in job_processes().items() if j == job["id"] for p in pids],
              30, what="no process of the job left")
@@ -225,7 +225,7 @@ def test_dlc_cell_on_the_local_slurm_cluster(launcher, tmp_path):
     # The live view (widget state saved by nbclient) names the engine and its job id too.
     assert "engine: slurm job " in json.dumps(nb.metadata.get("widgets", {}))
     job = launcher.client.job("last")
-    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["backend"] == "slurm"
+    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["engine"] == "slurm"
     lines = [line["text"] for line in launcher.client.logs(job["id"])["lines"]]
     assert sum(1 for t in lines if t.startswith("SUM 6.0 SLURM ")) == 4
 
@@ -293,7 +293,7 @@ def test_the_slurm_example_notebook_runs(launcher, tmp_path):
     assert "engine: slurm job " in joined and "step-60" in joined
     assert "#SBATCH --nodes=2" in joined
     job = launcher.client.job("last")
-    assert job["name"] == "slurm-demo" and job["spec"]["backend"] == "slurm"
+    assert job["name"] == "slurm-demo" and job["spec"]["engine"] == "slurm"
 
 
 def test_local_slurm_script_is_idempotent_and_reports_status(slurm):

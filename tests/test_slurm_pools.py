@@ -23,14 +23,14 @@ from test_jobs import SLEEPER
 from test_slurm import CLUSTER, local_slurm, squeue_ids
 
 from jupyter_dlc import layout
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.hostprocs import job_processes
 
 BLIND = """
 import os
 if os.environ.get("DLC_TEST_BLIND_SCAN"):
-    from jupyter_dlc.backends import local
+    from jupyter_dlc import hostprocs
 
-    local.job_processes = lambda *args, **kwargs: {}
+    hostprocs.job_processes = lambda *args, **kwargs: {}
     open(os.path.join(os.environ["DLC_TEST_BLIND_SCAN"], str(os.getpid())), "w").close()
 """
 

@@ -4,7 +4,7 @@ an empty tmpfs over the directory that holds this module's launchers' data direc
 the users' scripts), so no node can read or write a job directory; the checkpoint directory
 (the profile's `checkpoint_dir`) stays shared, as it must.
 
-What the nodes run comes inside the batch script (backends/slurm_node.py), their logs and
+What the nodes run comes inside the batch script (node/slurm_node.py), their logs and
 exits come back over the launcher's routes, rank records over the report route.
 """
 

@@ -31,8 +31,8 @@ from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
 
 from jupyter_dlc import clusters, formatting, layout
-from jupyter_dlc.backends import ssh_node
-from jupyter_dlc.backends.local import job_processes
+from jupyter_dlc.node import ssh_node
+from jupyter_dlc.hostprocs import job_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "ssh-hosts.sh")
@@ -137,7 +137,7 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
         "USER_VAR": "x", "NCCL_SOCKET_IFNAME": "lo0", "TRICKY": tricky}))
     job = launcher.client.wait(job["id"], timeout=180)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    assert job["spec"]["backend"] == "ssh"  # the profile named the engine
+    assert job["spec"]["engine"] == "ssh"  # the profile named the engine
     assert job["attempts"][0]["engine_id"] == ",".join(HOSTS)
     # The launcher serves the hosts at the bridge's address, and ranks report there; without
     # TLS beyond loopback it says loudly that tokens travel in clear.
@@ -385,9 +385,9 @@ def test_a_killed_ssh_client_leaves_nothing_remote(hosts, tmp_path, victim):
     request = tmp_path / "request.json"
     exit_path = tmp_path / "node-0.exit"
     argv = ["ssh", *ssh_options(hosts), HOSTS[1], "--", sys.executable, "-m",
-            "jupyter_dlc.backends.ssh_node", "run"]
+            "jupyter_dlc.node.ssh_node", "run"]
     request.write_text(json.dumps({"argv": argv, "payload": payload, "exit_path": str(exit_path)}))
-    keeper = subprocess.Popen([sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", str(request)],
+    keeper = subprocess.Popen([sys.executable, "-m", "jupyter_dlc.node.ssh_node", "keep", str(request)],
                               stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(lambda: ssh_node.tagged_pids(job, "1", "0"), 30, what="the remote command")
@@ -533,7 +533,7 @@ def test_dlc_cell_on_ssh_hosts(launcher, tmp_path):
     assert "SUCCEEDED" in status, text(nb.cells[1]) + status
     assert f"engine: ssh job {HOSTS[0]},{HOSTS[1]}" in status
     job = launcher.client.job("last")
-    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["backend"] == "ssh"
+    assert job["spec"]["cluster"] == CLUSTER and job["spec"]["engine"] == "ssh"
     lines = [line["text"] for line in launcher.client.logs(job["id"])["lines"]]
     assert sorted(t for t in lines if t.startswith("SUM ")) == [
         "SUM 6.0 NODE 0", "SUM 6.0 NODE 0", "SUM 6.0 NODE 1", "SUM 6.0 NODE 1"]
@@ -597,23 +597,23 @@ def test_adopt_finds_a_whole_set_of_keepers_by_their_environment_and_kills_a_par
     finds them by the job id and attempt in their environment and the node in their request
     path (real processes, the real /proc scan); keepers of only some nodes are killed, so the
     attempt is submitted again with no second keeper of a node beside a first."""
-    from jupyter_dlc.backends import AttemptContext
-    from jupyter_dlc.backends.ssh import SSHBackend
+    from jupyter_dlc.engines.contract import AttemptContext
+    from jupyter_dlc.engines.ssh import SSHEngine
     from jupyter_dlc.spec import JobSpec
 
     monkeypatch.setenv("DLC_CLUSTERS", str(tmp_path / "dlc_clusters.yaml"))
     clusters.put_profile("adopt-hosts", {"engine": "ssh", "hosts": ["10.9.0.1", "10.9.0.2"], "interface": "lo"})
-    spec = JobSpec(name="t", code="x", nodes=2, nproc_per_node=1, cluster="adopt-hosts", backend="ssh")
+    spec = JobSpec(name="t", code="x", nodes=2, nproc_per_node=1, cluster="adopt-hosts", engine="ssh")
     ctx = AttemptContext("adopt-job", 3, spec, str(tmp_path), str(tmp_path / "attempt-3"), "", {}, 0)
 
     def keeper(node: int, attempt: int = 3) -> subprocess.Popen:
         # Not a real keeper: a process whose command line and environment read as one.
         return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "-m",
-                                 "jupyter_dlc.backends.ssh_node", "keep", f"{ctx.attempt_dir}/node-{node}.ssh.json"],
+                                 "jupyter_dlc.node.ssh_node", "keep", f"{ctx.attempt_dir}/node-{node}.ssh.json"],
                                 stdin=subprocess.PIPE, start_new_session=True,
                                 env=dict(os.environ, DLC_JOB_ID="adopt-job", DLC_ATTEMPT=str(attempt)))
 
-    engine = SSHBackend()
+    engine = SSHEngine()
     assert engine.adopt(ctx) is None  # nothing there
     both = [keeper(0), keeper(1), keeper(0, attempt=2)]  # another attempt's is not this one's
     try:

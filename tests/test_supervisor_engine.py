@@ -15,11 +15,15 @@ import time
 
 import pytest
 
-from jupyter_dlc import backends
-from jupyter_dlc.backends import (
+import importlib.metadata
+
+from jupyter_dlc import engine_registry
+from jupyter_dlc.engines import contract
+from jupyter_dlc.engines.contract import (
     AttemptStatus,
-    Backend,
     Capabilities,
+    DryRun,
+    Engine,
     NodeStatus,
     RankStatus,
     SubmitError,
@@ -29,10 +33,10 @@ from jupyter_dlc.launcher.store import Store
 from jupyter_dlc.launcher.supervisor import Supervisor, create_job_dir
 from jupyter_dlc.spec import JobSpec
 
-ENGINE = "kubernetes"  # a name the spec accepts and no real engine here claims
+ENGINE = "scripted"  # registered for these tests only (the `world` fixture)
 
 
-class ScriptedEngine(Backend):
+class ScriptedEngine(Engine):
     """Answers `describe` from a list set by the test; records every call."""
 
     name = "scripted"
@@ -52,9 +56,10 @@ class ScriptedEngine(Backend):
         return Capabilities(standby_agents=False, shared_filesystem=True)
 
     def dry_run(self, ctx):
-        return {"backend": self.name, "attempt": ctx.attempt}
+        return DryRun(self.name, native={"attempt": ctx.attempt})
 
-    def submit(self, ctx):
+    def submit(self, ctx, request):
+        assert request.native == {"attempt": ctx.attempt}  # the dry run made for this attempt
         self.calls.append(("submit", ctx.attempt))
         if self.store is not None:
             self.intents.append(self.store.attempt_row(ctx.job_id, ctx.attempt)["intent"])
@@ -114,7 +119,12 @@ def running(codes=(None, None), alive=True, phase="RUNNING", reason=None):
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     engine = ScriptedEngine()
-    monkeypatch.setitem(backends._engines, ENGINE, engine)
+    # Registered as a plugin engine would be (an entry point of the group), for this test.
+    point = importlib.metadata.EntryPoint(ENGINE, f"{__name__}:ScriptedEngine", engine_registry.GROUP)
+    entries = dict(engine_registry._entries(), **{ENGINE: point})
+    monkeypatch.setattr(engine_registry, "_entries", lambda: entries)
+    engine_registry.engine_class.cache_clear()
+    monkeypatch.setitem(contract._engines, ENGINE, engine)
     store = Store(str(tmp_path / "store.sqlite"))
     engine.store = store
     supervisor = Supervisor(store, str(tmp_path), "http://127.0.0.1:1")
@@ -123,7 +133,7 @@ def world(tmp_path, monkeypatch):
 
     def submit(**fields):
         spec = JobSpec.from_dict(dict({"script": str(script), "nproc_per_node": 2,
-                                       "backend": ENGINE, "restart_backoff": 0.01}, **fields))
+                                       "engine": ENGINE, "restart_backoff": 0.01}, **fields))
         job_dir = create_job_dir(str(tmp_path), "job-1", spec)
         store.insert_job("job-1", spec.name, spec.to_dict(), "token", job_dir)
         return "job-1"
@@ -134,7 +144,8 @@ def world(tmp_path, monkeypatch):
     w = World()
     w.engine, w.store, w.supervisor, w.submit = engine, store, supervisor, submit
     w.job = lambda: store.job_row("job-1")
-    return w
+    yield w
+    engine_registry.engine_class.cache_clear()  # "scripted" leaves the registry with the test
 
 
 def test_pending_shows_the_engines_reason_then_runs_and_succeeds(world):
@@ -347,7 +358,7 @@ def test_transient_refusals_are_bounded(world, monkeypatch):
 
 def test_an_unforeseen_engine_error_is_retried_not_left_in_preflight_forever(world, monkeypatch):
     monkeypatch.setattr(supervisor_module, "SUBMIT_RETRIES", 0)
-    world.engine.submit = lambda ctx: (_ for _ in ()).throw(OSError("E2BIG"))  # type: ignore[method-assign]
+    world.engine.submit = lambda ctx, request: (_ for _ in ()).throw(OSError("E2BIG"))  # type: ignore[method-assign]
     world.submit()
     world.supervisor.tick()
     job = world.job()

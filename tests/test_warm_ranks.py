@@ -1,4 +1,4 @@
-"""Warm rank processes forked by a standby agent (backends/warm_ranks.py), without torchrun:
+"""Warm rank processes forked by a standby agent (node/warm_ranks.py), without torchrun:
 the child runs the bootstrap with exactly the environment it is handed, its exit reaches the
 agent as Popen's would, a death by signal is written into its rank record by the agent, and
 an unused one leaves when its pipe closes. The agent is a real interpreter of its own (the
@@ -14,7 +14,7 @@ import textwrap
 
 AGENT = textwrap.dedent("""
     import json, os, sys, time
-    from jupyter_dlc.backends import warm_ranks
+    from jupyter_dlc.node import warm_ranks
     attempt_dir, script = sys.argv[1], sys.argv[2]
     warm_ranks.preload()
     ranks = warm_ranks.fork_ranks(3)

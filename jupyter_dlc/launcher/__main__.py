@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # What the launcher writes is the owner's alone (dirs 0700, files 0600); the job's
     # processes get back the umask the launcher was started with.
-    from ..backends import local
+    from ..engines import children
 
-    local.CHILD_UMASK = os.umask(0o077)
+    children.CHILD_UMASK = os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactTokens())
@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                 if w]
     for warning in warnings:
         log.warning("WARNING: %s", warning)
-    from .. import backends
+    from ..engines import contract
 
-    backends.launcher_url = url
+    contract.launcher_url = url
     supervisor = Supervisor(store, data_dir, url, ca_file=ca_file)
     try:
         retention = RetentionPolicy.from_env(args.metrics_cap)

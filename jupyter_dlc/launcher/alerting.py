@@ -241,7 +241,7 @@ class Alerting:
         attempt = self.store.attempt_row(job_id, row["attempt"])
         snap.started = attempt["started"] if attempt else None
         alerts.log_turn += 1
-        # Through the job's engine, as the logs route reads them (Backend.logs).
+        # Through the job's engine, as the logs route reads them (Engine.logs).
         now = time.time()
         snap.log_lines = [(now, rank, text) for rank, text in self.supervisor.logs(
             row, row["attempt"], _log_turn(world, alerts.log_turn), alerts.log_offsets,

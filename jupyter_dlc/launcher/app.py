@@ -18,11 +18,13 @@ from typing import Any, Callable
 import orjson
 import tornado.web
 
-from .. import __version__, bands, identity, layout, openapi
-from ..backends import bind_cluster, capability_report, get_backend
+from .. import __version__, bands, identity, layout
+from . import openapi
+from ..engines.contract import bind_cluster, capability_report, get_engine
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
-from . import bodies, branches, checkpoints, dry_run, evidence, goodput, node_logs, performance, stragglers
+from .. import bodies
+from . import branches, checkpoints, dry_run, evidence, goodput, node_logs, performance, stragglers
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
@@ -317,7 +319,7 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
         attempts.append(item)
     job["attempts"] = attempts
     # What the engine cannot do for this job, so that a view says so (a disabled Branch).
-    job["engine"] = capability_report(JobSpec.from_dict(job["spec"]))
+    job["engine_report"] = capability_report(JobSpec.from_dict(job["spec"]))
     checkpoints = store.checkpoints(row["id"])
     job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
     # Who the straggler detector names now (launcher/stragglers.py), while the job runs.
@@ -415,7 +417,7 @@ def check_engine(spec: JobSpec) -> None:
     cluster profiles): a Refused naming the field, or nothing."""
     try:
         # A cluster profile names the engine; the engine checks what it can run.
-        refusal = get_backend(bind_cluster(spec).backend).capacity_error(spec)
+        refusal = get_engine(bind_cluster(spec).engine).capacity_error(spec)
     except ValueError as error:  # SpecError, ClusterError, an engine that does not exist
         refusal = str(error)
     if refusal:
@@ -440,7 +442,7 @@ def submit(launcher: Launcher, spec: JobSpec) -> dict:
         job_dir = create_job_dir(launcher.data_dir, job_id, spec)
         if branch is not None:
             # Before the job is stored: its first attempt must find the step in place.
-            planted = branches.plant(branch, get_backend(spec.backend).checkpoint_dir(spec, job_id, job_dir))
+            planted = branches.plant(branch, get_engine(spec.engine).checkpoint_dir(spec, job_id, job_dir))
             spec.branch_from = branch.ref
         token = base64.urlsafe_b64encode(os.urandom(18)).decode()
         launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)

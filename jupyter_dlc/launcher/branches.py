@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 
 from .. import layout
-from ..backends import get_backend
+from ..engines.contract import get_engine
 from ..spec import JobSpec, SpecError, parse_branch, show
 from . import checkpoints
 
@@ -42,8 +42,8 @@ def resolve(store, supervisor, spec: JobSpec) -> Branch | None:
     None for a job that is no branch. SpecError (naming `branch_from`) when it cannot be."""
     if spec.branch_from is None:
         return None
-    if not get_backend(spec.backend).capabilities(spec).branches:
-        raise SpecError("branch_from", f"jobs on {spec.backend} branch only where the launcher sees "
+    if not get_engine(spec.engine).capabilities(spec).branches:
+        raise SpecError("branch_from", f"jobs on {spec.engine} branch only where the launcher sees "
                         "their checkpoint directory; set launcher_pvc_dir in the cluster profile")
     ref, step = parse_branch(spec.branch_from)
     parent_id = store.resolve_id(ref)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import layout
-from ..backends import reported_records
+from ..engines.contract import reported_records
 from ..shims import torch_private
 from .source_origin import SourceOrigin, source_origin
 

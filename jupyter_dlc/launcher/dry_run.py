@@ -20,7 +20,7 @@ import shutil
 from typing import Any
 
 from .. import identity
-from ..backends import get_backend
+from ..engines.contract import get_engine
 from ..spec import JobSpec
 from .supervisor import Supervisor, create_job_dir, job_dir_path, new_job_id
 
@@ -44,8 +44,8 @@ def native_request(supervisor: Supervisor, data_dir: str, spec: JobSpec) -> dict
         ctx.port = PORT
         proof = ctx.env.get(identity.KEY_ENV, "")
         ctx.env.update({"DLC_TOKEN": TOKEN, identity.KEY_ENV: PROOF})
-        engine = get_backend(spec.backend)
-        request = engine.dry_run(ctx)
+        engine = get_engine(spec.engine)
+        request = engine.dry_run(ctx).to_json()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     real = job_dir_path(data_dir, job_id)

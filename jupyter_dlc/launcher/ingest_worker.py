@@ -37,7 +37,7 @@ import threading
 from typing import Any
 
 from ..spec import SpecError
-from . import bodies
+from .. import bodies
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -80,7 +80,7 @@ def report_summary(report: dict, stale: bool) -> dict:
 
 
 def rank_reports(report: dict) -> list[dict]:
-    """A node's batch (node_reporter.py) holds one report per rank; each is a heartbeat of its
+    """A node's batch (node/reporter.py) holds one report per rank; each is a heartbeat of its
     own rank, so the supervisor's verdict stays per rank."""
     batch = report.get("ranks")
     if batch is None:

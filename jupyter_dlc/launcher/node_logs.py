@@ -1,7 +1,7 @@
 """Logs that nodes without the launcher's filesystem send back (`POST .../node-logs`).
 
 A Slurm node that does not see the job directory runs its ranks in a directory of its own
-(backends/slurm_node.py) and sends each new line of their `rank-R.log` and of its agent's
+(node/slurm_node.py) and sends each new line of their `rank-R.log` and of its agent's
 `node-K.log` here; the lines are appended to the attempt's files of the same names, so the
 logs route, alert rules, diagnosis and evidence read them as on every engine.
 
@@ -37,7 +37,7 @@ def check(body: dict[str, Any], nodes: int, nproc_per_node: int) -> None:
             raise SpecError(f"logs[{index}].rank", f"rank {rank} does not run on node {node} "
                                                    f"(its ranks are {first}-{first + nproc_per_node - 1})")
         size += len(entry["text"].encode("utf-8", "surrogatepass"))
-    from .bodies import NODE_LOG_BYTES
+    from ..bodies import NODE_LOG_BYTES
 
     if size > NODE_LOG_BYTES:
         raise SpecError("logs", f"{size} bytes of text; at most {NODE_LOG_BYTES} a request, "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..node_reporter import MAX_PACE as MAX_INTERVAL
+from ..report_client import MAX_PACE as MAX_INTERVAL
 from .retention import positive_env_int
 
 REQUEST_BUDGET = 500        # report requests a second the launcher aims to take, all jobs

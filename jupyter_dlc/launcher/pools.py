@@ -3,7 +3,7 @@
 One pool per cluster and shape (nodes x processes per node), id `<cluster|local>-<N>x<M>`.
 A pool serves one job at a time; a job whose pool is busy (or not ready yet) starts cold at
 once rather than wait: a notebook user would rather pay a cold start than sit behind another
-cell. The mechanism is `backends/pool.py` (zygotes that fork each job's ranks).
+cell. The mechanism is `engines/local/pool.py` (zygotes that fork each job's ranks).
 
 Everything a pool is lives in its directory (`<data_dir>/pools/<id>/pool.json` and the
 agents' files), so a launcher started after a crash re-adopts the pools whose agents still
@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from .. import layout
-from ..backends import AttemptContext, PoolDriver, get_backend, pool
+from ..engines import pool_files
+from ..engines.contract import AttemptContext, PoolDriver, get_engine
 from ..spec import SpecError, parse_duration
 from .store import TERMINAL_STATES, Store
 
@@ -49,7 +50,7 @@ def engine_of(cluster: str | None) -> tuple[str, dict]:
 
 def driver_for(engine: str, options: dict | None = None) -> PoolDriver | str:
     """The engine's pool driver for a profile's options, or why it holds no warm pool."""
-    return get_backend(engine).pool_driver(dict(options or {}))
+    return get_engine(engine).pool_driver(dict(options or {}))
 
 
 def cannot_pool(engine: str, options: dict | None = None) -> str | None:
@@ -105,13 +106,13 @@ class Pools:
             record = self._record(name)
             if record is None:
                 for start in glob.glob(os.path.join(self._dir(name), "gen-*")):
-                    pool.release(start)
-                pool.release(self._dir(name))
-            elif not all(pool.agent_pids(self._agents_dir(record), record["nodes"], self._driver(record).here)) or \
-                    self._broken(record):
+                    pool_files.release(start)
+                pool_files.release(self._dir(name))
+            elif not all(pool_files.agent_pids(self._agents_dir(record), record["nodes"],
+                                               self._driver(record).here)) or self._broken(record):
                 self._release(record)
             else:
-                pool.touch_lease(self._agents_dir(record))
+                pool_files.touch_lease(self._agents_dir(record))
                 log.info("pool %s re-adopted", name)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -126,9 +127,9 @@ class Pools:
             raise PoolError(f"cluster: {cluster}: {driver}")
         if idle_timeout is None:
             idle_timeout = _duration(options.get("pool_idle_timeout"), DEFAULT_IDLE_TIMEOUT)
-        from ..backends.local import process_slots
+        from ..hostprocs import process_slots
 
-        pid = pool.pool_id(cluster, nodes, nproc)
+        pid = pool_files.pool_id(cluster, nodes, nproc)
         with self.lock:
             record = self._record(pid)
             # Each agent on this machine holds an imported torch (a few hundred MB): all such
@@ -152,7 +153,7 @@ class Pools:
 
     def _driver(self, record: dict) -> PoolDriver:
         """The pool's engine driver (whatever its profile says now: the pool exists)."""
-        driver = get_backend(record["engine"]).pool_driver(None)
+        driver = get_engine(record["engine"]).pool_driver(None)
         assert not isinstance(driver, str), driver  # a pool was started, so it has one
         return driver
 
@@ -200,7 +201,7 @@ class Pools:
 
     def _ready(self, record: dict) -> bool:
         driver = self._driver(record)
-        return pool.ready(self._agents_dir(record), record["nodes"], driver.here) and \
+        return pool_files.ready(self._agents_dir(record), record["nodes"], driver.here) and \
             (driver.here or self._broken(record) is None)
 
     def _broken(self, record: dict) -> str | None:
@@ -224,7 +225,8 @@ class Pools:
                 "idle_seconds": 0.0 if busy else max(0.0, now - record["last_used"]),
                 "idle_timeout": record["idle_timeout"],
                 "node_hours": record["nodes"] * (now - record["created"]) / 3600.0,
-                "agents": [p for p in pool.agent_pids(directory, record["nodes"], self._driver(record).here) if p],
+                "agents": [p for p in pool_files.agent_pids(directory, record["nodes"],
+                                                            self._driver(record).here) if p],
                 "engine_id": record.get("engine_id")}
 
     def status(self) -> list[dict]:
@@ -267,10 +269,10 @@ class Pools:
         """Start the attempt on its shape's pool if one is ready and free: the engine handle,
         else None and why it starts cold (shown in the job's reason)."""
         spec = ctx.spec
-        if get_backend(spec.backend).standby_started(ctx):
+        if get_engine(spec.engine).standby_started(ctx):
             return None, ""  # a restart with standby agents warmed for it: those are faster
-        if spec.cluster is None and spec.backend != "local":
-            return None, f"cold start: pools of {spec.backend} need a cluster profile (--cluster NAME)"
+        if spec.cluster is None and spec.engine != "local":
+            return None, f"cold start: pools of {spec.engine} need a cluster profile (--cluster NAME)"
         try:
             engine, options = engine_of(spec.cluster)
         except ValueError as error:
@@ -278,7 +280,7 @@ class Pools:
         refusal = cannot_pool(engine, options)
         if refusal:
             return None, f"cold start: {refusal}"
-        pid = pool.pool_id(spec.cluster, spec.nodes, spec.nproc_per_node)
+        pid = pool_files.pool_id(spec.cluster, spec.nodes, spec.nproc_per_node)
         with self.lock:
             record = self._record(pid)
             if record is None:
@@ -298,7 +300,7 @@ class Pools:
                 return None, f"cold start (pool {pid} is busy with {record['job']})"
             seq = record["seq"] + 1
             driver = self._driver(record)
-            handle = pool.submit(directory, ctx, seq, here=driver.here)
+            handle = pool_files.submit(directory, ctx, seq, here=driver.here)
             if handle is None:
                 return None, f"cold start (pool {pid} has no store ready yet)"
             if record.get("engine_id"):
@@ -332,7 +334,7 @@ class Pools:
             # One look at the machine's processes serves every pool with a job this tick.
             processes = self._processes(records)
             for record in records:
-                pool.touch_lease(self._agents_dir(record))
+                pool_files.touch_lease(self._agents_dir(record))
                 busy = self._busy(record, processes)
                 if busy:
                     continue

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ..backends.local import visible_gpus
+from ..hostprocs import visible_gpus
 from ..spec import JobSpec
 
 

@@ -32,7 +32,7 @@ class SourceOrigin:
     def is_script(self, path: str) -> bool:
         """The job's copy, here or staged under the same job id on another node, or in the
         directory of its own that an SSH host without a shared filesystem writes it to
-        (`dlc-<job>-a<N>-n<K>-*`, backends/ssh_node.py), or a Kubernetes pod's ConfigMap
+        (`dlc-<job>-a<N>-n<K>-*`, node/ssh_node.py), or a Kubernetes pod's ConfigMap
         mount (`/dlc/job`, k8s_manifests.JOB_DIR)."""
         job = os.path.basename(self.job_dir)
         if path == self.script or path.endswith((os.sep + os.path.join(job, "script.py"), "/dlc/job/script.py")):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .. import layout
-from ..spec import branch_parent
+from ..spec import branch_parent, spec_engine
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from . import metric_chunks
 from .storage import DiskGuard, is_disk_full
@@ -258,7 +258,7 @@ class Store:
         spec = json.loads(row["spec"])
         out = {key: row[key] for key in _JOB_SUMMARY}
         out.update(nodes=spec.get("nodes"), nproc_per_node=spec.get("nproc_per_node"),
-                   backend=spec.get("backend", "local"), source=spec.get("source") or {},
+                   engine=spec_engine(spec), source=spec.get("source") or {},
                    job_dir=row["job_dir"], stop_requested=row["stop_requested"],
                    parent=branch_parent(spec), sweep=spec.get("sweep"), params=spec.get("params") or {},
                    storage=self.storage_problem)

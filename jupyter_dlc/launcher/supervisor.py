@@ -11,7 +11,7 @@ verdict never overwrite each other. QUEUED jobs start in submission order as the
 fit in the process slots (admission).
 
 All state lives in the store and in the job directory, and what of a job still runs is the
-engines' to find (the local engine by cgroup and environment, in backends/local.py; this
+engines' to find (the local engine by cgroup and environment, in engines/local/engine.py; this
 module reads no /proc and sends no signal), so a launcher started after a crash (or kill -9)
 picks up where the last one left off: the loop has no memory of its own beyond timers it
 can recompute.
@@ -32,17 +32,17 @@ import traceback
 from typing import Any, Iterable
 
 from .. import identity, layout, paths
-from ..backends import (
+from ..engines import children
+from ..engines.contract import (
     AttemptContext,
     SubmitError,
-    children,
-    get_backend,
+    get_engine,
     kill_leftovers,
     leftover_jobs,
-    refresh_backends,
+    refresh_engines,
     release_all,
 )
-from ..backends.local import process_slots
+from ..hostprocs import process_slots
 from ..spec import params_env, JobSpec, network_env
 from . import checkpoints
 from .pools import Pools
@@ -61,7 +61,7 @@ EXIT_BARRIER_GRACE = 5.0
 # in a burst wake the supervisor again at once) would take a starting job for a dead one.
 VANISHED_AFTER = 1.0
 MAX_BACKOFF = 60.0
-# Warm torchrun agents for the next attempt (see backends/standby.py); each holds an imported
+# Warm torchrun agents for the next attempt (see node/standby.py); each holds an imported
 # torch (a few hundred MB) while it waits. DLC_STANDBY_AGENTS=0 turns them off.
 STANDBY_AGENTS = os.environ.get("DLC_STANDBY_AGENTS", "1") != "0"
 
@@ -190,10 +190,10 @@ class Supervisor(threading.Thread):
             self.wake.clear()
 
     def tick(self) -> None:
-        children.reap()  # only what the engines started and left to us (backends/children.py)
+        children.reap()  # only what the engines started and left to us (engines/children.py)
         if self.store.guard is not None:
             self.store.guard.check()
-        refresh_backends()
+        refresh_engines()
         now = time.time()
         rows = self.store.job_rows(ACTIVE_STATES)
         self._swept.clear()
@@ -303,7 +303,7 @@ class Supervisor(threading.Thread):
             ctx = self.context(row)
             handle = self.handle_of(ctx, arow)
             if handle:
-                get_backend(ctx.spec.backend).cleanup(ctx, handle)
+                get_engine(ctx.spec.engine).cleanup(ctx, handle)
 
     def handle_of(self, ctx: AttemptContext, arow) -> dict:
         """The attempt's engine handle as stored; where none is (a launcher killed between
@@ -312,7 +312,7 @@ class Supervisor(threading.Thread):
         handle = json.loads(arow["handle"] or "{}") if arow else {}
         if not handle and arow and arow["started"]:
             try:
-                found = get_backend(ctx.spec.backend).adopt(ctx)
+                found = get_engine(ctx.spec.engine).adopt(ctx)
             except (SubmitError, RuntimeError, OSError) as error:
                 # The engine cannot be asked now (slurmctld down): no handle this tick.
                 log.warning("job %s: looking for %s failed: %s", ctx.job_id, ctx.engine_name, error)
@@ -339,7 +339,7 @@ class Supervisor(threading.Thread):
         attempt_dir = layout.attempt_dir(job_dir, attempt)
         # Resolved by the engine once, when the attempt starts, and kept on the attempt.
         checkpoint_dir = (arow["checkpoint_dir"] if arow else None) or \
-            get_backend(spec.backend).checkpoint_dir(spec, row["id"], job_dir)
+            get_engine(spec.engine).checkpoint_dir(spec, row["id"], job_dir)
         resume = arow["resume_path"] if arow else None
         env = paths.private_env(dict(os.environ))
         env.update(network_env(spec.network))
@@ -361,7 +361,7 @@ class Supervisor(threading.Thread):
             "DLC_FRESH_OPTIMIZER": "1" if spec.fresh_optimizer else "",
             # Node-held checkpoint copies only where this launcher can remove them again:
             # engines whose nodes are this machine (runtime/node_copy.py).
-            "DLC_NODE_COPY": "1" if get_backend(spec.backend).capabilities(spec).node_copies else "0",
+            "DLC_NODE_COPY": "1" if get_engine(spec.engine).capabilities(spec).node_copies else "0",
         })
         if self.ca_file:
             env["DLC_LAUNCHER_CA"] = self.ca_file
@@ -428,9 +428,9 @@ class Supervisor(threading.Thread):
         """Look for the engine job an earlier submit of the attempt started (by the name in
         its intent); adopt it, storing its handle, and move on as a started attempt."""
         ctx = self.context(row)
-        backend = get_backend(ctx.spec.backend)
+        engine = get_engine(ctx.spec.engine)
         try:
-            found = backend.adopt(ctx)
+            found = engine.adopt(ctx)
         except (SubmitError, RuntimeError, OSError) as error:
             # The engine cannot be asked now; neither adopt nor submit again until it can.
             log.warning("job %s: looking for %s failed: %s", row["id"], intent.get("name"), error)
@@ -439,7 +439,7 @@ class Supervisor(threading.Thread):
             return True
         if not found:
             return False
-        what = f"{backend.name} job {found.get('engine_id')} ({intent.get('name')})"
+        what = f"{engine.name} job {found.get('engine_id')} ({intent.get('name')})"
         self.store_adopted(ctx, found, f"adopted {what}, submitted before the handle was stored")
         self.store.transition(row["id"], "STARTING", f"attempt {ctx.attempt}: adopted {what}",
                               expect="PREFLIGHT")
@@ -454,7 +454,7 @@ class Supervisor(threading.Thread):
         steps = checkpoints.listing(self.store, job_id, ckpt_dir)
         committed = checkpoints.resumable(steps)
         last_size = steps[-1]["size"] if steps else 0
-        on_nodes = get_backend(ctx.spec.backend).capabilities(ctx.spec).node_preflight
+        on_nodes = get_engine(ctx.spec.engine).capabilities(ctx.spec).node_preflight
         failed = [c for c in run_preflight(ctx.spec, ctx.script_path, ckpt_dir, port, last_size,
                                            host_checks=not on_nodes) if not c.ok]
         if failed:
@@ -470,10 +470,10 @@ class Supervisor(threading.Thread):
         ctx = self.context(self.store.job_row(job_id), token=token)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         self.store.init_ranks(job_id, ctx.attempt, ctx.spec.nodes, ctx.spec.nproc_per_node)
-        backend = get_backend(ctx.spec.backend)
+        engine = get_engine(ctx.spec.engine)
         handle, how = self.pools.submit(ctx)
         if not handle:
-            handle = self._submit(row, ctx, backend)
+            handle = self._submit(row, ctx, engine)
             if handle is None:
                 return
         handle = dict(handle, start=how)
@@ -481,13 +481,13 @@ class Supervisor(threading.Thread):
         reason = f"attempt {ctx.attempt} on {ctx.spec.nodes} node(s) x {ctx.spec.nproc_per_node}"
         reason += f"; {how}" if how else ""
         if handle.get("engine_id"):
-            reason += f" as {backend.name} job {handle['engine_id']}"
+            reason += f" as {engine.name} job {handle['engine_id']}"
         if resume_path:
             reason += f", resuming from {os.path.basename(resume_path)}"
         self.store.transition(job_id, "STARTING", reason, {"resume_path": resume_path,
                                                            "port": port}, expect="PREFLIGHT")
 
-    def _submit(self, row, ctx: AttemptContext, backend) -> dict | None:
+    def _submit(self, row, ctx: AttemptContext, engine) -> dict | None:
         """The engine's submit, with an outcome: its handle; or None, the job left FAILED (a
         permanent refusal, or transient ones past SUBMIT_RETRIES) or PREFLIGHT with the retry
         in its reason. The intent (the engine job's name) is stored before the engine is
@@ -496,17 +496,17 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(job_id, ctx.attempt)
         intent = json.loads(arow["intent"]) if arow and arow["intent"] else {}
         tries = intent.get("tries", 0)
-        intent.update(name=ctx.engine_name, engine=backend.name, t=time.time(), tries=tries + 1)
+        intent.update(name=ctx.engine_name, engine=engine.name, t=time.time(), tries=tries + 1)
         intent.pop("retry_at", None)
         self.store.update_attempt(job_id, ctx.attempt, intent=json.dumps(intent))
         try:
-            return backend.submit(ctx)
+            return engine.submit(ctx, engine.dry_run(ctx))
         except SubmitError as error:
             refused = error
         except Exception as error:  # noqa: BLE001 - an engine's unforeseen error: retried, bounded
             log.error("job %s: submit failed:\n%s", job_id, traceback.format_exc())
             refused = SubmitError(f"{type(error).__name__}: {error}", permanent=False)
-        what = f"{_submit_verb(backend.name)} refused"
+        what = f"{_submit_verb(engine.name)} refused"
         message = " ".join(refused.message.split())  # one line, whatever the engine printed
         if refused.permanent or tries + 1 > SUBMIT_RETRIES:
             why = (f"{what}: {message}" if refused.permanent else
@@ -523,7 +523,7 @@ class Supervisor(threading.Thread):
 
     def logs(self, row, attempt: int, ranks: Iterable[int], offsets: dict[str, int],
              tail: int | None = None, limit: int = 2 << 20) -> list[tuple[int, str]]:
-        """New lines of the attempt's rank logs, through the job's engine (`Backend.logs`),
+        """New lines of the attempt's rank logs, through the job's engine (`Engine.logs`),
         from each rank's offset in `offsets` (updated in place), or each one's last `tail`:
         the logs route and the alert rules read here. Only the stored handle is passed: a
         reader never adopts or asks the engine to search (that is the supervisor's tick)."""
@@ -535,7 +535,7 @@ class Supervisor(threading.Thread):
                              os.path.join(row["job_dir"], "script.py"), {}, 0)
         arow = self.store.attempt_row(row["id"], attempt)
         handle = json.loads(arow["handle"] or "{}") if arow else {}
-        engine = get_backend(ctx.spec.backend)
+        engine = get_engine(ctx.spec.engine)
         lines = []
         for rank in ranks:
             text, offsets[str(rank)] = engine.logs(ctx, handle, rank, offsets.get(str(rank), 0),
@@ -551,7 +551,7 @@ class Supervisor(threading.Thread):
             if arow["checkpoint_dir"]:
                 return arow["checkpoint_dir"]
         spec = JobSpec.from_dict(json.loads(row["spec"]))
-        return get_backend(spec.backend).checkpoint_dir(spec, row["id"], row["job_dir"])
+        return get_engine(spec.engine).checkpoint_dir(spec, row["id"], row["job_dir"])
 
     def checkpoint_steps(self, row) -> list[dict]:
         """The job's committed steps, each marked verified, unverified or corrupt (checkpoints.py)."""
@@ -578,13 +578,13 @@ class Supervisor(threading.Thread):
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
         handle = self.handle_of(ctx, arow)
-        backend = get_backend(ctx.spec.backend)
-        status = backend.describe(ctx, handle)
+        engine = get_engine(ctx.spec.engine)
+        status = engine.describe(ctx, handle)
         alive = status.alive
         ranks = self.sync_ranks(ctx, status, alive)
         self._watched[job_id] = (now, len(ranks))
         if status.phase == "PENDING":
-            reason = f"waiting in {backend.name}: {status.reason}"
+            reason = f"waiting in {engine.name}: {status.reason}"
             if row["state"] != "PENDING" or row["reason"] != reason:
                 self.store.transition(job_id, "PENDING", reason, expect=row["state"])
             return
@@ -597,7 +597,7 @@ class Supervisor(threading.Thread):
         if row["state"] in ("STARTING", "PENDING") and started:
             self.store.transition(job_id, "RUNNING", "every rank is up", expect=row["state"])
         elif row["state"] == "PENDING":
-            self.store.transition(job_id, "STARTING", f"{backend.name} allocated the nodes; "
+            self.store.transition(job_id, "STARTING", f"{engine.name} allocated the nodes; "
                                   "ranks starting", expect="PENDING")
         codes = [rs.exit_code for rs in status.ranks.values()]
         # The first rank to fail, by time: the others usually die of its absence.
@@ -606,9 +606,9 @@ class Supervisor(threading.Thread):
         node_failed = [n for n in status.nodes if n.exit_code not in (None, 0)]
         if failed or (node_failed and not all(c == 0 for c in codes)):
             first = failed[0] if failed else None
-            why = (f"rank {first}{_on_host(backend, ctx, handle, first // ctx.spec.nproc_per_node)} "
+            why = (f"rank {first}{_on_host(engine, ctx, handle, first // ctx.spec.nproc_per_node)} "
                    f"exited with code {status.ranks[first].exit_code}" if first is not None
-                   else f"node {node_failed[0].node}{_on_host(backend, ctx, handle, node_failed[0].node)} "
+                   else f"node {node_failed[0].node}{_on_host(engine, ctx, handle, node_failed[0].node)} "
                         f"agent exited with code {node_failed[0].exit_code}")
             self.end_attempt(row, ctx, handle, "failed", why)
             return
@@ -636,16 +636,16 @@ class Supervisor(threading.Thread):
 
     def maybe_start_standby(self, row, ctx, ranks) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
-        backend = get_backend(ctx.spec.backend)
+        engine = get_engine(ctx.spec.engine)
         if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
-                not backend.capabilities(ctx.spec).standby_agents:
+                not engine.capabilities(ctx.spec).standby_agents:
             return
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
         if restarts >= ctx.spec.max_restarts:
             return
         if not any(r["last_progress"] for r in ranks.values()):
             return  # let the attempt's own start-up have the CPU first
-        backend.start_standby(self.context(row, ctx.attempt + 1))  # once per attempt
+        engine.start_standby(self.context(row, ctx.attempt + 1))  # once per attempt
 
     def stop_note(self, job_id: str, attempt: int) -> str | None:
         """What the attempt's ranks did with a stop or a preemption, as they reported it on
@@ -707,7 +707,7 @@ class Supervisor(threading.Thread):
             # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
             if r["last_heartbeat"] and now - self.heard(r["last_heartbeat"]) > verdict and \
                     r["exit_code"] is None:
-                at = _on_host(get_backend(spec.backend), ctx, handle, rank // spec.nproc_per_node)
+                at = _on_host(get_engine(spec.engine), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
                                  f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped")
@@ -747,14 +747,14 @@ class Supervisor(threading.Thread):
     def end_attempt(self, row, ctx, handle, outcome: str, reason: str,
                     diagnosis: dict | None = None) -> None:
         job_id = row["id"]
-        backend = get_backend(ctx.spec.backend)
+        engine = get_engine(ctx.spec.engine)
         full = self.store.job_row(job_id) or row  # `row` may be a tick's, without the alert state
         for hook in self.hooks:
             hook(full, time.time(), final=True)
         if outcome == "failed":
-            self.keep_scene(ctx, backend, reason)
+            self.keep_scene(ctx, engine, reason)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
-        backend.kill(ctx, handle)
+        engine.kill(ctx, handle)
         self.stacks_asked.pop(job_id, None)
         self.pending.get(job_id, set()).discard("stacks")
         if diagnosis is None and outcome in ("failed", "timeout"):
@@ -762,7 +762,7 @@ class Supervisor(threading.Thread):
         if diagnosis and reason.startswith("rank ") and diagnosis.get("exit_code") not in (None, 0):
             # A rank killed by a signal has no end time of its own; the diagnosis knows it
             # failed first, and the ranks that exited just after it died of its absence.
-            at = _on_host(backend, ctx, handle, diagnosis["rank"] // ctx.spec.nproc_per_node)
+            at = _on_host(engine, ctx, handle, diagnosis["rank"] // ctx.spec.nproc_per_node)
             reason = f"rank {diagnosis['rank']}{at} exited with code {diagnosis['exit_code']}"
         self.store.update_attempt(job_id, ctx.attempt, outcome=outcome, ended=time.time(),
                                   reason=reason,
@@ -813,7 +813,7 @@ class Supervisor(threading.Thread):
         # once rather than a tick later (recovery time is what users feel).
         self.wake.set()
 
-    def keep_scene(self, ctx, backend, reason: str) -> None:
+    def keep_scene(self, ctx, engine, reason: str) -> None:
         """The evidence folder of an attempt about to be killed (evidence.py): bounded in
         time and size, and never in the way of the kill."""
         from .evidence import keep_scene
@@ -824,7 +824,7 @@ class Supervisor(threading.Thread):
             live = {r["rank"]: r["pid"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)
                     if r["exit_code"] is None and r["pid"]}
             index = keep_scene(ctx.attempt_dir, ctx.attempt, reason, ctx.spec.nodes * ctx.spec.nproc_per_node,
-                               stacks, live, backend.name == "local")
+                               stacks, live, engine.name == "local")
             self.store.add_event(ctx.job_id, ctx.attempt, "evidence",
                                  f"kept {len(index['files'])} files of evidence in {index['seconds']:.1f}s",
                                  {"files": [f["name"] for f in index["files"]],
@@ -862,7 +862,7 @@ class Supervisor(threading.Thread):
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
         try:  # the handle as stored: finding one again (handle_of) would write
-            get_backend(ctx.spec.backend).kill(ctx, json.loads(arow["handle"] or "{}") if arow else {})
+            get_engine(ctx.spec.engine).kill(ctx, json.loads(arow["handle"] or "{}") if arow else {})
         except Exception:  # noqa: BLE001 - the leftovers' kill below reaches what this missed
             log.error("job %s: kill on a full disk failed:\n%s", job_id, traceback.format_exc())
         self.kill_leftovers(job_id)
@@ -936,9 +936,9 @@ class Supervisor(threading.Thread):
         arow = self.store.attempt_row(job_id, row["attempt"])
         ctx = self.context(row)
         handle = self.handle_of(ctx, arow)
-        backend = get_backend(ctx.spec.backend)
-        if backend.describe(ctx, handle).alive:
-            backend.kill(ctx, handle)
+        engine = get_engine(ctx.spec.engine)
+        if engine.describe(ctx, handle).alive:
+            engine.kill(ctx, handle)
             return
         restarts = arow["restarts"] or 0
         # A preemption, or a resume step found corrupt: no failure of the job's, so no backoff
@@ -1006,7 +1006,7 @@ class Supervisor(threading.Thread):
                 now = time.time()
                 ctx = self.context(row)
                 arow = self.store.attempt_row(job_id, ctx.attempt)
-                engine, handle = get_backend(spec.backend), self.handle_of(ctx, arow)
+                engine, handle = get_engine(spec.engine), self.handle_of(ctx, arow)
                 why = (f"{reason}: SIGTERM sent, SIGKILL after {grace:g}s" if grace
                        else f"{reason}: killed at once")
                 # Recorded before the engine is asked: should the engine fail (a scancel that
@@ -1039,13 +1039,13 @@ class Supervisor(threading.Thread):
         ctx = self.context(row)
         arow = self.store.attempt_row(job_id, ctx.attempt)
         handle = self.handle_of(ctx, arow)
-        backend = get_backend(ctx.spec.backend)
-        status = backend.describe(ctx, handle)
+        engine = get_engine(ctx.spec.engine)
+        status = engine.describe(ctx, handle)
         self.sync_ranks(ctx, status, status.alive)
         if status.alive and now < (row["stop_requested"] or 0):
             return
         if status.alive:
-            backend.kill(ctx, handle)
+            engine.kill(ctx, handle)
             self.store.add_event(job_id, ctx.attempt, "state", "grace over: killing what is left")
             return
         if job_id not in self._seen_gone:
@@ -1113,9 +1113,9 @@ def _submit_verb(engine: str) -> str:
     return {"slurm": "sbatch", "kubernetes": "the Kubernetes API", "ssh": "ssh"}.get(engine, f"{engine} submit")
 
 
-def _on_host(backend, ctx, handle, node: int) -> str:
+def _on_host(engine, ctx, handle, node: int) -> str:
     """` on host H` where the engine knows which host a node ran on, for reasons that name it."""
-    host = backend.node_host(ctx, handle, node)
+    host = engine.node_host(ctx, handle, node)
     return f" on host {host}" if host else ""
 
 
@@ -1127,7 +1127,7 @@ def _sweep_of(row) -> dict | None:
 def _local_slots(row) -> int:
     """The process slots of this machine a job takes: a cluster engine's ranks run elsewhere."""
     spec = json.loads(row["spec"])
-    if spec.get("backend", "local") != "local":
+    if spec.get("engine", "local") != "local":
         return 0
     return int(spec.get("nodes") or 1) * int(spec.get("nproc_per_node") or 1)
 

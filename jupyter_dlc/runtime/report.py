@@ -7,7 +7,7 @@ launcher that is down or restarting costs retries, never data (unless the buffer
 which drops the oldest entries and counts them). Every report is a heartbeat; with nothing
 to say the thread still reports every DLC_HEARTBEAT_INTERVAL seconds.
 
-Where the node runs a reporter (jupyter_dlc/node_reporter.py, started beside the torchrun
+Where the node runs a reporter (jupyter_dlc/node/reporter.py, started beside the torchrun
 agent by every engine, which names its URL file in $DLC_NODE_REPORTER), the POST goes to it
 over loopback and it forwards the node's reports
 as one batch; its answer is still the launcher's. Where none runs, or it stopped answering,
@@ -29,7 +29,7 @@ import urllib.error
 
 from .. import identity, layout
 from . import control, system
-from ..node_reporter import (
+from ..report_client import (
     ENV as NODE_REPORTER_ENV,
     MAX_PACE,
     RETRYABLE_CLIENT_ERRORS,

@@ -17,7 +17,7 @@
 - torchrun's agent starts every worker with `subprocess.Popen` inside
   `SubprocessHandler._popen(args, env)` (torch.distributed.elastic.multiprocessing.
   subprocess_handler); `route_worker_starts` lets a standby agent hand a worker to a rank
-  process it forked ahead of time instead (backends/warm_ranks.py).
+  process it forked ahead of time instead (node/warm_ranks.py).
 - The step breakdown (runtime/breakdown.py): every DataLoader iterator's `__next__` is
   `torch.utils.data.dataloader._BaseDataLoaderIter.__next__` (its subclasses, single and
   multi-process, override `_next_data` only), which `time_dataloader_next` wraps. DDP's

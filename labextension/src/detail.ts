@@ -298,7 +298,7 @@ export class DetailView {
     const src = j.source?.path ? ` · from ${j.source.kind} ${j.source.path}` : '';
     this.parts.meta.textContent =
       `${j.id} · attempt ${j.attempt} · ${j.nodes} nodes × ${j.nproc_per_node} processes` +
-      ` · ${j.backend ?? ''} · created ${age(j.created, Date.now())} ago` +
+      ` · ${j.engine ?? ''} · created ${age(j.created, Date.now())} ago` +
       (j.last_step !== null && j.last_step !== undefined
         ? ` · ${progressText(j.progress) || `step ${j.last_step}`}`
         : '') +
@@ -380,8 +380,8 @@ export class DetailView {
       this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
       this.renderAlerts(alerts.alerts);
       this.renderStragglers(job.stragglers);
-      this.engine = job.engine;
-      this.parts.engine.textContent = engineLimits(job.engine).line;
+      this.engine = job.engine_report;
+      this.parts.engine.textContent = engineLimits(job.engine_report).line;
       this.updateButtons();
       this.renderDiagnosis(diagnosis.diagnoses, diagnosis.verdict ?? null);
       this.parts.goodput.replaceChildren(renderGoodputBar(goodput));

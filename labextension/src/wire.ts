@@ -694,11 +694,28 @@ export interface components {
         DryRun: {
             engine: string;
             job_id: string;
-            /** @description The engine's own request, as its `dry_run` makes it: local `commands` (torchrun's argv per node), `cwd` and `env`; Slurm `sbatch` (argv) and `script`; SSH `hosts`, `commands` and `payloads`; Kubernetes `manifests`. `env` holds what the launcher adds to its own environment; secrets are placeholders. */
-            request: Record<string, never>;
+            /** @description The engine's request as its `dry_run` makes it (engines.contract.DryRun). `env` holds what the launcher adds to its own environment; secrets are placeholders. */
+            request: {
+                cluster: string | null;
+                /** @description the command lines, in order: torchrun per node, ssh per host, sbatch */
+                commands: string[][];
+                cwd: string | null;
+                engine: string;
+                env: {
+                    [key: string]: string;
+                };
+                /** @description documents sent: job.sbatch, the manifests */
+                files: {
+                    [key: string]: string;
+                };
+                hosts: string[];
+                labels: string[];
+                /** @description what only this engine's submit reads: SSH `payloads`, Kubernetes `kind` and `manifests` */
+                native: Record<string, never>;
+            };
         };
         EmptyBody: Record<string, never>;
-        /** @description What the job's engine can and cannot do for it (backends.capability_report) */
+        /** @description What the job's engine can and cannot do for it (contract.capability_report) */
         EngineReport: {
             cannot: {
                 capability: string;
@@ -807,7 +824,7 @@ export interface components {
         };
         JobDetail: components["schemas"]["JobSummary"] & {
             attempts: components["schemas"]["Attempt"][];
-            engine: components["schemas"]["EngineReport"];
+            engine_report: components["schemas"]["EngineReport"];
             last_checkpoint: components["schemas"]["Checkpoint"] | null;
             rank_page?: components["schemas"]["RankPage"];
             ranks: components["schemas"]["Rank"][];
@@ -822,14 +839,14 @@ export interface components {
         JobSpec: {
             alerts?: string[];
             args?: string[];
-            /** @enum {string} */
-            backend?: "local" | "kubernetes" | "slurm" | "ssh";
             branch_from?: string | null;
             checkpoint_dir?: string | null;
             cluster?: string | null;
             code?: string | null;
             collective_timeout?: number | string;
             default_alerts?: boolean;
+            /** @enum {string} */
+            engine?: "local" | "kubernetes" | "slurm" | "ssh";
             env?: {
                 [key: string]: string;
             } | string[];
@@ -880,10 +897,10 @@ export interface components {
         JobState: "QUEUED" | "PREFLIGHT" | "STARTING" | "PENDING" | "RUNNING" | "RESTARTING" | "STOPPING" | "SUCCEEDED" | "FAILED" | "STOPPED";
         JobSummary: {
             attempt: number;
-            /** @enum {string} */
-            backend: "local" | "kubernetes" | "slurm" | "ssh";
             created: number;
             ended: number | null;
+            /** @enum {string} */
+            engine: "local" | "kubernetes" | "slurm" | "ssh";
             /** @description productive step time over wall time since submit (GET /api/jobs/{job}/goodput has the whole ledger); null until a step was reported */
             goodput?: number | null;
             id: string;
@@ -2784,9 +2801,9 @@ export const clusterProfileOneOf1GangValues: ReadonlyArray<Extract<FlattenedDeep
 export const clusterProfileOneOf1KindValues: ReadonlyArray<Extract<FlattenedDeepRequired<components>["schemas"]["ClusterProfile"], {
     kind: unknown;
 }>["kind"]> = ["TrainJob", "PyTorchJob", "Job"];
-export const jobSpecBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["backend"]> = ["local", "kubernetes", "slurm", "ssh"];
+export const jobSpecEngineValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSpec"]["engine"]> = ["local", "kubernetes", "slurm", "ssh"];
 export const jobStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobState"]> = ["QUEUED", "PREFLIGHT", "STARTING", "PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED"];
-export const jobSummaryBackendValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["backend"]> = ["local", "kubernetes", "slurm", "ssh"];
+export const jobSummaryEngineValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobSummary"]["engine"]> = ["local", "kubernetes", "slurm", "ssh"];
 export const metricPointKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["MetricPoint"]["kind"]> = ["train", "system"];
 export const performanceVerdictVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PerformanceVerdict"]["verdict"]> = ["input-bound", "communication-bound", "checkpoint-bound", "straggler", "healthy"];
 export const poolStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pool"]["state"]> = ["starting", "ready", "busy"];

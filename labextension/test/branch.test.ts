@@ -5,7 +5,7 @@ function job(over: Partial<JobSummary> = {}): JobSummary {
   return {
     id: 'train-3f2a1c', name: 'train', state: 'SUCCEEDED', attempt: 1, nodes: 2, nproc_per_node: 4,
     created: 1000, started: null, ended: null, reason: null, last_step: 40, last_loss: 0.1,
-    backend: 'local', source: {}, job_dir: '/data/jobs/train-3f2a1c', stop_requested: null, storage: null,
+    engine: 'local', source: {}, job_dir: '/data/jobs/train-3f2a1c', stop_requested: null, storage: null,
     ...over
   };
 }

@@ -46,7 +46,7 @@ describe('goodput', () => {
     const job = {
       id: 'j1', name: 'job-1', state: 'RUNNING', attempt: 1, nodes: 2, nproc_per_node: 2,
       created: 1000, started: null, ended: null, reason: null, last_step: 256, last_loss: 0.5,
-      backend: 'local', source: {}, job_dir: '/d', stop_requested: null, storage: null,
+      engine: 'local', source: {}, job_dir: '/d', stop_requested: null, storage: null,
       goodput: 0.834, progress: ledger.progress
     } as JobSummary;
     const view = new JobListView(() => undefined);

@@ -5,7 +5,7 @@ function job(i: number, over: Partial<JobSummary> = {}): JobSummary {
   return {
     id: `j${i}`, name: `job-${i}`, state: 'RUNNING', attempt: 1, nodes: 2, nproc_per_node: 4,
     created: 1000 + i, started: null, ended: null, reason: null, last_step: null, last_loss: null,
-    backend: 'local', source: {}, job_dir: `/data/jobs/j${i}`, stop_requested: null, storage: null,
+    engine: 'local', source: {}, job_dir: `/data/jobs/j${i}`, stop_requested: null, storage: null,
     ...over
   };
 }

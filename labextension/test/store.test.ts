@@ -29,7 +29,7 @@ function job(id: string, over: Partial<JobSummary> = {}): JobSummary {
     reason: null,
     last_step: null,
     last_loss: null,
-    backend: 'local',
+    engine: 'local',
     source: { kind: 'cli', path: '/tmp/train.py' },
     job_dir: `/data/jobs/${id}`,
     stop_requested: null,

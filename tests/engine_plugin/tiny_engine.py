@@ -5,13 +5,13 @@ that adding an engine takes one module and one entry point, no edit to jupyter_d
 
 from __future__ import annotations
 
-from jupyter_dlc.backends import AttemptContext, Capabilities
-from jupyter_dlc.backends.local import LocalBackend
 from jupyter_dlc.clusters import engine_profile
-from jupyter_dlc.engines import Option
+from jupyter_dlc.engine_registry import Option
+from jupyter_dlc.engines.contract import AttemptContext, Capabilities, DryRun
+from jupyter_dlc.engines.local import LocalEngine
 
 
-class TinyEngine(LocalBackend):
+class TinyEngine(LocalEngine):
     name = "tiny"
     profile_options = {"greeting": Option(str, "words every rank gets as TINY_GREETING")}
 
@@ -23,6 +23,8 @@ class TinyEngine(LocalBackend):
         ctx.env = dict(ctx.env, TINY_GREETING=greeting)
         return ctx
 
-    def dry_run(self, ctx: AttemptContext):
+    def dry_run(self, ctx: AttemptContext) -> DryRun:
         # The local engine's submit starts what its dry run says: the greeting rides along.
-        return dict(super().dry_run(self._with_greeting(ctx)), backend=self.name)
+        request = super().dry_run(self._with_greeting(ctx))
+        request.engine = self.name
+        return request

@@ -29,7 +29,7 @@ from typing import Any
 from conftest import LauncherEnv, wait_for
 
 from jupyter_dlc import clusters
-from jupyter_dlc.backends import Capabilities, get_backend
+from jupyter_dlc.engines.contract import Capabilities, get_engine
 from jupyter_dlc.spec import JobSpec
 
 
@@ -179,8 +179,8 @@ class Rig:
 
     def capabilities(self) -> Capabilities:
         spec = JobSpec.from_dict(self.spec(script="train.py", nodes=2, nproc_per_node=2,
-                                           backend=self.config.engine))
-        return get_backend(self.config.engine).capabilities(spec)
+                                           engine=self.config.engine))
+        return get_engine(self.config.engine).capabilities(spec)
 
     def refused_profile(self) -> str | None:
         """A profile whose submit the engine itself refuses (None: the engine has none)."""

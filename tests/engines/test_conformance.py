@@ -114,7 +114,7 @@ def ran_warm(rig: Rig, job_id: str) -> bool:
 
 def nothing_left(rig: Rig, *jobs: dict) -> None:
     """No process of these jobs is left on any node (every node is this machine)."""
-    from jupyter_dlc.backends.local import job_processes
+    from jupyter_dlc.hostprocs import job_processes
 
     ids = {job["id"] for job in jobs}
     wait_for(lambda: not [key for key in job_processes() if key[0] in ids], 60,
@@ -153,7 +153,7 @@ def test_environment_contract(rig, trained):
     job, cwd = trained["job"], trained["cwd"]
     caps = rig.capabilities()
     shared = caps.shared_filesystem
-    assert job["spec"]["backend"] == rig.config.engine
+    assert job["spec"]["engine"] == rig.config.engine
     assert ran_warm(rig, job["id"]) == rig.config.pool
     checkpoint_dir = job["attempts"][0]["checkpoint_dir"]
     for rank, env in rank_env(rig.client, job["id"], 4).items():

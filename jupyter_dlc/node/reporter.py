@@ -2,7 +2,7 @@
 
 With thousands of ranks, one request per rank every quarter second is more than one
 launcher can take. Every engine starts this process beside each node's torchrun agent
-(`python -m jupyter_dlc.node_reporter`: the wrapper shell of backends/local.py and of the
+(`python -m jupyter_dlc.node.reporter`: the wrapper shell of engines/local/engine.py and of the
 Slurm batch script, `ssh_node run` on an SSH host). It listens on loopback and writes its
 URL to the file `$DLC_NODE_REPORTER` names, which the engine sets for it and for the
 node's ranks alike (runtime/report.py reads it): `<attempt dir>/node-<K>.reporter` in the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import ssl
 import sys
@@ -35,19 +34,22 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import identity, layout
+from .. import identity, layout
+from ..report_client import (  # noqa: F401 (the reporter's side of the same protocol)
+    ENV,
+    MAX_PACE,
+    RETRYABLE_CLIENT_ERRORS,
+    launcher_tls,
+    paced,
+    phase_shift,
+    post_until,
+)
 
 COALESCE = 0.05            # seconds a batch waits for more ranks after its first report
 FORWARD_TIMEOUT = 2.0      # below the ranks' own HTTP timeout (report.HTTP_TIMEOUT)
-# The most a batch is held to keep the launcher's pace (`report_interval` in its answers,
-# launcher/pacing.py); a rank waits this much longer for its answer than when reporting directly.
-MAX_PACE = 1.0
 MAX_BODY = 4 << 20         # a batch body; the launcher takes 8 MB
 MAX_RANK_BODY = 2 << 20    # one rank's report
 PARENT_POLL = 0.5
-# The file the node's reporter writes its URL to, set by the engine for the reporter and the
-# node's ranks: the one place a rank looks for its node reporter, whatever the engine.
-ENV = "DLC_NODE_REPORTER"
 
 
 def url_file(attempt_dir: str, node: int | str) -> str:
@@ -65,13 +67,7 @@ def shell_start(python: str, path: str) -> str:
     shell and points the node's ranks at it; goes before the torchrun agent's command.
     `python` and `path` are shell words, made by the caller with `jupyter_dlc.shell` (a
     path may hold the node's variable, as "$node" in a Slurm task)."""
-    return f"export {ENV}={path}; {python} -m jupyter_dlc.node_reporter & "
-
-
-def launcher_tls(env=os.environ) -> ssl.SSLContext | None:
-    """An https launcher (serving other hosts) is trusted through the CA file it names."""
-    ca_file = env.get("DLC_LAUNCHER_CA")
-    return ssl.create_default_context(cafile=ca_file) if ca_file else None
+    return f"export {ENV}={path}; {python} -m jupyter_dlc.node.reporter & "
 
 
 class _Waiter:
@@ -185,52 +181,6 @@ class NodeReporter:
                                 **({"stale": True} if reply.get("stale") else {})})
 
 
-# 408 and 429 mean "later"; every other 4xx means this body will never be accepted.
-RETRYABLE_CLIENT_ERRORS = (408, 429)
-
-
-def post_until(url: str, data: bytes, token: str, key: str | None, tls: ssl.SSLContext | None,
-               deadline: float, timeout: float) -> int | None:
-    """POST `data` with the job token, retried while the launcher is unreachable, busy, or
-    not proven (its port taken while it restarts), until `deadline` (time.monotonic): the
-    status a proven launcher gave, or None when none answered in time. For records a
-    process sends as it leaves (a rank's end, a node's exit)."""
-    headers = {"Content-Type": "application/json", "Authorization": f"token {token}"}
-    pause = 0.1
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        try:
-            answer = identity.exchange(url, "POST", data, headers, key, min(timeout, left), tls)
-        except (OSError, ValueError):
-            answer = None  # down or restarting: try again until the deadline
-        if answer is not None and answer.proven and (
-                answer.status < 500 and answer.status not in RETRYABLE_CLIENT_ERRORS):
-            return answer.status
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(1.0, pause * 2)
-
-
-def paced(answer: dict, most: float) -> float:
-    """The `report_interval` a launcher answer asks for, within [0, most]; 0 when absent."""
-    try:
-        return min(most, max(0.0, float(answer.get("report_interval") or 0.0)))
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def phase_shift(before: float, after: float) -> float:
-    """The extra wait, once, of a sender whose pace grew from `before` to `after` seconds: a
-    random share of the new interval. Senders that started together (a job's nodes, a warm
-    pool's ranks) would otherwise keep sending together, every request of a second in its
-    first quarter, and queue behind each other at the launcher; spread uniformly over the
-    interval they arrive one by one (a Prometheus server spreads its scrape targets the same
-    way, by an offset per target). 4,096 ranks: ingest p99 226 ms bunched, see
-    benchmarks/HISTORY.md for spread."""
-    return random.uniform(0.0, after) if after > before else 0.0
-
-
 def _split(waiters: list[_Waiter]) -> list[list[_Waiter]]:
     """Batches whose bodies stay under MAX_BODY (a rank's report alone always fits)."""
     parts: list[list[_Waiter]] = [[]]
@@ -317,8 +267,8 @@ def from_env(env, start: bool = True) -> tuple[NodeReporter, ThreadingHTTPServer
 
 
 def _check_rank_report(body: bytes) -> dict:
-    from .launcher import bodies  # stdlib only; keeps torch and tornado out of this process
-    from .spec import SpecError
+    from .. import bodies  # stdlib only; keeps torch and tornado out of this process
+    from ..spec import SpecError
 
     try:
         report = bodies.parse_body(body, bodies.REPORT)

@@ -3,10 +3,10 @@
 Engines register through the entry-point group `jupyter_dlc.engines` (name = "module:Class",
 after TorchX's `torchx.schedulers`), this package's own four included (pyproject.toml). A
 package of its own adds an engine with one entry point and no edit here: the spec's
-`backend` choices, the CLI's `--backend`, `dlc_clusters.yaml` validation and the OpenAPI
+`engine` choices, the CLI's `--engine`, `dlc_clusters.yaml` validation and the OpenAPI
 document all read this registry. An engine class declares its `name`, its
 `profile_options` (`Option`s: the type, what to write, fixed choices) and its capabilities
-(`backends.Capabilities`); `backends.get_backend` makes the one instance.
+(`contract.Capabilities`); `contract.get_engine` makes the one instance.
 
 Imports nothing of ours (spec, clusters and the OpenAPI document read it); the classes are
 imported only when asked for (`engine_class`), through their entry points.
@@ -94,11 +94,11 @@ def engine_class(name: str) -> type:
     """The engine's class, imported through its entry point."""
     point = _entries().get(name)
     if point is None:
-        raise UnknownEngine(f"backend: {name!r} is not an engine here; engines: {', '.join(names())} "
+        raise UnknownEngine(f"engine: {name!r} is not an engine here; engines: {', '.join(names())} "
                             f"(another installs with an entry point in the {GROUP!r} group)")
     cls = point.load()
     if getattr(cls, "name", None) != name:
-        raise UnknownEngine(f"backend: the entry point {name!r} ({point.value}) loads an engine "
+        raise UnknownEngine(f"engine: the entry point {name!r} ({point.value}) loads an engine "
                             f"named {getattr(cls, 'name', None)!r}; its class must say name = {name!r}")
     return cls
 

@@ -37,7 +37,7 @@ from ..shims import torch_private
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
            "torch.distributed.fsdp", "torch.distributed.tensor", "jupyter_dlc.runtime",
            "torch.utils.tensorboard", "psutil", "pynvml")
-# How torchrun starts every worker of a launcher job (backends/local.py torchrun_argv).
+# How torchrun starts every worker of a launcher job (engines/local/engine.py torchrun_argv).
 WORKER_ARGV = ("-u", "-m", "jupyter_dlc.runtime.bootstrap")
 _POLL = 0.01
 
@@ -157,11 +157,11 @@ class ForkedWorker:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                raise subprocess.TimeoutExpired(self.args, float(timeout or 0))
             time.sleep(_POLL)
-        return self.returncode
+        return code
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

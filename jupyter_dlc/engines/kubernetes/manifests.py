@@ -22,8 +22,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import node_reporter, shell
-from .spec import JobSpec
+from ... import shell
+from ...node import reporter as node_reporter
+from ...spec import JobSpec
 
 KINDS = ("TrainJob", "PyTorchJob", "Job")
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # a user edits this
@@ -100,7 +101,7 @@ def _env(spec: JobSpec, job_id: str, env: dict[str, str], token_secret: str | No
 def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     """torchrun with its topology from PET_* (set by the operator or by us), via a shell so
     that DLC_NODE_RANK follows whichever PET_NODE_RANK the pod got. A pod of more than one
-    rank first starts its node reporter (node_reporter.py), as a Slurm or SSH node does: its
+    rank first starts its node reporter (node/reporter.py), as a Slurm or SSH node does: its
     ranks' reports go to the launcher as one batch per node. It runs beside torchrun, which
     the shell becomes (PID 1 of the container), and leaves when torchrun does."""
     module = "-m jupyter_dlc.runtime.bootstrap " if bootstrap else ""

@@ -1,6 +1,6 @@
 """One node of a warm pool: a zygote that has imported torch and forks each job's ranks.
 
-    python -m jupyter_dlc.backends.pool_agent POOL_DIR NODE
+    python -m jupyter_dlc.node.pool_agent POOL_DIR NODE
 
 Why a zygote: a rank's cold start is mostly `import torch` (about 1 s of CPU a rank here,
 several seconds for four ranks on two cores). This process pays it once, then for each job
@@ -38,8 +38,8 @@ import socket
 import sys
 import time
 
-from .. import layout, node_reporter
-from ..runtime.bootstrap import _write_json
+from .. import layout
+from . import reporter as node_reporter
 from .warm_ranks import as_a_fresh_process
 
 _POLL = 0.01
@@ -69,7 +69,7 @@ def store_keeper(pool_dir: str) -> None:
     def open_store(seq: int) -> None:
         store = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False)
         servers[seq] = store
-        _write_json(os.path.join(pool_dir, "store-ready.json"), {"seq": seq, "port": store.port})
+        layout.write_json(os.path.join(pool_dir, "store-ready.json"), {"seq": seq, "port": store.port})
 
     open_store(ready)
     while not _lease_expired(pool_dir):
@@ -91,7 +91,7 @@ def _mark_environ_block(env: dict[str, str]) -> None:
     """Make /proc/self/environ show this job's id and attempt.
 
     The launcher finds a job's processes by `DLC_JOB_ID`/`DLC_ATTEMPT` in
-    /proc/<pid>/environ (backends/local.py). That file shows the block the kernel copied at
+    /proc/<pid>/environ (engines/local/engine.py). That file shows the block the kernel copied at
     exec (proc(5): env_start..env_end), which a fork inherits and `setenv` never changes. The
     C environment is first rebuilt from os.environ (fresh strings), so nothing points into
     the block any more, and then the block is overwritten with the job's markers; the agent
@@ -130,7 +130,7 @@ def _allocation_env() -> dict[str, str]:
     """Taken once in the zygote, whose environment its forks replace with each job's."""
     if os.environ.get("DLC_POOL_ENGINE") != "slurm":
         return {}
-    from .slurm import STEP_VARS
+    from .slurm_node import STEP_VARS
 
     return {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k not in STEP_VARS}
 
@@ -227,7 +227,7 @@ def run_node(order: dict) -> int:
         # this process, which owns the ranks, carries it out; and it shows it is alive.
         if time.monotonic() - beat >= ALIVE_INTERVAL:
             beat = time.monotonic()
-            _write_json(alive_path, {"host": _NODE_NAME, "pid": os.getpid(), "t": time.time()})
+            layout.write_json(alive_path, {"host": _NODE_NAME, "pid": os.getpid(), "t": time.time()})
         wanted = _read_order(signal_path)
         if wanted and wanted != obeyed:
             obeyed = wanted
@@ -248,7 +248,7 @@ def run_node(order: dict) -> int:
         record = layout.read_json(record_path) or {"rank": rank, "pid": pid}
         if record.get("exit_code") is None:
             record.update(exit_code=code, end=time.time())
-            _write_json(record_path, record)
+            layout.write_json(record_path, record)
         if code and not worst:
             worst = code
             print(f"pool node {order['node']}: rank {rank} exited with code {code}", flush=True)
@@ -314,7 +314,7 @@ def main(pool_dir: str, node: int) -> int:
                 code = 1
             sys.stdout.flush()
             os._exit(code)
-    _write_json(os.path.join(pool_dir, f"node-{node}.pid"),
+    layout.write_json(os.path.join(pool_dir, f"node-{node}.pid"),
                 {"pid": os.getpid(), "keeper": keeper, "host": _NODE_NAME,
                  "addr": os.environ.get("DLC_POOL_ADDR") or "127.0.0.1"})
     order_path = os.path.join(pool_dir, f"node-{node}.order")
@@ -336,7 +336,7 @@ def main(pool_dir: str, node: int) -> int:
                     traceback.print_exc()
                 sys.stdout.flush()
                 os._exit(code)
-            _write_json(os.path.join(pool_dir, f"node-{node}.ack"), {"seq": order["seq"], "pid": pid})
+            layout.write_json(os.path.join(pool_dir, f"node-{node}.ack"), {"seq": order["seq"], "pid": pid})
             continue
         time.sleep(_POLL)
     if keeper:

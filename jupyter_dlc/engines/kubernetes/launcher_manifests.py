@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from . import k8s_manifests
+from . import manifests as k8s_manifests
 
 NAME = "jupyter-dlc"
 PORT = 8787

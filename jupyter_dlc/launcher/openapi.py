@@ -2,7 +2,7 @@
 
 Served at `GET /api/openapi.json`; the panel's TypeScript types are generated from it
 (labextension/src/wire.d.ts) and the API fuzz test runs against it. Request bodies come from
-the same tables the launcher checks them with (spec.SPEC_FIELDS, launcher/bodies.py) and the
+the same tables the launcher checks them with (spec.SPEC_FIELDS, bodies.py) and the
 job states from states.JobState, so the document cannot promise what the launcher refuses.
 Responses are described here; tests/test_openapi.py validates real responses against them.
 Response objects list the fields clients rely on as required and allow more, so that adding a
@@ -16,13 +16,12 @@ import dataclasses
 import json
 from typing import Any
 
-from . import __version__, clusters
-from .backends import Capabilities
-from .launcher import bodies
-from .launcher.goodput import PARTS as _GOODPUT_PARTS
-from .launcher.store import RANK_ORDERS
-from .spec import BACKENDS, SPEC_FIELDS
-from .states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from .. import __version__, bodies, clusters
+from ..engines.contract import Capabilities
+from ..spec import ENGINES, SPEC_FIELDS
+from ..states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from .goodput import PARTS as _GOODPUT_PARTS
+from .store import RANK_ORDERS
 
 
 def _ref(name: str) -> dict:
@@ -72,7 +71,7 @@ SCHEMAS: dict[str, dict] = {
         "id": _STR, "name": _STR, "state": _ref("JobState"), "attempt": _INT,
         "created": _NUM, "started": _null(_NUM), "ended": _null(_NUM), "reason": _null(_STR),
         "last_step": _null(_INT), "last_loss": _LOSS, "nodes": _INT, "nproc_per_node": _INT,
-        "backend": {"type": "string", "enum": list(BACKENDS)}, "source": _ref("Source"),
+        "engine": {"type": "string", "enum": list(ENGINES)}, "source": _ref("Source"),
         "job_dir": _STR, "stop_requested": _null(_NUM),
         "storage": {**_null(_STR), "description": "null, or the data dir's full disk in one line"}},
         {"goodput": {**_null(_NUM), "description": "productive step time over wall time since "
@@ -145,7 +144,7 @@ SCHEMAS: dict[str, dict] = {
         "stragglers": {"type": "array", "items": _ref("Straggler"),
                        "description": "who the straggler detector names now, while the job "
                                       "runs (launcher/stragglers.py); empty once it ended"},
-        "engine": _ref("EngineReport")},
+        "engine_report": _ref("EngineReport")},
         {"rank_page": _ref("RankPage")})]},
     "EngineReport": _obj(
         {"name": _STR,
@@ -157,7 +156,7 @@ SCHEMAS: dict[str, dict] = {
               "feature": {**_STR, "description": "the feature, in the words of ARCHITECTURE.md's "
                                                  "engine-by-feature table"}})}},
         {"error": {**_STR, "description": "why the engine could not be asked (not installed)"}},
-        description="What the job's engine can and cannot do for it (backends.capability_report)"),
+        description="What the job's engine can and cannot do for it (contract.capability_report)"),
     "Straggler": _obj(
         {"key": {**_STR, "description": "`rank R` or `node N`"},
          "kind": {"type": "string", "enum": ["rank", "node"]}, "node": _INT,
@@ -263,12 +262,23 @@ SCHEMAS: dict[str, dict] = {
                  "A warm pool: one agent per node with torch imported, serving one job at a time."),
     "Pools": _obj({"pools": {"type": "array", "items": _ref("Pool")}}),
     "DryRun": _obj({"engine": _STR, "job_id": _STR,
-                    "request": {"type": "object", "description": (
-                        "The engine's own request, as its `dry_run` makes it: local `commands` "
-                        "(torchrun's argv per node), `cwd` and `env`; Slurm `sbatch` (argv) and "
-                        "`script`; SSH `hosts`, `commands` and `payloads`; Kubernetes "
-                        "`manifests`. `env` holds what the launcher adds to its own "
-                        "environment; secrets are placeholders.")}},
+                    "request": _obj({
+                        "engine": _STR, "cluster": _null(_STR),
+                        "commands": {"type": "array", "items": {"type": "array", "items": _STR},
+                                     "description": "the command lines, in order: torchrun per "
+                                                    "node, ssh per host, sbatch"},
+                        "hosts": {"type": "array", "items": _STR},
+                        "labels": {"type": "array", "items": _STR},
+                        "files": {"type": "object", "additionalProperties": _STR,
+                                  "description": "documents sent: job.sbatch, the manifests"},
+                        "env": {"type": "object", "additionalProperties": _STR},
+                        "cwd": _null(_STR),
+                        "native": {"type": "object", "description": (
+                            "what only this engine's submit reads: SSH `payloads`, Kubernetes "
+                            "`kind` and `manifests`")}},
+                        description=("The engine's request as its `dry_run` makes it "
+                                     "(engines.contract.DryRun). `env` holds what the launcher "
+                                     "adds to its own environment; secrets are placeholders."))},
                    description="What a submit would ask the engine for its first attempt"),
     "Released": _obj({"released": {"type": "array", "items": _STR}}),
     "Health": _obj({"ok": {"type": "boolean"}, "pid": _INT, "version": _STR,
@@ -490,6 +500,6 @@ def document() -> dict:
     })
 
 
-if __name__ == "__main__":  # `python -m jupyter_dlc.openapi`: the document, as the panel's
+if __name__ == "__main__":  # `python -m jupyter_dlc.launcher.openapi`: the document, as the panel's
     # type generation reads it (labextension/openapi.json)
     print(json.dumps(document(), indent=1, sort_keys=True))

@@ -13,22 +13,24 @@ import re
 import time
 from typing import Any
 
-from .. import k8s_manifests, layout
-from ..engines import Option
-from ..spec import JobSpec, network_env
-from . import (
+from ... import layout
+from ...spec import JobSpec, network_env
+from ..contract import (
     AttemptContext,
     AttemptStatus,
-    Backend,
     Capabilities,
+    DryRun,
+    Engine,
     NodeStatus,
     Phase,
     RankStatus,
     SubmitError,
     reported_records,
 )
-from . import k8s_logs
-from .k8s_api import Api, ApiError
+from ...engine_registry import Option
+from . import logs as k8s_logs
+from . import manifests as k8s_manifests
+from .api import Api, ApiError
 
 API_VERSIONS = {"TrainJob": "trainer.kubeflow.org/v1alpha1", "PyTorchJob": "kubeflow.org/v1",
                 "Job": "batch/v1"}
@@ -52,7 +54,7 @@ def _unreachable() -> tuple[type[BaseException], ...]:
 
 
 def profile_of(spec: JobSpec, lenient: bool = False):
-    from ..clusters import engine_profile
+    from ...clusters import engine_profile
 
     return engine_profile(spec.cluster, "kubernetes", lenient)
 
@@ -126,7 +128,7 @@ def pod_state(pod: dict) -> tuple[str, int | None, str | None]:
     return phase, None, None
 
 
-class KubernetesBackend(Backend):
+class KubernetesEngine(Engine):
     name = "kubernetes"
     profile_options = {
         "namespace": Option(str, "a namespace name"), "image": Option(str, "a container image with torch"),
@@ -151,6 +153,7 @@ class KubernetesBackend(Backend):
 
     def __init__(self):
         self._apis: dict[str, Api] = {}
+        self._kinds: dict[str, str] = {}  # profile -> the kind its cluster served last
         self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
         self._stopping: set[str] = set()
 
@@ -161,13 +164,15 @@ class KubernetesBackend(Backend):
         return self._apis[profile.name]
 
     def kind_for(self, spec: JobSpec) -> str:
-        """The profile's kind, else the best the cluster serves (discovery)."""
+        """The profile's kind, else the best the cluster serves (discovery, at each submit:
+        remembered for the dry runs that follow, which ask nothing of the API)."""
         profile = profile_of(spec)
         if profile.get("kind"):
             return profile.get("kind")
         groups = self.api(spec).groups()
-        return ("TrainJob" if "trainer.kubeflow.org" in groups else
-                "PyTorchJob" if "kubeflow.org" in groups else "Job")
+        self._kinds[profile.name] = ("TrainJob" if "trainer.kubeflow.org" in groups else
+                                     "PyTorchJob" if "kubeflow.org" in groups else "Job")
+        return self._kinds[profile.name]
 
     def capabilities(self, spec: JobSpec) -> Capabilities:
         # Without the PVC mounted the launcher cannot plant a branch's step where pods read it.
@@ -195,20 +200,28 @@ class KubernetesBackend(Backend):
     def token_secret(self, ctx: AttemptContext) -> str:
         return k8s_manifests.resource_name(ctx.job_id, ctx.attempt) + "-token"
 
-    def dry_run(self, ctx: AttemptContext, kind: str | None = None) -> dict[str, Any]:
+    def dry_run(self, ctx: AttemptContext, kind: str | None = None) -> DryRun:
+        """The manifests, asking nothing of the API: the workload's kind is the profile's, or
+        what discovery found for it earlier, else `Job` (submit discovers, and builds them
+        again where the cluster serves a better kind)."""
         profile = profile_of(ctx.spec)
+        kind = kind or profile.get("kind") or self._kinds.get(profile.name) or "Job"
         with open(ctx.script_path) as f:
             script = f.read()
         manifests = k8s_manifests.build(
             ctx.spec, ctx.job_id, ctx.attempt, attempt_env(ctx, profile), script,
             read_job_files(ctx.job_dir), profile.options, kind=kind,
             token_secret=self.token_secret(ctx))
-        return {"backend": "kubernetes", "cluster": profile.name, "manifests": manifests}
+        return DryRun("kubernetes", cluster=profile.name,
+                      files={f"{i:02d}-{m['kind'].lower()}.yaml": _yaml(m) for i, m in enumerate(manifests)},
+                      native={"kind": kind, "manifests": manifests})
 
     # -- the live engine --------------------------------------------------------------------
-    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
+    def submit(self, ctx: AttemptContext, request: DryRun) -> dict[str, Any]:
         api, kind = self.api(ctx.spec), self.kind_for(ctx.spec)
-        manifests = self.dry_run(ctx, kind)["manifests"]
+        if request.native["kind"] != kind:  # discovery found what the dry run could not ask
+            request = self.dry_run(ctx, kind)
+        manifests = request.native["manifests"]
         workload = next(m for m in manifests if m["kind"] == kind)
         meta = workload["metadata"]
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -389,45 +402,52 @@ class KubernetesBackend(Backend):
                  if g in groups] + ["Job"]
         return {"ok": True, "detail": f"serves {', '.join(kinds)}"}
 
+    # -- an exported bundle ------------------------------------------------------------------
+    def export_files(self, spec: JobSpec, script: str, files: dict[str, str], job_id: str,
+                     exports: list[str]) -> dict[str, str]:
+        """`k8s/*.yaml` of an exported bundle, whichever engine ran the job: `kubectl apply -f k8s/`
+        runs it with plain torchrun (no launcher: no token, no launcher URL). Options come from
+        the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
+        import yaml
 
-def export_manifests(spec: JobSpec, script: str, files: dict[str, str],
-                     job_id: str | None = None) -> dict[str, str]:
-    """`k8s/*.yaml` of an exported bundle, whichever engine ran the job: `kubectl apply -f k8s/`
-    runs it with plain torchrun (no launcher: no token, no launcher URL). Options come from
-    the job's Kubernetes profile when it has one here; else the defaults name what to edit."""
+        from ...spec import params_env
+
+        profile = profile_of(spec, lenient=True)
+        options = dict(profile.options)
+        # The environment every rank gets (README), less the launcher's URL and token; the pod
+        # command sets DLC_NODE_RANK, the manifests DLC_JOB_DIR and DLC_CHECKPOINT_DIR.
+        env = {"DLC_JOB_ID": job_id or spec.name, "DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
+               "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
+               "DLC_RESUME_PATH": "", "EASYCKPT_RESUME_PATH": "", "DLC_NODE_COPY": "0",
+               # A branch's step is on this machine, not where pods read: the manifests start afresh.
+               "DLC_BRANCH_FROM": "", "DLC_FRESH_OPTIMIZER": "", **params_env(spec.params),
+               **network_env(spec.network, profile.get("interface"))}
+        pushed = {}
+        for name, path in files.items():
+            with open(path, "rb") as f:
+                pushed[name] = f.read()
+        job_id = spec.name or "job"
+        name = k8s_manifests.resource_name(job_id, 1)
+        notes = [f"# jupyter-dlc export of job {spec.name!r}: kubectl apply -f k8s/ (in file order)."]
+        if not profile.options:
+            notes.append(f"# Defaults to edit: namespace {k8s_manifests.DEFAULT_NAMESPACE!r}, image "
+                         f"{k8s_manifests.DEFAULT_IMAGE!r} (needs torch), PVC 'dlc-checkpoints'.")
+        try:
+            manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+        except k8s_manifests.ManifestError:
+            options["files"] = "pvc"  # too big for a ConfigMap: the files go on the PVC
+            manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
+            notes.append(f"# script.py and files/ are too big for a ConfigMap: copy them to the PVC "
+                         f"at jobs/{name}/ before applying.")
+        namespace = options.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
+        manifests.insert(0, k8s_manifests.pvc(options.get("pvc") or "dlc-checkpoints", namespace))
+        header = "\n".join(notes) + "\n"
+        return {f"k8s/{i:02d}-{m['kind'].lower()}.yaml": header + yaml.safe_dump(m, sort_keys=False)
+                for i, m in enumerate(manifests)}
+
+
+
+def _yaml(manifest: dict[str, Any]) -> str:
     import yaml
 
-    from ..spec import network_env, params_env
-
-    profile = profile_of(spec, lenient=True)
-    options = dict(profile.options)
-    # The environment every rank gets (README), less the launcher's URL and token; the pod
-    # command sets DLC_NODE_RANK, the manifests DLC_JOB_DIR and DLC_CHECKPOINT_DIR.
-    env = {"DLC_JOB_ID": job_id or spec.name, "DLC_JOB_NAME": spec.name, "DLC_NNODES": str(spec.nodes),
-           "DLC_NPROC_PER_NODE": str(spec.nproc_per_node), "DLC_ATTEMPT": "1",
-           "DLC_RESUME_PATH": "", "EASYCKPT_RESUME_PATH": "", "DLC_NODE_COPY": "0",
-           # A branch's step is on this machine, not where pods read: the manifests start afresh.
-           "DLC_BRANCH_FROM": "", "DLC_FRESH_OPTIMIZER": "", **params_env(spec.params),
-           **network_env(spec.network, profile.get("interface"))}
-    pushed = {}
-    for name, path in files.items():
-        with open(path, "rb") as f:
-            pushed[name] = f.read()
-    job_id = spec.name or "job"
-    name = k8s_manifests.resource_name(job_id, 1)
-    notes = [f"# jupyter-dlc export of job {spec.name!r}: kubectl apply -f k8s/ (in file order)."]
-    if not profile.options:
-        notes.append(f"# Defaults to edit: namespace {k8s_manifests.DEFAULT_NAMESPACE!r}, image "
-                     f"{k8s_manifests.DEFAULT_IMAGE!r} (needs torch), PVC 'dlc-checkpoints'.")
-    try:
-        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
-    except k8s_manifests.ManifestError:
-        options["files"] = "pvc"  # too big for a ConfigMap: the files go on the PVC
-        manifests = k8s_manifests.build(spec, job_id, 1, env, script, pushed, options, bootstrap=False)
-        notes.append(f"# script.py and files/ are too big for a ConfigMap: copy them to the PVC "
-                     f"at jobs/{name}/ before applying.")
-    namespace = options.get("namespace") or k8s_manifests.DEFAULT_NAMESPACE
-    manifests.insert(0, k8s_manifests.pvc(options.get("pvc") or "dlc-checkpoints", namespace))
-    header = "\n".join(notes) + "\n"
-    return {f"k8s/{i:02d}-{m['kind'].lower()}.yaml": header + yaml.safe_dump(m, sort_keys=False)
-            for i, m in enumerate(manifests)}
+    return yaml.safe_dump(manifest, sort_keys=False)

@@ -18,11 +18,13 @@ import sys
 import time
 from typing import Any
 
-from .. import layout, shell
-from ..spec import JobSpec
-from . import AttemptContext, AttemptStatus, NodeStatus, Phase, PoolDriver, RankStatus, rank_records
-from . import local, pool
-from .slurm import ACTIVE, POLL_INTERVAL, STEP_VARS, _profile, _run, client_env, sbatch_directives
+from ... import layout, shell
+from ...node.slurm_node import STEP_VARS
+from ...spec import JobSpec
+from .. import children
+from ..contract import AttemptContext, AttemptStatus, NodeStatus, Phase, PoolDriver, RankStatus, rank_records
+from .. import pool_files
+from .commands import ACTIVE, POLL_INTERVAL, client_env, profile_of, run_slurm, sbatch_directives
 
 POOL_SBATCH = """#!/bin/bash
 {header}
@@ -37,24 +39,24 @@ srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \
 def _shape(cluster: str, nodes: int = 1, nproc: int = 1) -> JobSpec:
     """A spec of the pool's shape on its cluster: what the Slurm engine's helpers read."""
     return JobSpec.from_dict({"code": "pass", "nodes": nodes, "nproc_per_node": nproc,
-                              "cluster": cluster, "backend": "slurm"})
+                              "cluster": cluster, "engine": "slurm"})
 
 
 def start_allocation(pool_dir: str, cluster: str, nodes: int, nproc: int, env: dict[str, str],
                      python: str | None = None) -> str:
     """Submit the pool's allocation; returns its Slurm job id."""
     spec = _shape(cluster, nodes, nproc)
-    profile = _profile(spec)
-    directives = sbatch_directives(spec, profile, f"dlc-pool-{pool.name_of(pool_dir)}",
+    profile = profile_of(spec)
+    directives = sbatch_directives(spec, profile, f"dlc-pool-{pool_files.name_of(pool_dir)}",
                                    os.path.join(pool_dir, "slurm-%j.out"), pool_dir)
     python = python or profile.get("python") or sys.executable
     pool_slots = {"NODE": '"$SLURM_NODEID"'}
-    agent = shell.command([python, "-m", "jupyter_dlc.backends.pool_agent", pool_dir, shell.slot("NODE")],
+    agent = shell.command([python, "-m", "jupyter_dlc.node.pool_agent", pool_dir, shell.slot("NODE")],
                           pool_slots)
     agent_log = shell.word(os.path.join(pool_dir, f"agent-{shell.slot('NODE')}.log"), pool_slots)
     task = "\n".join([
         # The pool's node processes start the jobs' ranks: the user's umask, not the launcher's.
-        *([f"umask {local.CHILD_UMASK:04o}"] if local.CHILD_UMASK >= 0 else []),
+        *([f"umask {children.CHILD_UMASK:04o}"] if children.CHILD_UMASK >= 0 else []),
         f"unset {' '.join(STEP_VARS)}",
         # Node names need not resolve: each agent records its node's NodeAddr (the head's is
         # the jobs' MASTER_ADDR).
@@ -68,20 +70,20 @@ def start_allocation(pool_dir: str, cluster: str, nodes: int, nproc: int, env: d
     with open(path, "w") as f:
         f.write(script)
     submit_env = dict(client_env(profile), **env, DLC_POOL_ENGINE="slurm")
-    out = _run(["sbatch", "--parsable", "--export=ALL", path], submit_env, check=True).stdout
+    out = run_slurm(["sbatch", "--parsable", "--export=ALL", path], submit_env, check=True).stdout
     return out.strip().split(";")[0]
 
 
 def allocation_state(cluster: str, engine_id: str) -> str:
     """squeue's state of the allocation (PENDING, RUNNING, ...), or GONE."""
-    result = _run(["squeue", "-h", "-j", engine_id, "-o", "%T"], client_env(_profile(_shape(cluster))))
+    result = run_slurm(["squeue", "-h", "-j", engine_id, "-o", "%T"], client_env(profile_of(_shape(cluster))))
     state = result.stdout.strip() if result.returncode == 0 else ""
     return state or "GONE"
 
 
 def cancel(cluster: str, engine_id: str) -> None:
     try:
-        _run(["scancel", engine_id], client_env(_profile(_shape(cluster))))
+        run_slurm(["scancel", engine_id], client_env(profile_of(_shape(cluster))))
     except (RuntimeError, subprocess.SubprocessError):
         pass  # Slurm unreachable: the agents' lease ends the allocation anyway
 
@@ -188,8 +190,8 @@ class SlurmPoolDriver(PoolDriver):
 
     def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
         env = dict(env, OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1",
-                   DLC_POOL_DIR=os.path.abspath(directory), DLC_POOL_ROOM=pool.ROOM)
-        pool.touch_lease(directory)
+                   DLC_POOL_DIR=os.path.abspath(directory), DLC_POOL_ROOM=pool_files.ROOM)
+        pool_files.touch_lease(directory)
         return start_allocation(directory, record["cluster"], record["nodes"], record["nproc_per_node"], env)
 
     def broken(self, directory: str, record: dict[str, Any]) -> str | None:

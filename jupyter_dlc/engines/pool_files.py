@@ -1,8 +1,11 @@
-"""Warm pools on this machine: start a pool's node agents, hand one a job, release them.
+"""A warm pool's files: start a pool's node agents here, hand one a job, see that it is ready,
+release it.
 
-A pool is a directory `<data_dir>/pools/<pool id>/` and one zygote per node
-(`backends/pool_agent.py`); this module is the launcher's side of that file protocol. What
-a pool is for, and when one starts or goes, is the launcher's policy (`launcher/pools.py`).
+A pool is a directory `<data_dir>/pools/<pool id>/gen-N/` and one zygote per node
+(`node/pool_agent.py`); this module is the launcher's side of that file protocol, shared by
+every engine's pool driver (`local/pool.py`, `slurm/pool.py`: the agents run here or on
+Slurm's nodes, and read the same files). What a pool is for, and when one starts or goes, is
+the launcher's policy (`launcher/pools.py`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import sys
 import time
 from typing import Any
 
-from .. import layout
-from . import AttemptContext, PoolDriver, children, local
-from .local import _alive, attempt_cgroup, torchrun_argv
+from .. import hostprocs, layout
+from . import children
+from .contract import AttemptContext
+from .torchrun import torchrun_argv
 
 ACK_TIMEOUT = 10.0  # seconds for a zygote to fork a job's node process (it polls each 10 ms)
 # Room in each agent's exec'd environment for a job's markers (see pool_agent).
@@ -42,12 +46,12 @@ def start_agents(pool_dir: str, nodes: int, env: dict[str, str], python: str | N
     pids = []
     for node in range(nodes):
         with open(os.path.join(pool_dir, f"agent-{node}.log"), "ab") as log:
-            proc = subprocess.Popen([python or sys.executable, "-m", "jupyter_dlc.backends.pool_agent",
+            proc = subprocess.Popen([python or sys.executable, "-m", "jupyter_dlc.node.pool_agent",
                                      pool_dir, str(node)], cwd=pool_dir, env=agent_env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True,
                                     # Read now: the launcher sets it after this module is imported.
-                                    umask=local.CHILD_UMASK)
+                                    umask=children.CHILD_UMASK)
         pids.append(children.detach(proc))  # reaped by the supervisor's tick (children.py)
     return pids
 
@@ -70,13 +74,13 @@ def agent_pids(pool_dir: str, nodes: int, here: bool = True) -> list[int | None]
     for node in range(nodes):
         info = layout.read_json(os.path.join(pool_dir, f"node-{node}.pid")) or {}
         pid = info.get("pid")
-        pids.append(pid if pid and (not here or _alive(pid)) else None)
+        pids.append(pid if pid and (not here or hostprocs.alive(pid)) else None)
     return pids
 
 
 def keeper_pid(pool_dir: str, here: bool = True) -> int | None:
     pid = (layout.read_json(os.path.join(pool_dir, "node-0.pid")) or {}).get("keeper")
-    return pid if pid and (not here or _alive(pid)) else None
+    return pid if pid and (not here or hostprocs.alive(pid)) else None
 
 
 def ready(pool_dir: str, nodes: int, here: bool = True) -> bool:
@@ -124,7 +128,8 @@ def broken(pool_dir: str, nodes: int, started: float, warm_within: float = 120.0
                 return True
         elif not here:
             continue
-        elif not _alive(info["pid"]) or (node == 0 and info.get("keeper") and not _alive(info["keeper"])):
+        elif not hostprocs.alive(info["pid"]) or (
+                node == 0 and info.get("keeper") and not hostprocs.alive(info["keeper"])):
             return True
     return False
 
@@ -152,7 +157,7 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
         return None  # the keeper has not opened this job's store yet
     layout.write_atomic(os.path.join(pool_dir, "store-claim"), str(seq))
     argv = torchrun_argv(spec, 0, store["port"], ctx.script_path, sys.executable)
-    cgroup = attempt_cgroup(ctx.job_id, ctx.attempt, create=True) if here else None
+    cgroup = hostprocs.attempt_cgroup(ctx.job_id, ctx.attempt, create=True) if here else None
     os.makedirs(ctx.attempt_dir, exist_ok=True)
     for node in range(spec.nodes):
         order = {"seq": seq, "node": node, "nnodes": spec.nodes, "nproc_per_node": spec.nproc_per_node,
@@ -177,43 +182,3 @@ def submit(pool_dir: str, ctx: AttemptContext, seq: int, here: bool = True) -> d
             time.sleep(0.005)
     return {"nodes": nodes, "pool": name_of(pool_dir), "pool_dir": os.path.abspath(pool_dir),
             "submitted": time.time()}
-
-
-
-class LocalPoolDriver(PoolDriver):
-    """A pool of zygotes on this machine: the launcher starts them, sees their pids and the
-    jobs' processes (/proc), and kills what it must."""
-
-    here = True
-
-    def start(self, directory: str, record: dict[str, Any], env: dict[str, str]) -> str | None:
-        start_agents(directory, record["nodes"], env, record["python"])
-        return None
-
-    def broken(self, directory: str, record: dict[str, Any]) -> str | None:
-        return "lost an agent" if broken(directory, record["nodes"],
-                                         record.get("started", record["created"])) else None
-
-    def snapshot(self) -> dict:
-        return local.job_processes()
-
-    def job_left(self, record: dict[str, Any], snapshot: dict, ended: bool) -> bool:
-        """Nothing of the last job runs; an ended job's leftovers are killed and given a
-        moment to go (LEFTOVER_WAIT)."""
-        deadline = time.monotonic() + LEFTOVER_WAIT
-        while True:
-            if not snapshot.get((record["job"], record["attempt"])):
-                return True
-            if not ended:
-                return False  # it runs: busy
-            local.kill_job(record["job"], snapshot)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-            snapshot = local.job_processes()
-
-    def kill_job(self, ctx: AttemptContext) -> None:
-        local.kill_job(ctx.job_id, local.job_processes())
-
-    def release(self, directory: str, record: dict[str, Any]) -> None:
-        release(directory)

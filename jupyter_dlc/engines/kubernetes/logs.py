@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from .. import layout
+from ... import layout
 
 CURSORS = "pod-log-cursors.json"
 # Seconds after which no more lines stamped with a given second can appear: the kubelet

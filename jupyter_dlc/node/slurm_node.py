@@ -1,5 +1,5 @@
 """One Slurm node's task where the nodes do not see the launcher's job directory
-(`shared_filesystem: false`): `python -m jupyter_dlc.backends.slurm_node ACTION JOB_DIR CWD`.
+(`shared_filesystem: false`): `python -m jupyter_dlc.node.slurm_node ACTION JOB_DIR CWD`.
 
 Stdlib only, and nothing of ours but stdlib-only modules (layout, identity, the node
 reporter, ssh_node's staging, the runtime's report sender): it runs on the nodes.
@@ -39,7 +39,8 @@ import tempfile
 import threading
 import time
 
-from .. import identity, layout, node_reporter
+from .. import identity, layout
+from . import reporter as node_reporter
 from . import ssh_node
 
 FORWARD_INTERVAL = 0.5   # seconds between two looks at the node's logs
@@ -53,6 +54,13 @@ PAYLOAD_LINE = 76
 # which stays to remove the nodes' copies): the default action ends any process that does not
 # handle it; `run` handles it by killing the rest of its node with SIGKILL.
 KILL_SIGNAL = signal.SIGUSR1
+
+# Step variables an inner srun (or a library that reads SLURM_PROCID as the rank, like
+# Lightning's Slurm detection) would take for the ranks' own: torchrun owns rank and size.
+STEP_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEPID",
+             "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+             "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
+             "SLURM_NTASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS")
 
 
 def encode_payload(files: dict[str, str]) -> str:
@@ -219,7 +227,7 @@ def _run(payload: dict) -> int:
     reporter = None
     if node_reporter.wanted(nproc):
         env[node_reporter.ENV] = node_reporter.url_file(attempt_dir, node)
-        reporter = subprocess.Popen([sys.executable, "-m", "jupyter_dlc.node_reporter"], env=env,
+        reporter = subprocess.Popen([sys.executable, "-m", "jupyter_dlc.node.reporter"], env=env,
                                     cwd=payload["cwd"], stdin=subprocess.DEVNULL)
     sender = LogSender(env, attempt_dir, node)
     done = threading.Event()
@@ -260,7 +268,7 @@ def report_exit(env: dict[str, str], node: int, nproc: int, code: int, deadline:
 def preflight(job_dir: str, cwd: str) -> int:
     root, payload = stage_here(job_dir, cwd, [])
     try:
-        return subprocess.call([sys.executable, "-m", "jupyter_dlc.runtime.node_preflight"],
+        return subprocess.call([sys.executable, "-m", "jupyter_dlc.node.preflight"],
                                env=payload["env"], cwd=payload["cwd"], stdin=subprocess.DEVNULL)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -271,7 +279,7 @@ def main(argv: list[str]) -> int:
         return preflight(argv[1], argv[2])
     if argv[:1] == ["run"] and "--" in argv and argv.index("--") == 3:
         return run(argv[1], argv[2], argv[4:])
-    print("usage: python -m jupyter_dlc.backends.slurm_node preflight JOB_DIR CWD | "
+    print("usage: python -m jupyter_dlc.node.slurm_node preflight JOB_DIR CWD | "
           "run JOB_DIR CWD -- ARGV...", file=sys.stderr)
     return 2
 

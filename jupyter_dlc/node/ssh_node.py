@@ -1,4 +1,4 @@
-"""The two ends of one SSH node: `python -m jupyter_dlc.backends.ssh_node ACTION`.
+"""The two ends of one SSH node: `python -m jupyter_dlc.node.ssh_node ACTION`.
 
 Stdlib only, and nothing of ours but the node reporter (stdlib only too): it runs on the
 hosts, where only Python, torch and jupyter-dlc need to be.
@@ -11,7 +11,7 @@ hosts, where only Python, torch and jupyter-dlc need to be.
                       the connection failed; PREFLIGHT_FAILED when a node was unfit) in the
                       node's exit file. The request file holds the job token: it is read once
                       and deleted.
-    preflight         on a host: as `run`, but the process is `jupyter_dlc.runtime.node_preflight`
+    preflight         on a host: as `run`, but the process is `jupyter_dlc.node.preflight`
                       (torch, the script, the checkpoint directory every node sees), which
                       reports its verdict to the launcher itself.
     run               on a host, under sshd: read the payload (argv, env, cwd, tags) as one
@@ -21,7 +21,7 @@ hosts, where only Python, torch and jupyter-dlc need to be.
                       and sshd's ClientAlive gave up), and then every process of this node is
                       killed. On the agent's exit the same sweep runs, so nothing outlives it.
                       With the payload's `node_reporter`, the node reporter runs beside the
-                      agent (jupyter_dlc.node_reporter) and ends with it.
+                      agent (jupyter_dlc.node.reporter) and ends with it.
     signal JOB ATTEMPT NODE SIG
                       on a host: send SIG to every process of that node of that attempt.
     probe             on a host: Python, torch, CPUs, GPUs and memory, as one JSON line.
@@ -46,13 +46,14 @@ import threading
 import time
 from typing import Any
 
-from .. import layout, node_reporter
+from .. import layout
+from . import reporter as node_reporter
 
 # After stdin closes or the agent exits: how long the node's processes get after SIGTERM.
 SWEEP_GRACE = 3.0
 # A node's exit code when a preflight (its own or another node's) failed: no agent started.
 PREFLIGHT_FAILED = 3
-# Preflight waits up to 2 x 20 s for the other nodes (runtime/node_preflight.py); past this,
+# Preflight waits up to 2 x 20 s for the other nodes (node/preflight.py); past this,
 # a node that has not answered counts as failed.
 PREFLIGHT_TIMEOUT = 120.0
 # How a rank's log line travels over the ssh pipe without a shared filesystem:
@@ -180,12 +181,12 @@ def run(check: bool = False) -> int:
 def _run(payload: dict, job: str, attempt: str, node: str, check: bool, root: str | None) -> int:
     env = dict(os.environ, **payload["env"], **{NODE_TAG: node})
     cwd = payload.get("cwd") or os.path.expanduser("~")
-    argv = [sys.executable, "-m", "jupyter_dlc.runtime.node_preflight"] if check else payload["argv"]
+    argv = [sys.executable, "-m", "jupyter_dlc.node.preflight"] if check else payload["argv"]
     reporter = None
     if payload.get("node_reporter") and not check:
         # Its URL file goes where this host's ranks look (no shared filesystem needed).
         env[node_reporter.ENV] = node_reporter.url_file(env["DLC_ATTEMPT_DIR"], node)
-        reporter = _start(node, "the node reporter", [sys.executable, "-m", "jupyter_dlc.node_reporter"],
+        reporter = _start(node, "the node reporter", [sys.executable, "-m", "jupyter_dlc.node.reporter"],
                           env, cwd)
     agent = _start(node, "the agent", argv, env, cwd)
     if agent is None:
@@ -349,7 +350,7 @@ def main(argv: list[str]) -> int:
         return probe()
     if argv[:1] == ["preflight"]:
         return run(check=True)
-    print("usage: python -m jupyter_dlc.backends.ssh_node run | keep REQUEST | "
+    print("usage: python -m jupyter_dlc.node.ssh_node run | keep REQUEST | "
           "signal JOB ATTEMPT NODE SIG | probe | preflight", file=sys.stderr)
     return 2
 

@@ -22,21 +22,23 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import layout, node_reporter, shell
-from ..engines import Option
-from ..spec import JobSpec, network_env
-from . import (
+from ... import layout, shell
+from ...node import reporter as node_reporter
+from ...node import slurm_node
+from ...node.slurm_node import STEP_VARS
+from ...spec import JobSpec
+from .. import children, staging
+from ..contract import (
     AttemptContext,
     AttemptStatus,
-    Backend,
     Capabilities,
+    DryRun,
+    Engine,
     NodeStatus,
     Phase,
     RankStatus,
@@ -46,111 +48,31 @@ from . import (
     remove_preflight_markers,
     unreachable_launcher,
 )
-from . import local, slurm_node, staging
-from .local import agent_summary_codes, torchrun_argv
+from ...engine_registry import Option
+from ..remote_env import job_script_env
+from ..torchrun import agent_summary_codes, torchrun_argv
+from .commands import (
+    ACTIVE,
+    POLL_INTERVAL,
+    client_env,
+    profile_of,
+    run_slurm,
+    sbatch,
+    sbatch_directives,
+)
 
-# How often one job's state is asked of slurmctld (Slurm asks clients not to hammer it);
-# a rank's failure forces a fresh answer, so the engine's reason is never stale then.
-POLL_INTERVAL = 1.0
-# Profile options that become `#SBATCH --<option>=<value>` lines as they are.
-DIRECTIVE_OPTIONS = ("partition", "account", "qos", "time", "gres", "constraint")
-_TIMEOUT = 30
 # Slurm refuses a batch script over its max_script_size (SchedulerParameters; 4 MiB unless an
 # admin raised it): what the job's files may take inside one, encoded, leaving room for the rest.
 SCRIPT_PAYLOAD_LIMIT = 4 * 2**20 - 64 * 2**10
+BATCH_SCRIPT = "job.sbatch"  # in the attempt directory, and in an exported bundle
 PAYLOAD_END = "DLC_PAYLOAD_END"  # the heredoc's end: no base64 line can be it (`_`)
 CLEANUP_WAIT = 5.0  # seconds a killed job's batch shell gets to remove the nodes' copies
 SETTLE = 2.0  # seconds a COMPLETING job may take to show how it ended (CANCELLED...)
-ACTIVE = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING",
-          "RESV_DEL_HOLD": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
-          "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SUSPENDED": "RUNNING",
-          "STOPPED": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
-          "RESIZING": "RUNNING"}
 # End states decided by Slurm (or an admin), not by the ranks: they name the attempt's end.
 ENGINE_ENDS = {"CANCELLED": "was cancelled outside the launcher (scancel)",
                "TIMEOUT": "reached its Slurm time limit", "NODE_FAIL": "lost a node (NODE_FAIL)",
                "PREEMPTED": "was preempted by Slurm", "BOOT_FAIL": "failed to boot its nodes",
                "DEADLINE": "passed its deadline", "OUT_OF_MEMORY": "ran out of memory (Slurm)"}
-# Step variables an inner srun (or a library that reads SLURM_PROCID as the rank, like
-# Lightning's Slurm detection) would take for the ranks' own: torchrun owns rank and size.
-STEP_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEPID",
-             "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
-             "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE",
-             "SLURM_NTASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS")
-
-
-def _profile(spec: JobSpec, lenient: bool = False):
-    """The job's Slurm profile; with `lenient`, defaults where it names none that is here
-    (an export, made where the profile may not exist)."""
-    from ..clusters import ClusterError, Profile, get_profile
-
-    default = Profile("slurm", "slurm", {})
-    if not spec.cluster:
-        return default
-    try:
-        profile = get_profile(spec.cluster)
-    except ClusterError:
-        if lenient:
-            return default
-        raise
-    return profile if profile.engine == "slurm" or not lenient else default
-
-
-def client_env(profile) -> dict[str, str]:
-    """The environment for sbatch/squeue/scancel: the profile's (SLURM_CONF...), and none of
-    the job variables of a Slurm job the launcher itself might run inside."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    env.update(profile.env)
-    return env
-
-
-def _run(argv: list[str], env: dict[str, str], check: bool = False) -> subprocess.CompletedProcess:
-    try:
-        result = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=_TIMEOUT)
-    except FileNotFoundError:
-        raise RuntimeError(f"{argv[0]} is not installed on the launcher's host; install the Slurm "
-                           "client (Debian: slurm-client) or run the launcher on a login node") from None
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{argv[0]} did not answer in {_TIMEOUT}s; is slurmctld up?") from None
-    if check and result.returncode != 0:
-        first = (result.stderr or result.stdout).strip().splitlines()
-        raise RuntimeError(f"{' '.join(argv[:2])}: {first[-1] if first else 'exit ' + str(result.returncode)}")
-    return result
-
-
-# sbatch's words for a controller that did not answer or could not take the job right now
-# (Slurm's own messages); every other refusal is about the request (an unknown partition,
-# account or QOS, more nodes than there are) and would be refused again.
-TRANSIENT = ("Socket timed out", "Unable to contact slurm controller", "Connection refused",
-             "Connection timed out", "Zero Bytes were transmitted", "temporarily unable",
-             "Resource temporarily unavailable", "Slurm backup controller in standby mode",
-             "Communication connection failure", "Transport endpoint", "try again later")
-
-
-def submit_error(stderr: str, code: int) -> SubmitError:
-    """sbatch's refusal as the contract's SubmitError, with sbatch's own last line."""
-    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    message = lines[-1] if lines else f"sbatch exited with code {code}"
-    transient = any(word.lower() in stderr.lower() for word in TRANSIENT)
-    return SubmitError(message, permanent=not transient)
-
-
-def sbatch(argv: list[str], env: dict[str, str]) -> str:
-    """Run sbatch; its output, or a SubmitError saying whether a retry may help."""
-    try:
-        result = subprocess.run(argv, check=False, env=env, capture_output=True, text=True,
-                                timeout=_TIMEOUT)
-    except FileNotFoundError:
-        raise SubmitError("sbatch is not installed on the launcher's host; install the Slurm "
-                          "client (Debian: slurm-client) or run the launcher on a login node",
-                          permanent=True) from None
-    except subprocess.TimeoutExpired:
-        raise SubmitError(f"sbatch did not answer in {_TIMEOUT}s; is slurmctld up?",
-                          permanent=False) from None
-    if result.returncode != 0:
-        raise submit_error(result.stderr or result.stdout, result.returncode)
-    return result.stdout
 
 
 def _batch_exit(slurm: dict) -> int | None:
@@ -192,33 +114,6 @@ def reported_exits(events: list[dict[str, Any]], nodes: int, engine_id: str) -> 
                 isinstance(node, int) and node in exits and isinstance(code, int):
             exits[node] = code
     return exits
-
-
-def sbatch_directives(spec: JobSpec, profile, job_name: str, output: str,
-                      workdir: str | None) -> list[str]:
-    """The #SBATCH lines for a spec on a profile: one task (one torchrun agent) per node.
-
-    Every value goes through `shell.directive`: one with a newline or another control
-    character is refused (`shell.UnsafeValue`, naming the field), since sbatch would run
-    what follows it as shell on the node; one with spaces or quotes is quoted as sbatch reads it."""
-    res = spec.resources
-    lines = [shell.directive("job-name", job_name, "name"), f"--nodes={spec.nodes}",
-             "--ntasks-per-node=1", f"--cpus-per-task={res.get('cpus') or spec.nproc_per_node}",
-             shell.directive("output", output, "output (the launcher's data dir)")]
-    if workdir:
-        lines.append(shell.directive("chdir", workdir, "workdir"))
-    if res.get("gpus"):
-        lines.append(f"--gres=gpu:{int(res['gpus'])}")
-    elif profile.get("gres"):
-        lines.append(shell.directive("gres", profile.get("gres"), f"{profile.name}.gres"))
-    if res.get("memory_mb"):
-        lines.append(f"--mem={int(res['memory_mb'])}M")
-    for key in DIRECTIVE_OPTIONS:
-        if key != "gres" and profile.get(key):
-            lines.append(shell.directive(key, profile.get(key), f"{profile.name}.{key}"))
-    lines.extend(shell.sbatch_line(str(item), f"{profile.name}.sbatch_args[{index}]")
-                 for index, item in enumerate(profile.get("sbatch_args") or []))
-    return lines
 
 
 @dataclass
@@ -301,7 +196,7 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
         # through a stop's SIGTERM itself, to send the last lines and the exit. Its copy of
         # the job directory goes where clean_nodes looks.
         head.append('export TMPDIR="${TMPDIR:-/tmp}"')
-        node_argv = [python, "-m", "jupyter_dlc.backends.slurm_node", "run", staged.job_dir, staged.cwd, "--"]
+        node_argv = [python, "-m", "jupyter_dlc.node.slurm_node", "run", staged.job_dir, staged.cwd, "--"]
         task = "\n".join([*head, f"exec {shell.command(node_argv, slots)} {agent}"])
     else:
         task = "\n".join([
@@ -323,8 +218,8 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
     if preflight:
         # Preflight where the ranks run: one task per node, before any agent; a node that
         # fails reports why (node_preflight event) and no agent starts anywhere.
-        check_argv = ([python, "-m", "jupyter_dlc.backends.slurm_node", "preflight", staged.job_dir, staged.cwd]
-                      if staged else [python, "-m", "jupyter_dlc.runtime.node_preflight"])
+        check_argv = ([python, "-m", "jupyter_dlc.node.slurm_node", "preflight", staged.job_dir, staged.cwd]
+                      if staged else [python, "-m", "jupyter_dlc.node.preflight"])
         node_check = "\n".join([*head, f"exec {shell.command(check_argv, slots)}"])
         # The batch exits PREFLIGHT_UNREACHABLE when a node could not deliver its verdict
         # (Slurm keeps that code; no event will say it), else 3.
@@ -352,24 +247,7 @@ unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
 """
 
 
-def job_script_env(ctx: AttemptContext, profile) -> dict[str, str]:
-    """The job's own variables (the env contract), as they go into the batch script; the
-    launcher's ambient environment and the token travel through sbatch's environment."""
-    net = network_env(ctx.spec.network, profile.get("interface"))
-    mine = {k: v for k, v in ctx.env.items()
-            if k.startswith(("DLC_", "EASYCKPT_")) or k in ctx.spec.env or k in net}
-    mine.pop("DLC_TOKEN", None)
-    mine.update(net)  # GLOO_SOCKET_IFNAME too, where an interface is named
-    mine.update(ctx.spec.env)  # the user's --env wins, as with the local engine
-    mine["PYTHONUNBUFFERED"] = "1"
-    # Rank records (pid, exit, first error) come over the report route, not the job directory.
-    mine[layout.RECORDS_ENV] = "report"
-    # What node 0's preflight writes into the checkpoint directory and every node reads back.
-    mine["DLC_PREFLIGHT_NONCE"] = secrets.token_hex(8)
-    return mine
-
-
-class SlurmBackend(Backend):
+class SlurmEngine(Engine):
     name = "slurm"
     profile_options = {
         "partition": Option(str, "a partition name"), "account": Option(str, "an account name"),
@@ -389,7 +267,7 @@ class SlurmBackend(Backend):
 
     # -- what it can do, and whether it can run this at all -------------------------------
     def capabilities(self, spec: JobSpec) -> Capabilities:
-        shared = bool(_profile(spec).get("shared_filesystem", False))
+        shared = bool(profile_of(spec).get("shared_filesystem", False))
         # A pool's agents take their orders from the pool directory: a shared filesystem.
         # Branches plant the parent's step in the checkpoint directory, which the launcher
         # sees either way (without a shared filesystem: the profile's checkpoint_dir).
@@ -403,7 +281,7 @@ class SlurmBackend(Backend):
         return _pooled().SlurmPoolDriver()
 
     def capacity_error(self, spec: JobSpec) -> str | None:
-        profile = _profile(spec)
+        profile = profile_of(spec)
         try:  # what cannot go on an #SBATCH line is refused now, naming the field
             sbatch_directives(spec, profile, spec.name, "slurm-%j.out", spec.workdir)
         except shell.UnsafeValue as error:
@@ -437,7 +315,7 @@ class SlurmBackend(Backend):
     def checkpoint_dir(self, spec: JobSpec, job_id: str, job_dir: str) -> str:
         """The spec's, else the profile's `checkpoint_dir` (one directory per job under it:
         a path every node and the launcher see), else the job directory's."""
-        return (staging.profile_checkpoint_dir(spec, _profile(spec), job_id)
+        return (staging.profile_checkpoint_dir(spec, profile_of(spec), job_id)
                 or super().checkpoint_dir(spec, job_id, job_dir))
 
     def _partition_nodes(self, profile) -> list[dict[str, Any]]:
@@ -445,7 +323,7 @@ class SlurmBackend(Backend):
         argv = ["sinfo", "-h", "-N", "-o", "%N|%t|%c|%m|%G"]
         if profile.get("partition"):
             argv += ["-p", profile.get("partition")]
-        out = _run(argv, client_env(profile), check=True).stdout
+        out = run_slurm(argv, client_env(profile), check=True).stdout
         rows = {}
         for line in out.splitlines():
             name, state, cpus, memory, gres = (line.split("|") + [""] * 5)[:5]
@@ -468,8 +346,8 @@ class SlurmBackend(Backend):
                 "detail": f"{len(nodes)} node(s) in partition {profile.get('partition') or '(default)'}"}
 
     # -- submit ---------------------------------------------------------------------------
-    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
-        profile = _profile(ctx.spec)
+    def dry_run(self, ctx: AttemptContext) -> DryRun:
+        profile = profile_of(ctx.spec)
         python = ctx.spec.python or profile.get("python") or sys.executable
         staged = None
         output, cwd = os.path.join(ctx.attempt_dir, "slurm-%j.out"), ctx.spec.workdir or ctx.job_dir
@@ -488,22 +366,22 @@ class SlurmBackend(Backend):
         exports = [shell.export(k, v) for k, v in job_script_env(ctx, profile).items()]
         script = render_sbatch(ctx.spec, directives, exports, python, ctx.script_path,
                                ctx.attempt_dir, str(ctx.port or 29500), preflight=True,
-                               umask=local.CHILD_UMASK, staged=staged)
+                               umask=children.CHILD_UMASK, staged=staged)
         # --export=ALL: the ranks get the launcher's PATH and such, and the token, which
         # stays out of the script file (submit adds it to sbatch's environment).
-        return {"backend": "slurm", "cluster": profile.name,
-                "sbatch": ["sbatch", "--parsable", "--export=ALL"], "script": script}
+        return DryRun("slurm", cluster=profile.name, files={BATCH_SCRIPT: script}, labels=["submitted as"],
+                      commands=[["sbatch", "--parsable", "--export=ALL",
+                                 os.path.join(ctx.attempt_dir, BATCH_SCRIPT)]])
 
-    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
-        profile = _profile(ctx.spec)
-        request = self.dry_run(ctx)
+    def submit(self, ctx: AttemptContext, request: DryRun) -> dict[str, Any]:
+        profile = profile_of(ctx.spec)
         os.makedirs(ctx.attempt_dir, exist_ok=True)
-        path = os.path.join(ctx.attempt_dir, "job.sbatch")
+        path = request.commands[0][-1]
         with open(path, "w") as f:
-            f.write(request["script"])
+            f.write(request.files[BATCH_SCRIPT])
         env = dict(client_env(profile), DLC_TOKEN=ctx.env["DLC_TOKEN"],
                    DLC_LAUNCHER_URL=ctx.env["DLC_LAUNCHER_URL"])
-        out = sbatch(request["sbatch"] + [path], env)
+        out = sbatch(request.commands[0], env)
         job_id = out.strip().split(";")[0]
         return {"engine_id": job_id, "script": path, "submitted": time.time()}
 
@@ -512,15 +390,15 @@ class SlurmBackend(Backend):
         and storing the id): the first one submitted that Slurm still runs or queues is
         the attempt's, any other running under the name is cancelled; else the newest that
         ended (its outcome stands); None when Slurm has none of that name."""
-        env = client_env(_profile(ctx.spec))
-        result = _run(["squeue", "-h", "--states=all", f"--name={ctx.engine_name}", "-o", "%i|%T"], env)
+        env = client_env(profile_of(ctx.spec))
+        result = run_slurm(["squeue", "-h", "--states=all", f"--name={ctx.engine_name}", "-o", "%i|%T"], env)
         if result.returncode != 0:
             raise SubmitError(f"squeue: {(result.stderr or result.stdout).strip()}", permanent=False)
         jobs = sorted(((int(i), state) for i, _, state in
                        (line.partition("|") for line in result.stdout.split()) if i.isdigit()))
         active = [str(i) for i, state in jobs if state in ACTIVE]
         for duplicate in active[1:]:
-            _run(["scancel", duplicate], env)
+            run_slurm(["scancel", duplicate], env)
         chosen = active[0] if active else (str(jobs[-1][0]) if jobs else None)
         if chosen is None:
             return None
@@ -538,7 +416,7 @@ class SlurmBackend(Backend):
             pass
         asked, known = self._seen.get(job_id, (0.0, None))
         if fresh or time.monotonic() - asked >= POLL_INTERVAL:
-            result = _run(["squeue", "--json", f"--jobs={job_id}"], client_env(_profile(ctx.spec)))
+            result = run_slurm(["squeue", "--json", f"--jobs={job_id}"], client_env(profile_of(ctx.spec)))
             jobs = json.loads(result.stdout).get("jobs", []) if result.returncode == 0 else []
             match = [j for j in jobs if str(j.get("job_id")) == job_id]
             self._cancel_duplicates(ctx, job_id, jobs)
@@ -560,10 +438,10 @@ class SlurmBackend(Backend):
         for job in jobs:
             other = str(job.get("job_id"))
             if job.get("name") == ctx.engine_name and other != job_id and job.get("job_state") in ACTIVE:
-                _run(["scancel", other], client_env(_profile(ctx.spec)))
+                run_slurm(["scancel", other], client_env(profile_of(ctx.spec)))
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
-        if handle.get("pool"):  # ran on a warm pool's agents (backends/slurm_pool.py)
+        if handle.get("pool"):  # ran on a warm pool's agents (engines/slurm/pool.py)
             return _pooled().describe_job(ctx, handle)
         job_id = str(handle.get("engine_id") or "")
         status = AttemptStatus()
@@ -624,14 +502,14 @@ class SlurmBackend(Backend):
         job_id = handle.get("engine_id")
         if not job_id:
             return
-        env = client_env(_profile(ctx.spec))
+        env = client_env(profile_of(ctx.spec))
         state = (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state")
         self._seen.pop(str(job_id), None)
         if ACTIVE.get(state or "") == "RUNNING":
-            _run(["scancel", "--signal=TERM", str(job_id)], env)
+            run_slurm(["scancel", "--signal=TERM", str(job_id)], env)
         elif state in ACTIVE:
             # Pending: nothing runs to be signalled (scancel --signal would retry for minutes).
-            _run(["scancel", str(job_id)], env)
+            run_slurm(["scancel", str(job_id)], env)
 
     def kill(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("pool"):
@@ -640,7 +518,7 @@ class SlurmBackend(Backend):
         job_id = handle.get("engine_id")
         if not job_id:
             return
-        env = client_env(_profile(ctx.spec))
+        env = client_env(profile_of(ctx.spec))
         self._seen.pop(str(job_id), None)
         if not self.capabilities(ctx.spec).shared_filesystem:
             # The steps alone, with slurm_node's KILL_SIGNAL: each node's task kills the rest
@@ -648,45 +526,47 @@ class SlurmBackend(Backend):
             # the batch shell (not signalled) removes the nodes' copies of the job directory
             # (clean_nodes) and ends the job within a second or two. Whatever is left after
             # CLEANUP_WAIT is cancelled below.
-            _run(["scancel", f"--signal={slurm_node.KILL_SIGNAL.name.removeprefix('SIG')}", str(job_id)], env)
+            run_slurm(["scancel", f"--signal={slurm_node.KILL_SIGNAL.name.removeprefix('SIG')}", str(job_id)], env)
             deadline = time.monotonic() + CLEANUP_WAIT
             while time.monotonic() < deadline and \
                     (self._slurm_state(ctx, str(job_id), fresh=True) or {}).get("job_state") in ACTIVE:
                 time.sleep(POLL_INTERVAL / 2)  # a second or two: a few squeue calls, not a stream
             self._seen.pop(str(job_id), None)
         else:
-            _run(["scancel", "--full", "--signal=KILL", str(job_id)], env)
-        _run(["scancel", str(job_id)], env)
+            run_slurm(["scancel", "--full", "--signal=KILL", str(job_id)], env)
+        run_slurm(["scancel", str(job_id)], env)
 
     def cleanup(self, ctx: AttemptContext, handle: dict[str, Any]) -> None:
         if handle.get("engine_id") and self.describe(ctx, handle).alive:
             self.kill(ctx, handle)
         remove_preflight_markers(ctx)
 
+    # -- an exported bundle ------------------------------------------------------------------
+    def export_files(self, spec: JobSpec, script: str, files: dict[str, str], job_id: str,
+                     exports: list[str]) -> dict[str, str]:
+        """`job.sbatch` of an exported bundle, whichever engine ran the job: `sbatch job.sbatch`
+        from the bundle's directory runs it with plain torchrun on a Slurm cluster. Options come
+        from the job's Slurm profile when it has one here; else edit the #SBATCH lines.
+        `exports` are the bundle's environment lines (export.bundle_env), "$HERE" the bundle."""
+        profile = profile_of(spec, lenient=True)
+        directives = sbatch_directives(spec, profile, spec.name, "slurm-%j.out", None)
+        python = spec.python or profile.get("python") or "python3"
+        preamble = "\n".join([
+            "# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch",
+            'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"',
+            "# PYTHON=... sbatch job.sbatch runs another Python.",
+            shell.export_default("PYTHON", python, empty_wins=False), ""])
+        slots = {"HERE": '"$HERE"', "PYTHON": '"$PYTHON"'}
+        return {BATCH_SCRIPT: render_sbatch(
+            spec, directives, exports, shell.slot("PYTHON"), shell.slot("HERE") + "/script.py",
+            shell.slot("HERE") + "/logs", '"${MASTER_PORT:-29500}"', slots=slots,
+            preamble=preamble, bootstrap=False)}
+
 
 def _pooled():
     """Jobs on a warm pool's agents are watched through the shared attempt directory and
     stopped by orders their node processes carry out (slurm_pool.py): the nodes may be other
     hosts, whose processes the launcher can neither see nor signal."""
-    from . import slurm_pool
+    from . import pool
 
-    return slurm_pool
-
-
-def export_sbatch(spec: JobSpec, exports: list[str]) -> str:
-    """`job.sbatch` of an exported bundle, whichever engine ran the job: `sbatch job.sbatch`
-    from the bundle's directory runs it with plain torchrun on a Slurm cluster. Options come
-    from the job's Slurm profile when it has one here; else edit the #SBATCH lines.
-    `exports` are the bundle's environment lines (export.bundle_env), "$HERE" the bundle."""
-    profile = _profile(spec, lenient=True)
-    directives = sbatch_directives(spec, profile, spec.name, "slurm-%j.out", None)
-    python = spec.python or profile.get("python") or "python3"
-    preamble = "\n".join([
-        "# Submit from the bundle directory: cd <bundle> && sbatch job.sbatch",
-        'export HERE="${SLURM_SUBMIT_DIR:-$(pwd)}"',
-        "# PYTHON=... sbatch job.sbatch runs another Python.",
-        shell.export_default("PYTHON", python, empty_wins=False), ""])
-    slots = {"HERE": '"$HERE"', "PYTHON": '"$PYTHON"'}
-    return render_sbatch(spec, directives, exports, shell.slot("PYTHON"),
-                         shell.slot("HERE") + "/script.py", shell.slot("HERE") + "/logs",
-                         '"${MASTER_PORT:-29500}"', slots=slots, preamble=preamble, bootstrap=False)
+    return pool

@@ -9,7 +9,7 @@ and its workers are those forked ranks: no interpreter start and no torch import
 restart path. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
 come back, it leaves by itself once attempt N has no process left.
 
-    python -m jupyter_dlc.backends.standby GO_FILE EXIT_FILE
+    python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE
 
 GO_FILE.ready appears once it is warm; it holds the number of ranks it forked.
 """
@@ -28,7 +28,7 @@ _ORPHAN_AFTER = 120.0
 
 
 def _attempt_alive(job_id: str, attempt: int) -> bool:
-    from .local import job_processes
+    from ..hostprocs import job_processes
 
     return bool(job_processes().get((job_id, attempt)))
 

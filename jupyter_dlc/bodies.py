@@ -1,6 +1,6 @@
 """The request bodies besides the spec, as JSON Schemas, and the one checker that enforces them.
 
-The same schemas are served in the OpenAPI document (jupyter_dlc/openapi.py), so what the
+The same schemas are served in the OpenAPI document (jupyter_dlc/launcher/openapi.py), so what the
 document promises and what the launcher accepts cannot drift apart. The checker knows only the
 keywords used here (type, enum, bounds, lengths, properties, required, additionalProperties,
 anyOf); `check_schema_keywords` in the tests keeps it that way.
@@ -12,8 +12,8 @@ import json
 import math
 from typing import Any
 
-from .. import wirejson
-from ..spec import (DOUBLE_MAX, FINITE_SCHEMA, MAX_PATH, MAX_TEXT, SURROGATE, SpecError, is_finite,
+from . import wirejson
+from .spec import (DOUBLE_MAX, FINITE_SCHEMA, MAX_PATH, MAX_TEXT, SURROGATE, SpecError, is_finite,
                     require_unicode, show)
 
 INT64 = 2**63 - 1
@@ -89,7 +89,7 @@ RANK_REPORT: dict[str, Any] = {
     "additionalProperties": SCALAR,
 }
 MAX_RANKS_PER_BATCH = 1024
-# One node's reporter (runtime/node_reporter.py) sends its ranks' reports in one body: the
+# One node's reporter (runtime/node/reporter.py) sends its ranks' reports in one body: the
 # node's identity on top, each rank's report (the rank form above) under "ranks".
 REPORT = {**RANK_REPORT,
           "description": "A rank's report, or a node's batch of its ranks' reports under "
@@ -98,7 +98,7 @@ REPORT = {**RANK_REPORT,
                          "ranks": {"type": "array", "maxItems": MAX_RANKS_PER_BATCH,
                                    "items": RANK_REPORT}}}
 
-# What a node without the launcher's filesystem sends of its logs (backends/slurm_node.py):
+# What a node without the launcher's filesystem sends of its logs (node/slurm_node.py):
 # new lines of its ranks' logs and of its agent's, appended to the attempt's files.
 NODE_LOG_BYTES = 1 << 20  # text in one body, all entries together
 NODE_LOGS = {

@@ -6,7 +6,7 @@
       └ node-K.log ◀── agent output over the ssh pipe    └ exit code ──▶ ssh ──▶ node-K.exit
 
 - Nothing the job carries is parsed by a shell: the remote command line is fixed
-  (`PYTHON -m jupyter_dlc.backends.ssh_node run`, each word quoted), and the agent's argv, env
+  (`PYTHON -m jupyter_dlc.node.ssh_node run`, each word quoted), and the agent's argv, env
   (the job token among it) and working directory travel as one JSON line on ssh's stdin.
 - The agents' output streams back over the ssh pipe into the attempt's `node-K.log`, so
   torchrun's failure summary (ranks killed by a signal) reaches the launcher without a
@@ -15,10 +15,10 @@
   script and pushed files travel in the payload into a directory of the host's own, and the
   ranks' logs come back over the pipe, tagged per rank, into the launcher's `rank-R.log`;
   checkpoints need the profile's `checkpoint_dir`, which every host and the launcher see.
-- Where a node runs more than one rank, `run` starts the node reporter (node_reporter.py)
+- Where a node runs more than one rank, `run` starts the node reporter (node/reporter.py)
   beside the agent and names its URL file, in the attempt directory the host sees (its own
   copy without a shared filesystem), in the ranks' `DLC_NODE_REPORTER`.
-- Preflight (`runtime/node_preflight.py`) runs on every host over ssh before any agent: each
+- Preflight (`node/preflight.py`) runs on every host over ssh before any agent: each
   keeper runs its node's and waits for all verdicts, so agents start everywhere or nowhere.
 - Nothing outlives its job on any host: `run` kills every process of its node when its
   stdin closes (the ssh client or its keeper was killed, or sshd dropped a dead connection)
@@ -43,15 +43,17 @@ import time
 import urllib.parse
 from typing import Any
 
-from .. import layout, node_reporter, shell
-from ..engines import Option
-from ..spec import JobSpec
-from . import staging
-from . import (
+from ... import hostprocs, layout, shell
+from ...node import reporter as node_reporter
+from ...spec import JobSpec
+from .. import staging
+from ..children import spawn
+from ..contract import (
     AttemptContext,
     AttemptStatus,
-    Backend,
     Capabilities,
+    DryRun,
+    Engine,
     NodeStatus,
     Phase,
     RankStatus,
@@ -60,8 +62,9 @@ from . import (
     remove_preflight_markers,
     unreachable_launcher,
 )
-from .local import _alive, _spawn, agent_summary_codes, torchrun_argv
-from .slurm import job_script_env
+from ...engine_registry import Option
+from ..remote_env import job_script_env
+from ..torchrun import agent_summary_codes, torchrun_argv
 
 CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
 # ssh gives up on a silent connection (a cut link) after about 2 x 3 s; the remote side's
@@ -74,7 +77,7 @@ KILLED = 137
 
 
 def _profile(spec: JobSpec):
-    from ..clusters import engine_profile
+    from ...clusters import engine_profile
 
     return engine_profile(spec.cluster, "ssh")
 
@@ -121,7 +124,7 @@ def _keeper_node(pid: int) -> int | None:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    if "jupyter_dlc.backends.ssh_node" not in argv or "keep" not in argv:
+    if "jupyter_dlc.node.ssh_node" not in argv or "keep" not in argv:
         return None
     name = os.path.basename(argv[argv.index("keep") + 1]) if argv.index("keep") + 1 < len(argv) else ""
     number = name.removeprefix("node-").removesuffix(".ssh.json")
@@ -154,7 +157,7 @@ def probe_hosts(profile, spec: JobSpec | None = None, timeout: float = 20.0) -> 
     """What each host has (Python, torch, CPUs, GPUs, memory), or why it cannot be reached."""
     python = remote_python(spec or JobSpec(), profile)
     hosts = _hosts(profile)
-    results = _run_all([ssh_argv(profile, host, [python, "-m", "jupyter_dlc.backends.ssh_node", "probe"])
+    results = _run_all([ssh_argv(profile, host, [python, "-m", "jupyter_dlc.node.ssh_node", "probe"])
                         for host in hosts], timeout)
     rows = []
     for host, (code, out) in zip(hosts, results, strict=True):
@@ -195,7 +198,7 @@ def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str |
     return None
 
 
-class SSHBackend(Backend):
+class SSHEngine(Engine):
     profile_options = {
         "hosts": Option(list, "a list of host names or addresses, node 0 first"),
         "user": Option(str, "the login name on the hosts"), "port": Option(int, "sshd's port, e.g. 22"),
@@ -227,7 +230,7 @@ class SSHBackend(Backend):
                        or staging.size_error(spec, profile.name, "over ssh", "hosts"))
             if problem:
                 return problem
-        from . import launcher_url
+        from ..contract import launcher_url
 
         reach = urllib.parse.urlsplit(launcher_url or "").hostname or ""
         if _loopback(reach) and not all(_loopback(h) for h in hosts[:spec.nodes]):
@@ -293,23 +296,22 @@ class SSHBackend(Backend):
                              **({"stage": stage} if stage else {})})
         return profile, hosts, payloads
 
-    def dry_run(self, ctx: AttemptContext) -> dict[str, Any]:
+    def dry_run(self, ctx: AttemptContext) -> DryRun:
         profile, hosts, payloads = self._payloads(ctx)
         python = remote_python(ctx.spec, profile)
-        return {"backend": "ssh", "cluster": profile.name, "hosts": hosts,
-                "commands": [ssh_argv(profile, host, [python, "-m", "jupyter_dlc.backends.ssh_node", "run"])
-                             for host in hosts],
-                "payloads": payloads}  # the token goes into each payload only at submit
+        return DryRun("ssh", cluster=profile.name, hosts=hosts,
+                      commands=[ssh_argv(profile, host, [python, "-m", "jupyter_dlc.node.ssh_node", "run"])
+                                for host in hosts],
+                      native={"payloads": payloads})  # the token goes into each payload only at submit
 
-    def submit(self, ctx: AttemptContext) -> dict[str, Any]:
-        request = self.dry_run(ctx)
+    def submit(self, ctx: AttemptContext, request: DryRun) -> dict[str, Any]:
         os.makedirs(ctx.attempt_dir, exist_ok=True)
         results = [layout.node_preflight_code(ctx.attempt_dir, n) for n in range(ctx.spec.nodes)]
         shared = self.capabilities(ctx.spec).shared_filesystem
         files = None if shared else staging.staged_files(ctx.job_dir)
         nodes = []
-        for node, (host, argv, payload) in enumerate(zip(request["hosts"], request["commands"],
-                                                         request["payloads"], strict=True)):
+        for node, (host, argv, payload) in enumerate(zip(request.hosts, request.commands,
+                                                         request.native["payloads"], strict=True)):
             payload["env"]["DLC_TOKEN"] = ctx.env["DLC_TOKEN"]
             if files is not None:
                 payload["stage"] = dict(payload["stage"], files=files)
@@ -324,9 +326,9 @@ class SSHBackend(Backend):
                            "rank_logs": None if shared else ctx.attempt_dir}, f)
             # The keeper runs here, in a session of its own (it outlives the launcher) and in
             # the attempt's cgroup; it carries the job's id, so the supervisor sees it alive.
-            pid = _spawn(ctx, node, [sys.executable, "-m", "jupyter_dlc.backends.ssh_node", "keep", path])
+            pid = spawn(ctx, node, [sys.executable, "-m", "jupyter_dlc.node.ssh_node", "keep", path])
             nodes.append({"node": node, "host": host, "pid": pid})
-        return {"engine_id": ",".join(request["hosts"]), "nodes": nodes}
+        return {"engine_id": ",".join(request.hosts), "nodes": nodes}
 
     def adopt(self, ctx: AttemptContext) -> dict[str, Any] | None:
         """The attempt's keepers, found by the job id and attempt in their environment and
@@ -334,10 +336,8 @@ class SSHBackend(Backend):
         their pids). Only a whole set is adopted: keepers of some nodes but not all (killed
         mid-submit) could never pass the preflight gate, so they are killed and the attempt
         is submitted again; no second keeper of a node ever runs beside a first."""
-        from .local import job_processes
-
         keepers: dict[int, int] = {}
-        for pid in job_processes().get((ctx.job_id, ctx.attempt), []):
+        for pid in hostprocs.job_processes().get((ctx.job_id, ctx.attempt), []):
             node = _keeper_node(pid)
             if node is not None:
                 keepers[node] = pid
@@ -364,7 +364,7 @@ class SSHBackend(Backend):
         for node in range(ctx.spec.nodes):
             code = layout.read_int(layout.node_exit(ctx.attempt_dir, node))
             keeper = keepers.get(node, {})
-            running = code is None and bool(keeper.get("pid")) and _alive(keeper["pid"])
+            running = code is None and bool(keeper.get("pid")) and hostprocs.alive(keeper["pid"])
             if code is None and keeper.get("pid") and not running:
                 # Gone: it recorded ssh's exit as it left, or it was killed before it could.
                 code = layout.read_int(layout.node_exit(ctx.attempt_dir, node))
@@ -396,7 +396,7 @@ class SSHBackend(Backend):
         profile = _profile(ctx.spec)
         python = remote_python(ctx.spec, profile)
         nodes = handle.get("nodes", [])
-        return _run_all([ssh_argv(profile, n["host"], [python, "-m", "jupyter_dlc.backends.ssh_node", "signal",
+        return _run_all([ssh_argv(profile, n["host"], [python, "-m", "jupyter_dlc.node.ssh_node", "signal",
                                                        ctx.job_id, str(ctx.attempt), str(n["node"]), str(int(sig))])
                          for n in nodes], SIGNAL_TIMEOUT)
 
@@ -410,7 +410,7 @@ class SSHBackend(Backend):
         up when its sshd notices the connection is gone."""
         self._signal(ctx, handle, signals.SIGKILL)
         for node in handle.get("nodes", []):
-            if not _alive(node["pid"]):
+            if not hostprocs.alive(node["pid"]):
                 continue
             try:
                 os.killpg(node["pid"], signals.SIGKILL)

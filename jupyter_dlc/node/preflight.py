@@ -1,4 +1,4 @@
-"""Preflight on a node where the ranks will run (`python -m jupyter_dlc.runtime.node_preflight`),
+"""Preflight on a node where the ranks will run (`python -m jupyter_dlc.node.preflight`),
 started by the engine once per node before the agents (Slurm: an `srun` step of its own).
 
 Checks what only the node can tell: that torch imports in the job's Python, that the script
@@ -86,7 +86,7 @@ def main() -> int:
     # The name the engine knows the node by (an SSH profile's host), else Slurm's, else its own.
     host = env.get("DLC_NODE_HOST") or env.get("SLURMD_NODENAME") or socket.gethostname()
     problem = check(node, host, env)
-    from .report import send_events_now
+    from ..runtime.report import send_events_now
 
     delivered = send_events_now([{"type": layout.NODE_PREFLIGHT, "node": node, "host": host,
                                   "ok": problem is None,

@@ -22,6 +22,7 @@ from typing import Any
 
 GROUP = "jupyter_dlc.engines"
 OWN = "jupyter-dlc"  # this package's distribution: its engines come first, and win a clash
+DEFAULT = "local"  # the engine of a job that names none (no cluster profile either)
 
 log = logging.getLogger("jupyter_dlc.engines")
 
@@ -60,7 +61,7 @@ def _entries() -> dict[str, importlib.metadata.EntryPoint]:
     # Ours first, `local` (the default) first of all, then by name: a stable order for lists
     # and messages, whatever order the metadata keeps.
     points = sorted(importlib.metadata.entry_points(group=GROUP),
-                    key=lambda ep: (_dist(ep) != OWN, ep.name != "local", _dist(ep) or "", ep.name))
+                    key=lambda ep: (_dist(ep) != OWN, ep.name != DEFAULT, _dist(ep) or "", ep.name))
     for point in points:
         if point.name in found:
             log.warning("engine %r of %s is ignored: %s registers that name first", point.name,

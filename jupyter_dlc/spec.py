@@ -593,7 +593,7 @@ def engine_field(data: Any) -> Any:
 
 def spec_engine(spec: dict[str, Any]) -> str:
     """The engine of a spec stored as a dict, by either name (an older launcher's record)."""
-    return spec.get("engine") or spec.get(OLD_ENGINE_FIELD) or "local"
+    return spec.get("engine") or spec.get(OLD_ENGINE_FIELD) or engine_registry.DEFAULT
 
 
 class _OldSpelling(argparse.Action):
@@ -619,7 +619,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     network: str | None = None
     workdir: str | None = None
-    engine: str = "local"
+    engine: str = engine_registry.DEFAULT
     max_runtime: float | None = None
     max_restarts: int = 3
     # The steps the job will run (progress and ETA); the script may say it instead:
@@ -762,7 +762,7 @@ JOB_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--dry-run",), dict(action="store_true",
                           help="print what the engine would be asked (torchrun per node, the "
                                "sbatch script, the manifests) and submit nothing")),
-    (("--engine", "--backend"), dict(default="local", choices=list(ENGINES), action=_OldSpelling,
+    (("--engine", "--backend"), dict(default=engine_registry.DEFAULT, choices=list(ENGINES), action=_OldSpelling,
                                      help="engine to run on (--backend: the old spelling, still taken)")),
     (("--cluster",), dict(default=None, help="cluster profile to run on (see jupyter-dlc clusters)")),
     (("--from",), dict(dest="branch_from", default=None, metavar="JOB[@STEP]",

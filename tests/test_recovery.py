@@ -492,7 +492,7 @@ def test_a_hang_is_diagnosed_from_the_stacks_the_ranks_send(launcher):
 
 
 def test_the_progress_verdict_names_only_a_rank_that_is_behind():
-    from jupyter_dlc.launcher.supervisor import _hang_reason
+    from jupyter_dlc.launcher.judging import _hang_reason
 
     def rank(r, step):
         return {"rank": r, "last_step": step, "last_progress": 100.0 + r}

@@ -28,7 +28,7 @@ from jupyter_dlc.engines.contract import (
     RankStatus,
     SubmitError,
 )
-from jupyter_dlc.launcher import supervisor as supervisor_module
+from jupyter_dlc.launcher import attempt_start as attempt_start_module
 from jupyter_dlc.launcher.store import Store
 from jupyter_dlc.launcher.supervisor import Supervisor, create_job_dir
 from jupyter_dlc.spec import JobSpec
@@ -289,7 +289,7 @@ def test_rendezvous_ports_come_from_below_the_ephemeral_range_and_are_free():
     drawn below that range, and each is free when handed out."""
     import socket
 
-    from jupyter_dlc.launcher.supervisor import PORT_FLOOR, _ephemeral_low, free_port
+    from jupyter_dlc.launcher.attempt_start import PORT_FLOOR, _ephemeral_low, free_port
 
     low = _ephemeral_low()
     ports = {free_port() for _ in range(20)}
@@ -314,7 +314,7 @@ def test_a_permanent_refusal_ends_the_job_failed_with_the_engines_words(world):
 
 
 def test_a_transient_refusal_is_retried_with_backoff_shown_in_the_reason(world, monkeypatch):
-    monkeypatch.setattr(supervisor_module, "SUBMIT_BACKOFF", 4.0)
+    monkeypatch.setattr(attempt_start_module, "SUBMIT_BACKOFF", 4.0)
     timeout = "Batch job submission failed: Socket timed out on send/recv operation"
     world.engine.refusals = [SubmitError(timeout, permanent=False)] * 2
     world.submit()
@@ -344,7 +344,7 @@ def test_a_transient_refusal_is_retried_with_backoff_shown_in_the_reason(world, 
 
 
 def test_transient_refusals_are_bounded(world, monkeypatch):
-    monkeypatch.setattr(supervisor_module, "SUBMIT_RETRIES", 2)
+    monkeypatch.setattr(attempt_start_module, "SUBMIT_RETRIES", 2)
     world.engine.refusals = [SubmitError("slurmctld: Connection refused", permanent=False)] * 3
     world.submit()
     for _ in range(3):
@@ -357,7 +357,7 @@ def test_transient_refusals_are_bounded(world, monkeypatch):
 
 
 def test_an_unforeseen_engine_error_is_retried_not_left_in_preflight_forever(world, monkeypatch):
-    monkeypatch.setattr(supervisor_module, "SUBMIT_RETRIES", 0)
+    monkeypatch.setattr(attempt_start_module, "SUBMIT_RETRIES", 0)
     world.engine.submit = lambda ctx, request: (_ for _ in ()).throw(OSError("E2BIG"))  # type: ignore[method-assign]
     world.submit()
     world.supervisor.tick()

@@ -265,6 +265,11 @@ class Engine(ABC):
     a default that engines sharing the launcher's filesystem need not change."""
 
     name = "base"
+    # Whether the job's ranks run on the launcher's machine: they take its process slots
+    # (admission) and their native stacks can be read here (evidence).
+    ranks_here: ClassVar[bool] = False
+    # What a refused submit is called in a job's reason: the engine's own command.
+    submit_verb: ClassVar[str] = ""
     # The options a cluster profile of this engine may give, besides the common ones
     # (clusters.COMMON_OPTIONS): name -> engines.Option. Read through the registry.
     profile_options: ClassVar[dict[str, Option]] = {}

@@ -9,8 +9,8 @@ Before the supervisor ends a hung or failing attempt it writes `attempt-<N>/evid
                             the hang verdict's ask (runtime/stacks.py); a failing attempt's
                             survivors are not asked (that would hold up the restart)
     native-rank-<R>.txt     `py-spy dump --native` of each live rank, where py-spy is on PATH
-                            and the ranks are this machine's processes (the local engine)
-    nvidia-smi.txt          `nvidia-smi -q`, where it is on PATH (a GPU node, local engine)
+                            and the ranks are this machine's processes (an engine whose ranks run here)
+    nvidia-smi.txt          `nvidia-smi -q`, where it is on PATH (a GPU node whose ranks run here)
     nccl-rank-<R>.txt       the NCCL flight recorder's dump, when a rank sent one with its
                             stacks (shims/torch_private.nccl_flight_recorder)
     logs-tail.txt           the last TAIL_LINES lines of every rank's log
@@ -105,7 +105,7 @@ class _Folder:
 
 
 def keep_scene(attempt_dir: str, attempt: int, reason: str, world: int,
-               stacks: dict[int, dict] | None, live_pids: dict[int, int], local: bool) -> dict:
+               stacks: dict[int, dict] | None, live_pids: dict[int, int], ranks_here: bool) -> dict:
     """Write the evidence folder of an attempt about to be killed; returns its index."""
     started = time.monotonic()
     path = evidence_dir(attempt_dir)
@@ -123,14 +123,14 @@ def keep_scene(attempt_dir: str, attempt: int, reason: str, world: int,
     spy = _tool("py-spy")
     if not spy:
         folder.skipped.append("native stacks: py-spy is not on PATH (pip install py-spy)")
-    elif not local:
-        folder.skipped.append("native stacks: the ranks run on other hosts (local engine only)")
+    elif not ranks_here:
+        folder.skipped.append("native stacks: the ranks run on other hosts (engines whose ranks run here only)")
     else:
         for rank, pid in sorted(live_pids.items()):
             folder.run(f"native-rank-{rank}.txt", "native stacks (py-spy)",
                        [spy, "dump", "--native", "--pid", str(pid)])
     smi = shutil.which("nvidia-smi")
-    if smi and local:
+    if smi and ranks_here:
         folder.run("nvidia-smi.txt", "nvidia-smi -q", [smi, "-q"])
     else:
         folder.skipped.append("nvidia-smi -q: " + ("not on PATH (no GPU node)" if not smi

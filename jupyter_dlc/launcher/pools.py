@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from .. import layout
+from .. import engine_registry, layout
 from ..engines import pool_files
 from ..engines.contract import AttemptContext, PoolDriver, get_engine
 from ..spec import SpecError, parse_duration
@@ -41,7 +41,7 @@ class PoolError(ValueError):
 def engine_of(cluster: str | None) -> tuple[str, dict]:
     """The engine and profile options a pool on `cluster` would use."""
     if cluster is None:
-        return "local", {}
+        return engine_registry.DEFAULT, {}
     from ..clusters import get_profile
 
     profile = get_profile(cluster)
@@ -271,7 +271,7 @@ class Pools:
         spec = ctx.spec
         if get_engine(spec.engine).standby_started(ctx):
             return None, ""  # a restart with standby agents warmed for it: those are faster
-        if spec.cluster is None and spec.engine != "local":
+        if spec.cluster is None and spec.engine != engine_registry.DEFAULT:
             return None, f"cold start: pools of {spec.engine} need a cluster profile (--cluster NAME)"
         try:
             engine, options = engine_of(spec.cluster)

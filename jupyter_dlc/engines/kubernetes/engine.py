@@ -129,6 +129,7 @@ def pod_state(pod: dict) -> tuple[str, int | None, str | None]:
 
 
 class KubernetesEngine(Engine):
+    submit_verb = "the Kubernetes API"
     name = "kubernetes"
     profile_options = {
         "namespace": Option(str, "a namespace name"), "image": Option(str, "a container image with torch"),

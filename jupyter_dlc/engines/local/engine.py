@@ -48,6 +48,7 @@ _vanished: dict[tuple[str, int, int], float] = {}
 
 class LocalEngine(Engine):
     name = "local"
+    ranks_here = True
 
     def capacity_error(self, spec: JobSpec) -> str | None:
         wanted = spec.resources

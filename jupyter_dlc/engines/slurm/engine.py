@@ -248,6 +248,7 @@ unset SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE
 
 
 class SlurmEngine(Engine):
+    submit_verb = "sbatch"
     name = "slurm"
     profile_options = {
         "partition": Option(str, "a partition name"), "account": Option(str, "an account name"),

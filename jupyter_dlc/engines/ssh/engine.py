@@ -199,6 +199,7 @@ def _unreported_preflight(ctx: AttemptContext, nodes: list[NodeStatus]) -> str |
 
 
 class SSHEngine(Engine):
+    submit_verb = "ssh"
     profile_options = {
         "hosts": Option(list, "a list of host names or addresses, node 0 first"),
         "user": Option(str, "the login name on the hosts"), "port": Option(int, "sshd's port, e.g. 22"),

@@ -1,4 +1,7 @@
-"""The launcher's HTTP API (tornado). Every route checks the token; see ARCHITECTURE.md."""
+"""The launcher's HTTP API (tornado): routes, the token check on every one, bodies, status codes
+and streams. What a route does apart from HTTP is operations.py (submit, delete, resume, a
+job's detail, logs, metrics) over the store and the supervisor; answers are encoded by
+answers.py. See ARCHITECTURE.md."""
 
 from __future__ import annotations
 
@@ -7,31 +10,43 @@ import base64
 import hmac
 import json
 import logging
-import math
 import os
-import shutil
 import sqlite3
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-import orjson
 import tornado.web
 
 from .. import __version__, bands, identity, layout
 from . import openapi
-from ..engines.contract import bind_cluster, capability_report, get_engine
 from ..spec import JobSpec, SpecError, require_absolute_paths, show
 from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from .. import bodies
-from . import branches, checkpoints, dry_run, evidence, goodput, node_logs, performance, stragglers
+from . import evidence, goodput, node_logs
 from .alerts import rules_for
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
 from .retention import RetentionPolicy
-from .storage import is_disk_full
+from .answers import _clean, encode
+from .operations import (
+    NoSpace,
+    Refused,
+    checked_dry_run,
+    checked_submit,
+    delete_job,
+    job_detail,
+    metrics_answer,
+    performance_of,
+    pool_up,
+    read_logs,
+    release_pool,
+    resume_job,
+    script_of,
+    submit,
+)
 from .store import RANK_ORDERS, Store
-from .supervisor import Supervisor, create_job_dir, new_job_id
+from .supervisor import Supervisor
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -45,30 +60,6 @@ ACTION_WORKERS = 8
 # How long a stop's answer waits for the stop to be recorded (STOPPING, or STOPPED for a job
 # that had not started) before it answers 202 with the job as it stands; the stop goes on.
 ACTION_WAIT = 1.0
-
-
-def _json_default(value: Any) -> Any:
-    return str(value)
-
-
-def encode(data: Any) -> str:
-    """An answer as JSON. Encoded in C when every number is finite (a job's detail with
-    thousands of ranks: walking it in Python first cost more than the encoding)."""
-    try:
-        return json.dumps(data, allow_nan=False, default=_json_default)
-    except ValueError:
-        return json.dumps(_clean(data), default=_json_default)
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity; send them as strings so every client can parse the body."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
 
 
 class Launcher:
@@ -144,10 +135,6 @@ async def settled(future: Future, wait: float) -> bool:
     except Exception:  # noqa: BLE001 - logged where it failed; the answer is the job as it stands
         return True
     return True
-
-
-class Refused(Exception):
-    """An action's work, off the loop, found the request cannot be done: a 400 with this."""
 
 
 # Request bodies are read in pieces and capped per route (413 beyond), so that a huge body is
@@ -245,11 +232,14 @@ class BaseHandler(tornado.web.RequestHandler):
 
     async def off_loop(self, work: Callable[..., Any], *args: Any) -> Any:
         """Run an action's work on an action worker (engine calls, subprocesses, file scans)
-        and wait for it without holding up the loop; a `Refused` is answered 400."""
+        and wait for it without holding up the loop; a `Refused` is answered 400, a
+        `NoSpace` 507."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self.launcher.actions, work, *args)
         except Refused as refusal:
             self.fail(400, str(refusal))
+        except NoSpace as full:
+            raise tornado.web.HTTPError(507, reason=str(full)) from None
 
     def body(self, schema: dict | None = None) -> dict:
         """The JSON object sent, checked against `schema` (bodies.py) when one is given."""
@@ -291,41 +281,6 @@ class BaseHandler(tornado.web.RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": self._reason}))
-
-
-def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None) -> dict:
-    """A job's detail; with `rank_page` (order, page, size) one page of its ranks, and what
-    the rank table's pager shows (`rank_page`)."""
-    job = store.summary(row)
-    job["spec"] = json.loads(row["spec"])
-    if rank_page is None:
-        job["ranks"] = [dict(r) for r in store.rank_rows(row["id"], row["attempt"])]
-    else:
-        order, page, size = rank_page
-        rows, page, total, states = store.rank_page(row["id"], row["attempt"], order, page, size)
-        job["ranks"] = [dict(r) for r in rows]
-        job["rank_page"] = {"sort": order, "page": page, "size": size, "total": total,
-                            "pages": max(1, -(-total // size)), "states": states}
-    attempts = []
-    for a in store.attempt_rows(row["id"]):
-        item = {k: a[k] for k in ("attempt", "state", "started", "ended", "reason", "outcome",
-                                  "resume_path", "restarts")}
-        item["failure"] = json.loads(a["failure"]) if a["failure"] else None
-        # The engine's own id for the attempt (a Slurm job id), for views and for humans.
-        handle = json.loads(a["handle"] or "{}")
-        item["engine_id"] = handle.get("engine_id")
-        item["start"] = handle.get("start")  # warm pool or cold start, and why (launcher/pools.py)
-        item["checkpoint_dir"] = a["checkpoint_dir"]  # as the engine resolved it at the start
-        attempts.append(item)
-    job["attempts"] = attempts
-    # What the engine cannot do for this job, so that a view says so (a disabled Branch).
-    job["engine_report"] = capability_report(JobSpec.from_dict(job["spec"]))
-    checkpoints = store.checkpoints(row["id"])
-    job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
-    # Who the straggler detector names now (launcher/stragglers.py), while the job runs.
-    alert_state = json.loads(row["alert_state"]) if "alert_state" in row.keys() and row["alert_state"] else {}
-    job["stragglers"] = alert_state.get("stragglers") or [] if row["state"] in ACTIVE_STATES else []
-    return job
 
 
 class ProvingHandler(BaseHandler):
@@ -394,73 +349,6 @@ class JobsHandler(BaseHandler):
         self.reply(await self.off_loop(checked_submit, self.launcher, spec), 201)
 
 
-def checked_dry_run(launcher: Launcher, spec: JobSpec) -> dict:
-    """The engine's native request for the spec, checked as a submit is; nothing stored."""
-    check_engine(spec)
-    try:
-        branch = branches.resolve(launcher.store, launcher.supervisor, spec)
-    except SpecError as error:
-        raise Refused(str(error)) from None
-    if branch is not None:
-        spec.branch_from = branch.ref
-    return dry_run.native_request(launcher.supervisor, launcher.data_dir, spec)
-
-
-def checked_submit(launcher: Launcher, spec: JobSpec) -> dict:
-    """What the engine says of the spec, then the submit. On an action worker."""
-    check_engine(spec)
-    return submit(launcher, spec)
-
-
-def check_engine(spec: JobSpec) -> None:
-    """What the engine says of the spec (its capacity check runs sinfo on Slurm, reads the
-    cluster profiles): a Refused naming the field, or nothing."""
-    try:
-        # A cluster profile names the engine; the engine checks what it can run.
-        refusal = get_engine(bind_cluster(spec).engine).capacity_error(spec)
-    except ValueError as error:  # SpecError, ClusterError, an engine that does not exist
-        refusal = str(error)
-    if refusal:
-        raise Refused(refusal)
-    if spec.script is not None and not os.path.isfile(spec.script):
-        raise Refused(f"script: {spec.script} does not exist; give a path to a Python file")
-
-
-def submit(launcher: Launcher, spec: JobSpec) -> dict:
-    """Store a new job and copy its files into its directory; off the event loop."""
-    job_id = new_job_id(spec.name)
-    no_space = tornado.web.HTTPError(507, reason=f"disk: no space left in {launcher.data_dir}; "
-                                     "free some, or set DLC_DATA_DIR to a disk with room")
-    if launcher.store.storage_problem:
-        raise no_space  # the space left is kept for the state of jobs already running
-    try:
-        branch = branches.resolve(launcher.store, launcher.supervisor, spec)
-    except SpecError as error:
-        raise Refused(str(error)) from None
-    planted = None
-    try:
-        job_dir = create_job_dir(launcher.data_dir, job_id, spec)
-        if branch is not None:
-            # Before the job is stored: its first attempt must find the step in place.
-            planted = branches.plant(branch, get_engine(spec.engine).checkpoint_dir(spec, job_id, job_dir))
-            spec.branch_from = branch.ref
-        token = base64.urlsafe_b64encode(os.urandom(18)).decode()
-        launcher.store.insert_job(job_id, spec.name, spec.to_dict(), token, job_dir)
-    except (SpecError, OSError, sqlite3.OperationalError) as error:
-        # Nothing of a job that was not stored stays behind, in its directory or in the
-        # user's own --checkpoint-dir (the planted step).
-        shutil.rmtree(os.path.join(launcher.data_dir, "jobs", job_id), ignore_errors=True)
-        if planted:
-            shutil.rmtree(planted, ignore_errors=True)
-        if isinstance(error, SpecError):
-            raise Refused(str(error)) from None
-        if not is_disk_full(error):
-            raise
-        raise no_space from None
-    launcher.supervisor.wake.set()
-    return job_detail(launcher.store, launcher.store.job_row(job_id))
-
-
 class JobHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
@@ -494,17 +382,6 @@ class JobHandler(BaseHandler):
         self.finish()
 
 
-def delete_job(launcher: Launcher, row) -> None:
-    """The job's rows, whatever of it still runs (the engines' process scan) and its
-    directory; on an action worker."""
-    launcher.store.delete_job(row["id"])
-    launcher.ledger.forget(row["id"])
-    launcher.supervisor.forget(row["id"])
-    # Only directories the launcher made; a job's own checkpoint_dir elsewhere is the user's.
-    if row["job_dir"].startswith(os.path.join(launcher.data_dir, "jobs") + os.sep):
-        shutil.rmtree(row["job_dir"], ignore_errors=True)
-
-
 class ActionHandler(BaseHandler):
     """stop, resume, clone. Their work runs on the action workers, so no answer waits on an
     engine and none holds up the loop. A stop answers 202 with the job once the stop is
@@ -535,24 +412,6 @@ class ActionHandler(BaseHandler):
             self.reply(await self.off_loop(submit, self.launcher, spec), 201)
         else:
             self.fail(404, f"action: unknown {action!r}; use stop, resume or clone")
-
-
-def resume_job(launcher: Launcher, row, step: int | None) -> None:
-    """A new attempt of an ended job, from `step` if given (which must be committed and
-    verify: the checkpoint directory is read); on an action worker."""
-    supervisor = launcher.supervisor
-    if step is not None:
-        # The directory the engine resolved for the job's attempts (SSH: the profile's;
-        # Kubernetes: the PVC's), not one recomputed here.
-        listed = supervisor.checkpoint_steps(row)
-        steps = [c["step"] for c in checkpoints.resumable(listed)]
-        if step not in steps:
-            bad = next((c for c in listed if c["step"] == step), None)
-            what = (f"failed verification ({bad['corrupt'][0]['file']}: {bad['corrupt'][0]['why']})"
-                    if bad and bad.get("corrupt") else "is not a committed checkpoint")
-            raise Refused(f"step: {step!r} {what}; committed steps that verify: "
-                          f"{', '.join(map(str, steps)) or 'none'}")
-    supervisor.resume(row["id"], step)
 
 
 ACTION_BODIES = {"stop": bodies.STOP, "resume": bodies.RESUME, "clone": bodies.EMPTY}
@@ -678,15 +537,6 @@ class LogsHandler(BaseHandler):
         return cursor
 
 
-def read_logs(supervisor: Supervisor, row, attempt: int, ranks: list[int], offsets: dict,
-              tail: int | None) -> dict:
-    """A Logs answer: each rank's complete lines from its offset (or its last `tail`)."""
-    lines = [{"rank": r, "attempt": attempt, "text": text}
-             for r, text in supervisor.logs(row, attempt, ranks, offsets, tail)]
-    cursor = base64.urlsafe_b64encode(json.dumps({"attempt": attempt, "offsets": offsets}).encode()).decode()
-    return {"lines": lines, "cursor": cursor, "attempt": attempt}
-
-
 CURSOR = {"type": "object", "additionalProperties": False, "properties": {
     "attempt": {"type": "integer", "minimum": 1, "maximum": 1 << 30},
     "offsets": {"type": "object", "additionalProperties": {
@@ -704,34 +554,6 @@ class MetricsHandler(BaseHandler):
             self.launcher.readers, metrics_answer, self.store, row["id"], since, keep)
         self.set_header("Content-Type", "application/json")
         self.finish(body)
-
-
-def metrics_answer(store: Store, job_id: str, since: int, keep: frozenset | None = None) -> tuple[bytes, int]:
-    """The next page of a job's points after `since` as a Metrics answer, and its last seq.
-    With `keep` (a band read, bands.py), train points but those of the ranks in `keep` come
-    as band rows."""
-    fold = None if keep is None else bands.BandFold(keep)
-    points, last = store.metric_page(job_id, since, fold=fold)
-    rows = None if fold is None else fold.rows()
-    answer = {"points": points, "last_seq": last, "bands": rows,
-              "downsampled": downsampled(store.retention_state(job_id))}
-    # orjson (ten times json's speed on thousands of points) unless a number is infinite,
-    # which orjson would write as null where every answer writes a string (NaN is stored as null)
-    if any(point["value"] in _INFINITE for point in points) or \
-            any(not math.isfinite(row["sum"]) for row in rows or ()):
-        return encode(answer).encode(), last
-    return orjson.dumps(answer), last
-
-
-_INFINITE = (math.inf, -math.inf)
-
-
-def downsampled(state: dict | None) -> dict | None:
-    """What a view says about older points (retention.py): null while all are as logged."""
-    if not state or not state["dropped"]:
-        return None
-    return {"until": state["downsampled_until"], "bucket_seconds": state["bucket"],
-            "dropped": state["dropped"], "keep_last": state["keep_last"]}
 
 
 class EventsHandler(BaseHandler):
@@ -789,18 +611,6 @@ class DiagnosisHandler(BaseHandler):
 FAILED_OUTCOMES = ("failed", "timeout", "cancelled")
 
 
-def performance_of(store: Store, row) -> dict | None:
-    """The performance verdict over the job's newest breakdown points (at most
-    performance.READ_POINTS of its points are looked at); on a reader thread."""
-    newest = store.newest_metric_seq(row["id"]) or 0
-    _, points = store.metric_points(row["id"], max(0, newest - performance.READ_POINTS),
-                                    stragglers.BREAKDOWN)
-    spec = json.loads(row["spec"])
-    nproc = int(spec.get("nproc_per_node") or 1)
-    return performance.verdict([(name, t, rank, value) for _seq, name, t, rank, value, _d in points],
-                               int(spec.get("nodes") or 1) * nproc, nproc)
-
-
 class EvidenceHandler(BaseHandler):
     """The evidence folders kept before a kill (evidence.py), one index per attempt."""
 
@@ -822,11 +632,6 @@ class ScriptHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
         await self.reply_off_loop(lambda: script_of(row["job_dir"]))
-
-
-def script_of(job_dir: str) -> dict:
-    with open(os.path.join(job_dir, "script.py")) as f:
-        return {"script": f.read(), "files": sorted(os.listdir(os.path.join(job_dir, "files")))}
 
 
 class StreamHandler(BaseHandler):
@@ -863,7 +668,7 @@ class StreamHandler(BaseHandler):
             return
 
     def _last_seq(self) -> int:
-        return self.store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        return self.store.last_event_seq()
 
     def _changes(self, sent: dict[str, dict], alert_seq: int) -> tuple[str, int]:
         """The events for what changed since `sent` (updated) and alert event `alert_seq`."""
@@ -877,11 +682,9 @@ class StreamHandler(BaseHandler):
         for job_id in set(sent) - {r["id"] for r in rows}:
             sent.pop(job_id)
             out.append(f"event: deleted\ndata: {json.dumps({'id': job_id})}\n\n")
-        for event in self.store.db.execute(
-                "SELECT * FROM events WHERE seq > ? AND type IN ('alert', 'alert_resolved',"
-                " 'diagnosis') ORDER BY seq", (alert_seq,)).fetchall():
+        for event in self.store.event_rows_since(alert_seq, ("alert", "alert_resolved", "diagnosis")):
             alert_seq = event["seq"]
-            out.append(f"event: {event['type']}\ndata: {json.dumps(dict(event))}\n\n")
+            out.append(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n")
         return "".join(out), alert_seq
 
 
@@ -993,13 +796,6 @@ class PoolsHandler(BaseHandler):
         self.reply(await self.off_loop(pool_up, self.launcher.supervisor.pools, body), 201)
 
 
-def pool_up(pools, body: dict) -> dict:
-    try:
-        return pools.up(body["nodes"], body["nproc_per_node"], body.get("cluster"), body.get("idle_timeout"))
-    except ValueError as error:  # PoolError, an unknown or broken cluster profile
-        raise Refused(str(error)) from None
-
-
 class PoolsDownHandler(BaseHandler):
     async def post(self) -> None:
         body = self.body(bodies.POOL_DOWN)
@@ -1014,13 +810,6 @@ class PoolHandler(BaseHandler):
         if released is None:
             self.fail(404, f"pool: no pool {pool_id[:80]!r}; list them with GET /api/pools")
         self.reply({"released": released})
-
-
-def release_pool(pools, pool_id: str) -> list[str] | None:
-    """What was released, or None where no such pool is."""
-    if pool_id not in {r["id"] for r in pools.records()}:
-        return None
-    return pools.release(pool_id)
 
 
 class OpenApiHandler(BaseHandler):

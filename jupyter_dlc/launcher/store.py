@@ -419,6 +419,18 @@ class Store:
             out.append(event)
         return out
 
+    def last_event_seq(self) -> int:
+        """The newest event's seq, of any job (0 when there is none)."""
+        return self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+    def event_rows_since(self, since: int, types: Iterable[str]) -> list[dict]:
+        """Every job's events of these types after seq `since`, in order, as stored (`data`
+        the JSON text): what the jobs stream forwards as it is."""
+        types = tuple(types)
+        return [dict(row) for row in self.db.execute(
+            f"SELECT * FROM events WHERE seq > ? AND type IN ({', '.join('?' * len(types))}) ORDER BY seq",
+            (since, *types)).fetchall()]
+
     def record_events(self, job_id: str, attempt: int) -> list[dict]:
         """The rank records (start, end, first error) the attempt's ranks reported, in order."""
         rows = self.db.execute(

@@ -18,6 +18,7 @@ If `at` never comes (some rank never reaches a boundary), a rank holding a reque
 after EPISODE_TIMEOUT: a stop still stops, its checkpoint just cannot commit.
 """
 
+import atexit
 import threading
 import time
 
@@ -36,7 +37,18 @@ class StepAgreement:
         self._joined_at = None
         self._published = set()
         self._remote_episode = -1  # the newest episode the watcher saw another rank open
-        threading.Thread(target=self._watch, name="dlc-agreement", daemon=True).start()
+        # The watcher is this object's: it ends with close() (at exit at the latest, while
+        # the job's store still answers), or when the store went away with the job.
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="dlc-agreement", daemon=True)
+        self._watcher.start()
+        atexit.register(self.close)
+
+    def close(self, timeout=1.0):
+        """Stop the watcher and wait for it (at most one store round trip)."""
+        self._closed.set()
+        if self._watcher is not threading.current_thread():
+            self._watcher.join(timeout)
 
     def poll(self, step, local_kinds):
         """The kinds to act on at this step; empty while training should go on."""
@@ -74,11 +86,11 @@ class StepAgreement:
         return f"{self.namespace}/req{self.episode if episode is None else episode}/{name}"
 
     def _watch(self):
-        while True:
+        while not self._closed.is_set():
             episode = self.episode
             try:
                 if self.store.check([self._key("count", episode)]):
                     self._remote_episode = episode
             except Exception:
                 return  # the store went away with the job: nothing left to agree on
-            time.sleep(WATCH_INTERVAL)
+            self._closed.wait(WATCH_INTERVAL)

@@ -20,7 +20,6 @@ Stdlib only.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import time
@@ -106,12 +105,9 @@ class _Rank:
 
 
 def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+    """The document at `path` where it is an object (layout.read_json reads it)."""
+    data = layout.read_json(path)
+    return data if isinstance(data, dict) else None
 
 
 def _read_lines(path: str, limit: int = TAIL_BYTES) -> list[str]:

@@ -535,3 +535,17 @@ def test_job_rows_leave_out_only_the_alert_state(tmp_path):
     every = set(store.job_row("job-a").keys())
     assert set(store.job_rows()[0].keys()) == every - {"alert_state"}
     assert store.job_rows(["QUEUED"])[0]["id"] == "job-a"
+
+
+def test_a_report_that_ends_a_rank_wakes_the_supervisor_at_once():
+    """The ingest worker's summary says when a rank's end or first error arrived (directly or
+    in a node's batch), so the launcher wakes the supervisor instead of waiting for its tick."""
+    from jupyter_dlc import layout
+    from jupyter_dlc.launcher.ingest_worker import report_summary
+
+    beat = {"rank": 1, "events": [{"type": "heartbeat"}]}
+    failed = {"rank": 2, "events": [{"type": layout.RANK_ERROR, "message": "boom"}]}
+    assert report_summary(beat, False)["ended"] is False
+    assert report_summary(failed, False)["ended"] is True
+    assert report_summary({"node": 0, "ranks": [beat, failed]}, False)["ended"] is True
+    assert report_summary({"node": 0, "ranks": [beat]}, False)["ended"] is False

@@ -461,6 +461,9 @@ class ReportHandler(ProvingHandler):
             self.reply({"ok": True, "commands": [], "rank_commands": {}, "stale": True})
             return
         self.store.version += 1  # committed by the worker: the views' streams look again
+        if sent.get("ended"):
+            # A rank ended or failed: the verdict (and a restart) need not wait for a tick.
+            self.launcher.supervisor.wake.set()
         commands_for = self.launcher.supervisor.commands_for
         batch = "ranks" in sent
         sender = (row["id"], "node", sent["node"]) if batch else (row["id"], "rank", sent["rank"])

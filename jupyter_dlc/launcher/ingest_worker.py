@@ -37,7 +37,7 @@ import threading
 from typing import Any
 
 from ..spec import SpecError
-from .. import bodies
+from .. import bodies, layout
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -71,12 +71,18 @@ class Frames:
 
 
 def report_summary(report: dict, stale: bool) -> dict:
-    """What the launcher's answer needs of a checked report: who sent it."""
+    """What the launcher's answer needs of a checked report: who sent it, and whether a rank
+    in it ended (its end or its first error: the supervisor looks at once, not a tick later)."""
+    ended = any(event.get("type") in ENDS for rank in rank_reports(report)
+                for event in rank.get("events") or ())
     batch = report.get("ranks")
     if batch is None:
-        return {"stale": stale, "rank": report.get("rank", 0)}
-    return {"stale": stale, "node": report.get("node"),
+        return {"stale": stale, "rank": report.get("rank", 0), "ended": ended}
+    return {"stale": stale, "node": report.get("node"), "ended": ended,
             "ranks": sorted({r.get("rank", 0) for r in batch})}
+
+
+ENDS = (layout.RANK_END, layout.RANK_ERROR)
 
 
 def rank_reports(report: dict) -> list[dict]:

@@ -22,7 +22,7 @@ from labserver import wait_until
 FAST_MODULES = frozenset({
     "test_alerts", "test_atomic_files", "test_band_vectors", "test_bench_results", "test_bootstrap",
     "test_clusters",
-    "test_engine_features", "test_event_loop", "test_kubernetes_export", "test_kubernetes_manifests",
+    "test_engine_features", "test_event_loop", "test_job_html", "test_kubernetes_export", "test_kubernetes_manifests",
     "test_magic_arguments", "test_metric_chunks", "test_node_copy", "test_pacing",
     "test_rank_records", "test_runtime_checkpoint", "test_runtime_layout", "test_shims",
     "test_supervisor_engine", "test_view_escaping",

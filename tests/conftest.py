@@ -20,9 +20,9 @@ from labserver import wait_until
 # A module joins when it stays that way; what it covers is still real (SQLite, loopback
 # HTTP, torch in a process of its own), only small.
 FAST_MODULES = frozenset({
-    "test_agreement", "test_alerts", "test_atomic_files", "test_band_vectors", "test_bench_results", "test_bootstrap",
-    "test_clusters", "test_dry_run",
-    "test_engine_features", "test_event_loop", "test_kubernetes_export", "test_kubernetes_manifests",
+    "test_agreement", "test_alerts", "test_atomic_files", "test_band_vectors", "test_bench_results",
+    "test_bootstrap", "test_clusters", "test_dry_run", "test_engine_features", "test_event_loop",
+    "test_job_html", "test_kubernetes_export", "test_kubernetes_manifests",
     "test_magic_arguments", "test_metric_chunks", "test_node_copy", "test_pacing",
     "test_rank_records", "test_runtime_checkpoint", "test_runtime_layout", "test_shims",
     "test_supervisor_engine", "test_view_escaping",

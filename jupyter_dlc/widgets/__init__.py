@@ -1,9 +1,11 @@
 """Live job views in the notebook: `show_job(client, job_id)` displays a `JobView` and returns it.
 
-`%%dlc` and `%dlc attach JOB` call `show_job`. The view is documented in `view.py`: what it
-shows, its one updater thread, and what happens in front ends that do not load BokehJS (the
-text parts still work; the charts need BokehJS, which our JupyterLab extension loads from
-the Jupyter server extension, never from a CDN or inlined).
+`%%dlc` and `%dlc attach JOB` call `show_job`. `view.py` puts the view together from its
+parts: `job_widgets.py` (what it shows, and what happens in front ends that do not load
+BokehJS: the text parts still work; the charts need BokehJS, which our JupyterLab extension
+loads from the Jupyter server extension, never from a CDN or inlined), `job_updater.py` (its
+one updater thread, the stream follower and each refresh), `job_html.py` (the HTML of its
+text parts) and `followed_job.py` (what it knows of the job it follows).
 """
 
 from __future__ import annotations

@@ -10,5 +10,16 @@ Orders (the same in the panel, labextension/src/views.ts):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PAGE_SIZE = 50
 SORTS = (("rank", "by rank"), ("step", "slowest step first"), ("heartbeat", "oldest heartbeat first"))
+
+
+@dataclass
+class RankPage:
+    """The page of the rank table a view asks the launcher for: its order (a SORTS key) and
+    its number, from 0. The view's rank dropdown and arrows set it; then the page the
+    launcher's answer says it gave."""
+    order: str = "rank"
+    page: int = 0

@@ -3,7 +3,7 @@
  * with its percentage (the detail view), the percentage alone (the list), and progress with
  * its ETA ("step 256 / 400, ETA 7 s"). The launcher computes the ledger
  * (jupyter_dlc/launcher/goodput.py); the notebook view draws the same bar
- * (jupyter_dlc/widgets/view.py, same parts, labels and colours). No JupyterLab imports
+ * (jupyter_dlc/widgets/job_html.py, same parts, labels and colours). No JupyterLab imports
  * (jest-tested).
  */
 import { components } from './wire';

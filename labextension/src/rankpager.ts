@@ -70,7 +70,7 @@ export class RankPager {
     }
     this.shown = ask.seq;
     // A launcher older than paging answers every rank, by rank: one page of them all (as
-    // the notebook view reads it, widgets/view.py _ranks_html).
+    // the notebook view reads it, widgets/job_widgets.py show_ranks).
     const page = job.rank_page ?? {
       sort: 'rank',
       page: 0,

@@ -237,7 +237,7 @@ def test_jupyter_dlc_clusters_refuses_an_ssh_host_ssh_would_read_as_an_option(tm
 def test_ssh_reads_the_host_after_dashes_as_a_host(tmp_path, monkeypatch):
     """Behind the profile check, every ssh command line has `--` before the host: real ssh,
     given `-oProxyCommand=...` there, tries to resolve it as a name and runs nothing."""
-    from jupyter_dlc.engines import ssh
+    from jupyter_dlc.engines.ssh import engine as ssh
 
     monkeypatch.setattr(shell, "host_error", lambda host: None)  # past the profile's check
     argv = ssh.ssh_argv(clusters.Profile("boxes", "ssh", {}),

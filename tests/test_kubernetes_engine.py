@@ -53,6 +53,11 @@ def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
                           str(job_dir / "script.py"), {"DLC_TOKEN": "tok-123", "DLC_JOB_ID": "J7"}, 0)
 
 
+def _submitted(engine, ctx):
+    """The engine's submit of the attempt, from its own dry run (as the supervisor does)."""
+    return engine.submit(ctx, engine.dry_run(ctx))
+
+
 @pytest.mark.parametrize(("groups", "kind", "pods"), [
     (("trainer.kubeflow.org", "kubeflow.org"), "TrainJob", ["dlc-j7-a1-node-0-0-", "dlc-j7-a1-node-0-1-"]),
     (("kubeflow.org",), "PyTorchJob", ["dlc-j7-a1-master-0", "dlc-j7-a1-worker-0"]),
@@ -61,7 +66,7 @@ def _ctx(tmp_path, nodes=2, attempt=1) -> AttemptContext:
 def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp_path, groups, kind, pods):
     cluster.groups = set(groups) | {"batch"}
     engine, ctx = _engine(), _ctx(tmp_path)
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     assert handle["kind"] == kind and handle["engine_id"] == f"{kind}/dlc-j7-a1"
     secret = cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]
     assert secret["stringData"] == {"token": "tok-123"}
@@ -69,7 +74,7 @@ def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp
     names = [p["metadata"]["name"] for p in cluster.pods("dlc-j7-a1")]
     assert [n[:len(prefix)] for n, prefix in zip(names, pods, strict=True)] == pods
     # Submitting the same attempt again (a launcher killed mid-submit) meets 409s and goes on.
-    assert engine.submit(ctx)["name"] == "dlc-j7-a1"
+    assert engine.submit(ctx, engine.dry_run(ctx))["name"] == "dlc-j7-a1"
 
     status = engine.describe(ctx, handle)
     assert status.phase == "PENDING" and status.alive and "2 of 2 pod(s) pending" in status.reason
@@ -99,7 +104,7 @@ def test_submit_creates_what_the_cluster_serves_and_runs_to_success(cluster, tmp
 def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_path):
     engine = _engine()
     ctx = _ctx(tmp_path)
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     cluster.run(handle["name"])
     cluster.oom(handle["name"], node=1)
     status = engine.describe(ctx, handle)
@@ -108,20 +113,20 @@ def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_p
     assert status.ranks[2].exit_code == 137
 
     ctx2 = _ctx(tmp_path, attempt=2)
-    handle = engine.submit(ctx2)
+    handle = engine.submit(ctx2, engine.dry_run(ctx2))
     cluster.run(handle["name"])
     cluster.evict(handle["name"], node=0)
     assert engine.describe(ctx2, handle).reason.endswith("The node was low on resource: memory.")
     assert engine.describe(ctx2, handle).reason.startswith("Evicted: node 0")
 
     ctx3 = _ctx(tmp_path, attempt=3)
-    handle = engine.submit(ctx3)
+    handle = engine.submit(ctx3, engine.dry_run(ctx3))
     cluster.run(handle["name"])
     cluster.evict(handle["name"], node=1, preempted=True)
     assert engine.describe(ctx3, handle).reason.startswith("Preempted: node 1")
 
     ctx4 = _ctx(tmp_path, attempt=4)
-    handle = engine.submit(ctx4)
+    handle = engine.submit(ctx4, engine.dry_run(ctx4))
     cluster.image_pull_backoff(handle["name"])
     status = engine.describe(ctx4, handle)
     assert status.phase == "PENDING" and status.reason.startswith("ImagePullBackOff: node 0")
@@ -129,7 +134,7 @@ def test_oom_eviction_preemption_and_image_pull_become_the_reason(cluster, tmp_p
 
 def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(cluster, tmp_path):
     engine, ctx = _engine(), _ctx(tmp_path)
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     cluster.unschedulable(handle["name"], message)
     status = engine.describe(ctx, handle)
@@ -147,8 +152,8 @@ def test_unschedulable_is_pending_with_the_schedulers_message_and_stop_deletes(c
 
 def test_a_workload_deleted_outside_ends_the_attempt_and_a_new_engine_readopts_by_labels(cluster, tmp_path):
     engine = _engine()
-    first = engine.submit(_ctx(tmp_path, attempt=1))
-    second = engine.submit(_ctx(tmp_path, attempt=2))
+    first = _submitted(engine, _ctx(tmp_path, attempt=1))
+    second = _submitted(engine, _ctx(tmp_path, attempt=2))
     # A restarted launcher (a new engine, no memory) finds both attempts by their labels.
     found = _engine().workloads(_ctx(tmp_path).spec, "J7")
     assert [(h["attempt"], h["name"]) for h in found] == [(1, first["name"]), (2, second["name"])]
@@ -262,7 +267,7 @@ def test_the_standin_keeps_watch_log_follow_and_gone_semantics(cluster, tmp_path
     configuration = client.Configuration()
     config.load_kube_config(str(tmp_path / "kubeconfig"), client_configuration=configuration)
     core = client.CoreV1Api(client.ApiClient(configuration))
-    handle = _engine().submit(_ctx(tmp_path))
+    handle = _submitted(_engine(), _ctx(tmp_path))
     listed = core.list_namespaced_pod("ml", label_selector="dlc.jupyter.org/job-id=j7")
     assert len(listed.items) == 2
     cluster.run(handle["name"], lines_per_pod=2)
@@ -330,7 +335,7 @@ def test_pod_logs_are_read_incrementally_not_fetched_whole_each_time(cluster, tm
     import time
 
     engine, ctx = _engine(), _ctx(tmp_path, nodes=1)
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     cluster.run(handle["name"], lines_per_pod=0)
     pod = cluster.pods(handle["name"])[0]["metadata"]["name"]
     long_log = "".join(f"[default0]:step {i} {'x' * 80}\n" for i in range(2000))
@@ -418,7 +423,7 @@ def test_jupyter_dlc_clusters_checks_a_kubernetes_profile(cluster):
 
 def test_describe_asks_the_api_at_most_once_per_interval_and_a_stop_asks_again(cluster, tmp_path):
     engine, ctx = _engine(poll_interval=3600), _ctx(tmp_path)
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     first = engine.describe(ctx, handle)
     cluster.run(handle["name"])
     assert engine.describe(ctx, handle) is first and first.phase == "PENDING"  # the kept answer
@@ -522,9 +527,9 @@ def test_a_second_submit_of_an_attempt_makes_no_second_workload_and_hands_the_ne
     fixed per attempt, so the API refuses a second one (409) and adoption finds the one; the
     token Secret of the first try is replaced, or the pods' reports would be refused."""
     engine, ctx = _engine(), _ctx(tmp_path)
-    engine.submit(ctx)
+    engine.submit(ctx, engine.dry_run(ctx))
     ctx.env["DLC_TOKEN"] = "tok-456"
-    handle = engine.submit(ctx)
+    handle = engine.submit(ctx, engine.dry_run(ctx))
     assert [w["engine_id"] for w in engine.workloads(ctx.spec, ctx.job_id)] == [handle["engine_id"]]
     assert engine.adopt(ctx)["engine_id"] == handle["engine_id"]
     assert cluster.objects[("secrets", "ml", "dlc-j7-a1-token")]["stringData"] == {"token": "tok-456"}
@@ -538,7 +543,7 @@ def test_an_api_server_that_does_not_answer_is_a_transient_refusal(cluster, tmp_
     engine, ctx = _engine(), _ctx(tmp_path)
     engine.kind_for = lambda spec: "Job"  # type: ignore[method-assign]  # no discovery: nothing answers
     with pytest.raises(SubmitError) as refused:
-        engine.submit(ctx)
+        engine.submit(ctx, engine.dry_run(ctx))
     assert not refused.value.permanent and "unreachable" in refused.value.message
 
 

@@ -168,7 +168,8 @@ def test_dry_run_prints_the_batch_script_sbatch_would_get_and_queues_nothing(lau
                      "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "what the slurm engine would be asked" in out and "# cluster profile: local-slurm" in out
-    assert "sbatch --parsable --export=ALL job.sbatch" in out
+    [sbatch] = [line for line in out.splitlines() if line.startswith("sbatch ")]
+    assert sbatch.startswith("sbatch --parsable --export=ALL /") and sbatch.endswith("/job.sbatch"), sbatch
     batch = out.split("# job.sbatch:\n", 1)[1]
     assert batch.startswith("#!/bin/bash\n#SBATCH --job-name=dlc-sleeper-") and "#SBATCH --nodes=2\n" in batch
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in batch

@@ -121,6 +121,7 @@ class Reporter:
                          "events": _BoundedBuffer(capacity // 10)}
         self._urgent = False
         self._sending = False
+        self._napping = False  # the sender waits for the next heartbeat, not a batch
         self._warned_drop = False
         self._warned_status = set()
         self._warned_impostor = set()
@@ -160,7 +161,6 @@ class Reporter:
 
     def _put(self, kind, entry, urgent=False):
         with self._cond:
-            was_idle = not self._pending()
             buffer = self._buffers[kind]
             buffer.put(entry)
             if buffer.dropped and not self._warned_drop:
@@ -170,9 +170,12 @@ class Reporter:
             if urgent or len(buffer.items) >= MAX_BATCH:
                 self._urgent = True
                 self._cond.notify_all()
-            elif was_idle:
-                # The sender sleeps until the next heartbeat while nothing is pending; wake it
-                # so that this entry goes out within the batch interval, not a heartbeat later.
+            elif self._napping:
+                # The sender sleeps until the next heartbeat while nothing comes; wake it so
+                # that this entry goes out within the batch interval, not a heartbeat later.
+                # While entries stream in it looks again each batch interval by itself: a wake
+                # is a GIL hand-over with this (the training) thread, so none per entry.
+                self._napping = False
                 self._cond.notify_all()
 
     def _pending(self):
@@ -181,19 +184,27 @@ class Reporter:
     def _run(self):
         backoff = 0.0
         last_report = 0.0
+        streaming = False  # the last report carried entries: more are likely within a batch
         while True:
             with self._cond:
                 while True:
                     now = time.monotonic()
-                    due = last_report + self._shift + (self.batch_interval if self._pending()
+                    pending = self._pending()
+                    batching = pending or streaming
+                    due = last_report + self._shift + (self.batch_interval if batching
                                                        else self.heartbeat_interval)
                     if backoff:
                         due = max(due, last_report + backoff)
                     elif self._urgent:
                         due = now
                     if now >= due:
-                        break
+                        if pending or not batching or backoff or self._urgent:
+                            break
+                        streaming = False  # a batch interval without entries: wait for a heartbeat
+                        continue
+                    self._napping = not batching
                     self._cond.wait(due - now)
+                self._napping = False
                 self._urgent = False
                 self._shift = 0.0
                 batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
@@ -204,6 +215,7 @@ class Reporter:
                 self._note(f"report dropped after an unexpected error: {error!r}")
                 delivered = True
             last_report = time.monotonic()
+            streaming = any(batch.values())
             with self._cond:
                 self._sending = False
                 if delivered:

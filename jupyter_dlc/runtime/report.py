@@ -25,7 +25,6 @@ import os
 import sys
 import threading
 import time
-import urllib.error
 
 from .. import identity, layout
 from . import control, system
@@ -102,6 +101,8 @@ class Reporter:
     def __init__(self, info, on_commands, capacity=20000):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
+        self._headers = {"Content-Type": "application/json", "Authorization": f"token {info.token}"}
+        self._channels = {}  # url -> identity.Channel, used by the sender thread only
         self.key = info.proof_key or None  # None: a launcher that proves nothing (older)
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
@@ -282,15 +283,10 @@ class Reporter:
         gone too, or its ranks' heartbeats would stall with it. An answer that does not prove
         the launcher (identity.py) is no answer: whatever took the port after the launcher
         (or the node reporter) died gets no say over this rank, and its batch is kept."""
-        headers = {"Content-Type": "application/json", "Authorization": f"token {self.token}"}
         try:
             # A node reporter may hold the request up to MAX_PACE to keep the launcher's pace.
             timeout = HTTP_TIMEOUT + (MAX_PACE if node else 0.0)
-            answer = identity.exchange(url, "POST", data, headers, self.key, timeout, self.tls)
-        except urllib.error.URLError as error:
-            gone = isinstance(error.reason, ConnectionRefusedError) or \
-                (node and isinstance(error.reason, TimeoutError))
-            return None if gone else RETRY
+            answer = self._channel(url).post(data, self._headers, self.key, timeout)
         except ConnectionRefusedError:
             return None
         except TimeoutError:
@@ -322,6 +318,15 @@ class Reporter:
         if commands:
             self.on_commands(commands)
         return DELIVERED
+
+    def _channel(self, url):
+        """The kept connection to `url` (the launcher's report route, or the node reporter's)."""
+        channel = self._channels.get(url)
+        if channel is None:
+            for stale in [u for u in self._channels if u != self.url]:  # a node reporter that moved
+                self._channels.pop(stale).close()
+            channel = self._channels[url] = identity.Channel(url, self.tls)
+        return channel
 
     def _note(self, message):
         print(f"jupyter_dlc: {message}", file=sys.stderr, flush=True)

@@ -98,7 +98,7 @@ class _BoundedBuffer:
 class Reporter:
     """Thread-safe; the caller's cost per entry is one lock and one append."""
 
-    def __init__(self, info, on_commands, capacity=20000):
+    def __init__(self, info, on_commands, capacity=20000, sample=None):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
         self._headers = {"Content-Type": "application/json", "Authorization": f"token {info.token}"}
@@ -127,6 +127,10 @@ class Reporter:
         self._warned_status = set()
         self._warned_impostor = set()
         self._failures = 0
+        # The node's system sampler (system.py), opened and read on this thread as its wakes
+        # come, at most once a heartbeat interval: a thread of its own would take the GIL from
+        # the training thread at wakes of its own.
+        self._open_sampler = sample
         self._thread = threading.Thread(target=self._run, name="dlc-reporter", daemon=True)
         self._thread.start()
         atexit.register(self.flush, EXIT_FLUSH_SECONDS)
@@ -186,7 +190,16 @@ class Reporter:
         backoff = 0.0
         last_report = 0.0
         streaming = False  # the last report carried entries: more are likely within a batch
+        sampler = None
+        try:
+            sampler = self._open_sampler() if self._open_sampler else None
+        except Exception as error:  # noqa: BLE001 - heartbeats go on without system samples
+            self._note(f"no system sampling: {error!r}")
+        next_sample = time.monotonic() + self.heartbeat_interval
         while True:
+            if sampler is not None and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.heartbeat_interval
+                sampler = self._sample(sampler)  # outside the lock: log() never waits on it
             with self._cond:
                 while True:
                     now = time.monotonic()
@@ -203,9 +216,16 @@ class Reporter:
                             break
                         streaming = False  # a batch interval without entries: wait for a heartbeat
                         continue
+                    # While batching, a sample waits for the next batch's wake (within a batch
+                    # interval); idle, it has a wake of its own.
+                    wake = due if sampler is None or batching else min(due, next_sample)
+                    if now >= wake:
+                        break  # a sample first
                     self._napping = not batching
-                    self._cond.wait(due - now)
+                    self._cond.wait(wake - now)
                 self._napping = False
+                if now < due:
+                    continue
                 self._urgent = False
                 self._shift = 0.0
                 batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
@@ -226,6 +246,16 @@ class Reporter:
                     for kind, entries in batch.items():
                         self._buffers[kind].give_back(entries)
                 self._cond.notify_all()
+
+    def _sample(self, sampler):
+        """Put the node's devices' sample in the report; the sampler, or None once it failed."""
+        try:
+            for device, values in sampler.sample():
+                self.system(device, values)
+        except Exception as error:  # noqa: BLE001 - the thread that carries heartbeats must live
+            self._note(f"system sampling stopped: {error!r}")
+            return None
+        return sampler
 
     def _deliver(self, batch):
         """True when the batch is done with: accepted, or dropped with a reason."""
@@ -409,7 +439,7 @@ def get_reporter():
         with _reporter_lock:
             if _reporter is _NOT_STARTED:
                 info = rank_info()
-                _reporter = Reporter(info, _on_commands) if info.reporting else None
-                if _reporter and info.local_rank == 0:
-                    system.start_sampler(_reporter, info.heartbeat_interval)
+                # One system sampler a node: on its LOCAL_RANK 0.
+                sample = system.open_source if info.local_rank == 0 else None
+                _reporter = Reporter(info, _on_commands, sample=sample) if info.reporting else None
     return _reporter

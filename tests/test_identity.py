@@ -284,3 +284,69 @@ def test_a_port_answered_by_a_real_launcher_of_another_data_dir_is_not_ours(laun
         other.close()
         os.environ.update(launcher.env)
     assert ours.alive()
+
+
+def test_a_kept_channel_reuses_its_connection_proves_answers_and_survives_a_server_closing_it():
+    """identity.Channel (the ranks' report sender): one connection for many requests where
+    the server keeps it (HTTP/1.1), a new one each time where it closes (HTTP/1.0), chunked
+    answers, answers proven or not; a kept connection the server closed while idle (a
+    launcher restart) costs no report: the request goes once more, on a new connection."""
+    from jupyter_dlc import identity
+
+    key = "k" * 64
+    seen: dict = {"connections": set(), "bodies": []}
+
+    def server(version, chunked=False, drop_idle=False):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = version
+            disable_nagle_algorithm = True
+
+            def do_POST(self) -> None:
+                seen["connections"].add(self.client_address)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                seen["bodies"].append(body)
+                answer = json.dumps({"ok": True, "echo": body.decode()}).encode()
+                self.send_response(200)
+                self.send_header(identity.PROOF_HEADER, identity.proof(
+                    key, "POST", self.path, self.headers[identity.NONCE_HEADER],
+                    identity.digest(body), 200, answer))
+                self.send_header(identity.PID_HEADER, "42")
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    half = len(answer) // 2
+                    for part in (answer[:half], answer[half:], b""):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                else:
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                self.close_connection = drop_idle  # closed after answering, said nowhere
+
+            def log_message(self, *args) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd
+
+    for version, chunked, drop_idle, connections in (
+            ("HTTP/1.1", False, False, 1), ("HTTP/1.0", False, False, 3),
+            ("HTTP/1.1", True, False, 3), ("HTTP/1.1", False, True, 3)):
+        httpd = server(version, chunked, drop_idle)
+        seen["connections"].clear()
+        del seen["bodies"][:]
+        channel = identity.Channel(f"http://127.0.0.1:{httpd.server_address[1]}/api/jobs/j/report")
+        try:
+            for i in range(3):
+                answer = channel.post(b'{"n": %d}' % i, {"Authorization": "token t"}, key, 3.0)
+                assert (answer.status, answer.proven, answer.pid) == (200, True, 42), answer
+                assert json.loads(answer.body)["echo"] == '{"n": %d}' % i
+                time.sleep(0.05)  # a closing server's FIN arrives while the channel is idle
+            assert len(seen["connections"]) == connections, (version, chunked, drop_idle, seen)
+            assert seen["bodies"] == [b'{"n": %d}' % i for i in range(3)]  # each once
+            assert not channel.post(b"{}", {}, "another key", 3.0).proven
+        finally:
+            channel.close()
+            httpd.shutdown()
+            httpd.server_close()

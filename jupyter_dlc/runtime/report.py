@@ -25,7 +25,6 @@ import os
 import sys
 import threading
 import time
-import urllib.error
 
 from .. import identity, layout
 from . import control, system
@@ -99,9 +98,11 @@ class _BoundedBuffer:
 class Reporter:
     """Thread-safe; the caller's cost per entry is one lock and one append."""
 
-    def __init__(self, info, on_commands, capacity=20000):
+    def __init__(self, info, on_commands, capacity=20000, sample=None):
         self.url = f"{info.launcher_url}/api/jobs/{info.job_id}/report"
         self.token = info.token
+        self._headers = {"Content-Type": "application/json", "Authorization": f"token {info.token}"}
+        self._channels = {}  # url -> identity.Channel, used by the sender thread only
         self.key = info.proof_key or None  # None: a launcher that proves nothing (older)
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
@@ -121,10 +122,15 @@ class Reporter:
                          "events": _BoundedBuffer(capacity // 10)}
         self._urgent = False
         self._sending = False
+        self._napping = False  # the sender waits for the next heartbeat, not a batch
         self._warned_drop = False
         self._warned_status = set()
         self._warned_impostor = set()
         self._failures = 0
+        # The node's system sampler (system.py), opened and read on this thread as its wakes
+        # come, at most once a heartbeat interval: a thread of its own would take the GIL from
+        # the training thread at wakes of its own.
+        self._open_sampler = sample
         self._thread = threading.Thread(target=self._run, name="dlc-reporter", daemon=True)
         self._thread.start()
         atexit.register(self.flush, EXIT_FLUSH_SECONDS)
@@ -160,7 +166,6 @@ class Reporter:
 
     def _put(self, kind, entry, urgent=False):
         with self._cond:
-            was_idle = not self._pending()
             buffer = self._buffers[kind]
             buffer.put(entry)
             if buffer.dropped and not self._warned_drop:
@@ -170,9 +175,12 @@ class Reporter:
             if urgent or len(buffer.items) >= MAX_BATCH:
                 self._urgent = True
                 self._cond.notify_all()
-            elif was_idle:
-                # The sender sleeps until the next heartbeat while nothing is pending; wake it
-                # so that this entry goes out within the batch interval, not a heartbeat later.
+            elif self._napping:
+                # The sender sleeps until the next heartbeat while nothing comes; wake it so
+                # that this entry goes out within the batch interval, not a heartbeat later.
+                # While entries stream in it looks again each batch interval by itself: a wake
+                # is a GIL hand-over with this (the training) thread, so none per entry.
+                self._napping = False
                 self._cond.notify_all()
 
     def _pending(self):
@@ -181,19 +189,43 @@ class Reporter:
     def _run(self):
         backoff = 0.0
         last_report = 0.0
+        streaming = False  # the last report carried entries: more are likely within a batch
+        sampler = None
+        try:
+            sampler = self._open_sampler() if self._open_sampler else None
+        except Exception as error:  # noqa: BLE001 - heartbeats go on without system samples
+            self._note(f"no system sampling: {error!r}")
+        next_sample = time.monotonic() + self.heartbeat_interval
         while True:
+            if sampler is not None and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + self.heartbeat_interval
+                sampler = self._sample(sampler)  # outside the lock: log() never waits on it
             with self._cond:
                 while True:
                     now = time.monotonic()
-                    due = last_report + self._shift + (self.batch_interval if self._pending()
+                    pending = self._pending()
+                    batching = pending or streaming
+                    due = last_report + self._shift + (self.batch_interval if batching
                                                        else self.heartbeat_interval)
                     if backoff:
                         due = max(due, last_report + backoff)
                     elif self._urgent:
                         due = now
                     if now >= due:
-                        break
-                    self._cond.wait(due - now)
+                        if pending or not batching or backoff or self._urgent:
+                            break
+                        streaming = False  # a batch interval without entries: wait for a heartbeat
+                        continue
+                    # While batching, a sample waits for the next batch's wake (within a batch
+                    # interval); idle, it has a wake of its own.
+                    wake = due if sampler is None or batching else min(due, next_sample)
+                    if now >= wake:
+                        break  # a sample first
+                    self._napping = not batching
+                    self._cond.wait(wake - now)
+                self._napping = False
+                if now < due:
+                    continue
                 self._urgent = False
                 self._shift = 0.0
                 batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
@@ -204,6 +236,7 @@ class Reporter:
                 self._note(f"report dropped after an unexpected error: {error!r}")
                 delivered = True
             last_report = time.monotonic()
+            streaming = any(batch.values())
             with self._cond:
                 self._sending = False
                 if delivered:
@@ -213,6 +246,16 @@ class Reporter:
                     for kind, entries in batch.items():
                         self._buffers[kind].give_back(entries)
                 self._cond.notify_all()
+
+    def _sample(self, sampler):
+        """Put the node's devices' sample in the report; the sampler, or None once it failed."""
+        try:
+            for device, values in sampler.sample():
+                self.system(device, values)
+        except Exception as error:  # noqa: BLE001 - the thread that carries heartbeats must live
+            self._note(f"system sampling stopped: {error!r}")
+            return None
+        return sampler
 
     def _deliver(self, batch):
         """True when the batch is done with: accepted, or dropped with a reason."""
@@ -270,15 +313,10 @@ class Reporter:
         gone too, or its ranks' heartbeats would stall with it. An answer that does not prove
         the launcher (identity.py) is no answer: whatever took the port after the launcher
         (or the node reporter) died gets no say over this rank, and its batch is kept."""
-        headers = {"Content-Type": "application/json", "Authorization": f"token {self.token}"}
         try:
             # A node reporter may hold the request up to MAX_PACE to keep the launcher's pace.
             timeout = HTTP_TIMEOUT + (MAX_PACE if node else 0.0)
-            answer = identity.exchange(url, "POST", data, headers, self.key, timeout, self.tls)
-        except urllib.error.URLError as error:
-            gone = isinstance(error.reason, ConnectionRefusedError) or \
-                (node and isinstance(error.reason, TimeoutError))
-            return None if gone else RETRY
+            answer = self._channel(url).post(data, self._headers, self.key, timeout)
         except ConnectionRefusedError:
             return None
         except TimeoutError:
@@ -310,6 +348,15 @@ class Reporter:
         if commands:
             self.on_commands(commands)
         return DELIVERED
+
+    def _channel(self, url):
+        """The kept connection to `url` (the launcher's report route, or the node reporter's)."""
+        channel = self._channels.get(url)
+        if channel is None:
+            for stale in [u for u in self._channels if u != self.url]:  # a node reporter that moved
+                self._channels.pop(stale).close()
+            channel = self._channels[url] = identity.Channel(url, self.tls)
+        return channel
 
     def _note(self, message):
         print(f"jupyter_dlc: {message}", file=sys.stderr, flush=True)
@@ -392,7 +439,7 @@ def get_reporter():
         with _reporter_lock:
             if _reporter is _NOT_STARTED:
                 info = rank_info()
-                _reporter = Reporter(info, _on_commands) if info.reporting else None
-                if _reporter and info.local_rank == 0:
-                    system.start_sampler(_reporter, info.heartbeat_interval)
+                # One system sampler a node: on its LOCAL_RANK 0.
+                sample = system.open_source if info.local_rank == 0 else None
+                _reporter = Reporter(info, _on_commands, sample=sample) if info.reporting else None
     return _reporter

@@ -1,12 +1,9 @@
 """Per-node system sampler: GPU utilisation and memory through NVML, else CPU and memory.
 
-One per node (the reporter starts it on LOCAL_RANK 0 only), so N ranks on a node do not
-report the same devices N times. Values are fractions in [0, 1].
+One per node (the reporter of LOCAL_RANK 0 reads it, on its own thread, once a heartbeat
+interval), so N ranks on a node do not report the same devices N times. Values are
+fractions in [0, 1].
 """
-
-import os
-import threading
-import time
 
 
 class _NvmlSource:
@@ -88,14 +85,3 @@ def open_source():
         return _NvmlSource()
     except Exception:  # no pynvml, no driver, no GPU: NVML fails in many ways
         return _CpuSource()
-
-
-def start_sampler(reporter, interval):
-    def run():
-        source = open_source()
-        while True:
-            time.sleep(interval)
-            for device, values in source.sample():
-                reporter.system(device, values)
-
-    threading.Thread(target=run, name=f"dlc-system-{os.getpid()}", daemon=True).start()

@@ -50,6 +50,9 @@ RANK_REPORT: dict[str, Any] = {
         "attempt": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 30}),
         "pid": nullable({"type": "integer", "minimum": 1, "maximum": 1 << 32}),
         "t": TIME,
+        "n": {"type": "integer", "minimum": 0, "maximum": INT64,
+              "description": "the sending process's batch number: a batch sent again after a "
+                             "lost answer carries the same one, and is stored once"},
         "metrics": {"type": "array", "maxItems": MAX_ENTRIES, "items": {
             "type": "object", "additionalProperties": False,
             "properties": {"t": TIME, "step": nullable(STEP), "values": VALUES}}},

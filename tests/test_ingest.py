@@ -185,6 +185,35 @@ def test_a_bad_batch_entry_is_a_one_line_400_naming_it_and_nothing_is_stored(lau
     assert status == 401
 
 
+def test_a_batch_sent_again_after_a_lost_answer_is_stored_once(launcher):
+    """A rank whose answer was lost (a timeout after the launcher committed) sends the batch
+    again whole, under its number `n`: stored once, directly or in a node's batch; a batch of
+    another process of the rank, or a newer number, is new. Reports without `n` (an older
+    runtime) are stored as they come."""
+    script = launcher.script("sleeper.py", SLEEPER)
+    job = launcher.client.submit({"script": script, "nodes": 1, "nproc_per_node": 2})
+    wait_for(lambda: launcher.client.job(job["id"])["state"] == "RUNNING", 120, what="RUNNING")
+    try:
+        def metric(step):
+            return [{"t": time.time(), "step": step, "values": {"dup": float(step)}}]
+
+        sends = [({"rank": 0, "attempt": 1, "pid": 11, "n": 1, "metrics": metric(1)}),
+                 ({"rank": 0, "attempt": 1, "pid": 11, "n": 1, "metrics": metric(1)}),  # again
+                 ({"node": 0, "attempt": 1, "ranks": [  # again, through the node reporter
+                     {"rank": 0, "pid": 11, "n": 1, "metrics": metric(1)},
+                     {"rank": 1, "pid": 12, "n": 1, "metrics": metric(1)}]}),
+                 ({"rank": 0, "attempt": 1, "pid": 11, "n": 2, "metrics": metric(2)}),
+                 ({"rank": 0, "attempt": 1, "pid": 99, "n": 1, "metrics": metric(3)}),  # a new process
+                 ({"rank": 1, "attempt": 1, "metrics": metric(4)}),
+                 ({"rank": 1, "attempt": 1, "metrics": metric(4)})]
+        assert [post_report(launcher, job["id"], body)[0] for body in sends] == [200] * len(sends)
+        stored = sorted((p["rank"], p["step"]) for p in all_points(launcher.client, job["id"])
+                        if p["name"] == "dup")
+        assert stored == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 4), (1, 4)], stored
+    finally:
+        launcher.client.stop(job["id"])
+
+
 def test_node_batches_keep_per_rank_heartbeat_verdicts(launcher):
     """A batch is a heartbeat of each rank in it, not of the node: a rank that stops
     reporting is judged silent while its node's batches still arrive."""

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from ..spec import SpecError
@@ -94,6 +95,50 @@ def rank_reports(report: dict) -> list[dict]:
     return [dict(r, node=r.get("node", report.get("node"))) for r in batch]
 
 
+class Once:
+    """A batch a rank sent again after its answer was lost (a timeout, a kept connection the
+    launcher had closed) is stored once: a rank numbers its batches (`n`, one a batch, per
+    process) and sends a batch again whole, under its number. What a number seen before
+    carries is dropped; the report still counts as the rank's heartbeat. Bounded: the
+    newest numbers of the last MAX_SENDERS senders (a rank's process in an attempt)."""
+
+    MAX_SENDERS = 1 << 16
+    ENTRIES = ("metrics", "system", "events")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: OrderedDict[tuple, int] = OrderedDict()
+
+    def fresh(self, job_id: str, attempt: int, reports: list[dict]) -> tuple[list[dict], list]:
+        """The reports to store, and what was taken (for `failed`)."""
+        out, taken = [], []
+        with self._lock:
+            for report in reports:
+                n, pid = report.get("n"), report.get("pid")
+                if not isinstance(n, int) or isinstance(n, bool) or pid is None:
+                    out.append(report)  # an older runtime: nothing to tell a repeat by
+                    continue
+                key = (job_id, attempt, report.get("rank", 0), pid)
+                before = self._last.get(key, -1)
+                if n <= before:
+                    out.append({k: v for k, v in report.items() if k not in self.ENTRIES})
+                    continue
+                self._last[key] = n
+                self._last.move_to_end(key)
+                taken.append((key, before, n))
+                out.append(report)
+            while len(self._last) > self.MAX_SENDERS:
+                self._last.popitem(last=False)
+        return out, taken
+
+    def failed(self, taken: list) -> None:
+        """The batches were not stored: the same numbers are welcome again."""
+        with self._lock:
+            for key, before, n in taken:
+                if self._last.get(key) == n:
+                    self._last[key] = before
+
+
 # -- the worker process -------------------------------------------------------------------
 
 def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None:
@@ -112,6 +157,7 @@ def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None
         retention.run_slices()
 
     writer = ReportIngest(store, maintain)
+    once = Once()
     sending = threading.Lock()
 
     def answer(request: int, status: int, payload: Any) -> None:
@@ -132,15 +178,17 @@ def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None
             answer(request, 200, report_summary(report, True))
             return
         summary = report_summary(report, False)
+        reports, taken = once.fresh(job_id, attempt, rank_reports(report))
 
         def committed(future) -> None:
             error = future.exception()
             if error is None:
                 answer(request, 200, summary)
             else:
+                once.failed(taken)
                 answer(request, 500, f"{type(error).__name__}: {error}")
 
-        writer.store_reports(job_id, attempt, rank_reports(report)).add_done_callback(committed)
+        writer.store_reports(job_id, attempt, reports).add_done_callback(committed)
 
     frames = Frames()
     while True:

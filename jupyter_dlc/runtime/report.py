@@ -85,10 +85,6 @@ class _BoundedBuffer:
     def take(self, n):
         return [self.items.popleft() for _ in range(min(n, len(self.items)))]
 
-    def give_back(self, items):
-        self.items.extendleft(reversed(items))
-        self._trim()
-
     def _trim(self):
         while len(self.items) > self.capacity:
             self.items.popleft()
@@ -127,6 +123,8 @@ class Reporter:
         self._warned_status = set()
         self._warned_impostor = set()
         self._failures = 0
+        self._unsent = None  # the batch being sent, kept whole until it is done with
+        self._batch_n = 0  # its number, this process's: one a batch, not one a try
         # The node's system sampler (system.py), opened and read on this thread as its wakes
         # come, at most once a heartbeat interval: a thread of its own would take the GIL from
         # the training thread at wakes of its own.
@@ -184,7 +182,7 @@ class Reporter:
                 self._cond.notify_all()
 
     def _pending(self):
-        return any(b.items for b in self._buffers.values())
+        return self._unsent is not None or any(b.items for b in self._buffers.values())
 
     def _run(self):
         backoff = 0.0
@@ -228,7 +226,12 @@ class Reporter:
                     continue
                 self._urgent = False
                 self._shift = 0.0
-                batch = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
+                if self._unsent is None:
+                    # A batch is sent again as it was, under its number, until it is done
+                    # with: the launcher stores a batch it already has once (a lost answer).
+                    self._batch_n += 1
+                    self._unsent = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
+                batch = self._unsent
                 self._sending = True
             try:
                 delivered = self._deliver(batch)
@@ -241,10 +244,9 @@ class Reporter:
                 self._sending = False
                 if delivered:
                     backoff = 0.0
+                    self._unsent = None
                 else:
                     backoff = min(MAX_BACKOFF, max(0.25, backoff * 2))
-                    for kind, entries in batch.items():
-                        self._buffers[kind].give_back(entries)
                 self._cond.notify_all()
 
     def _sample(self, sampler):
@@ -259,7 +261,7 @@ class Reporter:
 
     def _deliver(self, batch):
         """True when the batch is done with: accepted, or dropped with a reason."""
-        outcome = self._post(batch)
+        outcome = self._post(batch, self._batch_n)
         if outcome != RETRY:
             self._failures = 0
             return True
@@ -276,9 +278,10 @@ class Reporter:
                    f"dropped {sum(len(v) for v in batch.values())} entries")
         return True
 
-    def _post(self, batch):
-        """DELIVERED, REFUSED (4xx or not encodable: never retried) or RETRY."""
-        body = {**self.identity, "t": time.time(), **batch}
+    def _post(self, batch, n=None):
+        """DELIVERED, REFUSED (4xx or not encodable: never retried) or RETRY. `n`: the batch's
+        number (a bare heartbeat has none)."""
+        body = {**self.identity, "t": time.time(), **({"n": n} if n is not None else {}), **batch}
         try:
             data = json.dumps(body, allow_nan=False, default=_plain).encode()
         except (TypeError, ValueError) as error:

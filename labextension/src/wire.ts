@@ -1098,6 +1098,8 @@ export interface components {
                     [key: string]: number;
                 };
             }[];
+            /** @description the sending process's batch number: a batch sent again after a lost answer carries the same one, and is stored once */
+            n?: number;
             node?: number | null;
             pid?: number | null;
             /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */
@@ -1138,6 +1140,8 @@ export interface components {
                         [key: string]: number;
                     };
                 }[];
+                /** @description the sending process's batch number: a batch sent again after a lost answer carries the same one, and is stored once */
+                n?: number;
                 node?: number | null;
                 pid?: number | null;
                 /** @description a rank of the job's world (0 to nodes x nproc_per_node - 1) */

@@ -21,7 +21,7 @@ from labserver import wait_until
 # HTTP, torch in a process of its own), only small.
 FAST_MODULES = frozenset({
     "test_agreement", "test_alerts", "test_atomic_files", "test_band_vectors", "test_bench_results",
-    "test_bootstrap", "test_clusters", "test_dry_run", "test_engine_features", "test_event_loop",
+    "test_bootstrap", "test_clusters", "test_dry_run", "test_engine_features", "test_event_loop", "test_evidence",
     "test_job_html", "test_kubernetes_export", "test_kubernetes_manifests",
     "test_magic_arguments", "test_metric_chunks", "test_node_copy", "test_pacing",
     "test_rank_records", "test_runtime_checkpoint", "test_runtime_layout", "test_shims",

@@ -25,19 +25,23 @@ from .judging import _on_host
 from .store import ACTIVE_STATES, TERMINAL_STATES
 
 log = logging.getLogger("jupyter_dlc.launcher")
+# How soon the loop looks again at a restarting attempt whose killed processes were still there.
+RESTART_LOOK = 0.02
 
 
 class Ending:
     # -- ending an attempt --------------------------------------------------------------
     def end_attempt(self, row, ctx, handle, outcome: str, reason: str,
-                    diagnosis: dict | None = None) -> None:
+                    diagnosis: dict | None = None, hung: bool = False) -> None:
+        """End an attempt with `outcome`; `hung`: a hang verdict (no progress or no
+        heartbeat) rather than a crash, whose evidence then includes native stacks."""
         job_id = row["id"]
         engine = get_engine(ctx.spec.engine)
         full = self.store.job_row(job_id) or row  # `row` may be a tick's, without the alert state
         for hook in self.hooks:
             hook(full, time.time(), final=True)
         if outcome == "failed":
-            self.keep_scene(ctx, engine, reason)
+            self.keep_scene(ctx, engine, reason, hung)
         # Survivors of a failed attempt are blocked in a collective or about to be: no grace.
         engine.kill(ctx, handle)
         self.stacks_asked.pop(job_id, None)
@@ -98,7 +102,7 @@ class Ending:
         # once rather than a tick later (recovery time is what users feel).
         self.wake.set()
 
-    def keep_scene(self, ctx, engine, reason: str) -> None:
+    def keep_scene(self, ctx, engine, reason: str, hung: bool) -> None:
         """The evidence folder of an attempt about to be killed (evidence.py): bounded in
         time and size, and never in the way of the kill."""
         from .evidence import keep_scene
@@ -109,7 +113,7 @@ class Ending:
             live = {r["rank"]: r["pid"] for r in self.store.rank_rows(ctx.job_id, ctx.attempt)
                     if r["exit_code"] is None and r["pid"]}
             index = keep_scene(ctx.attempt_dir, ctx.attempt, reason, ctx.spec.nodes * ctx.spec.nproc_per_node,
-                               stacks, live, engine.ranks_here)
+                               stacks, live, engine.ranks_here, hung)
             self.store.add_event(ctx.job_id, ctx.attempt, "evidence",
                                  f"kept {len(index['files'])} files of evidence in {index['seconds']:.1f}s",
                                  {"files": [f["name"] for f in index["files"]],
@@ -194,6 +198,9 @@ class Ending:
         engine = get_engine(ctx.spec.engine)
         if engine.describe(ctx, handle).alive:
             engine.kill(ctx, handle)
+            # SIGKILLed processes leave within milliseconds (a rank holding GBs, tens of
+            # them): look again then, not a tick later (recovery time is what users feel).
+            self.look_soon(RESTART_LOOK)
             return
         restarts = arow["restarts"] or 0
         # A preemption, or a resume step found corrupt: no failure of the job's, so no backoff

@@ -8,16 +8,19 @@ Before the supervisor ends a hung or failing attempt it writes `attempt-<N>/evid
     stacks-rank-<R>.txt     every live rank's Python stacks, as its reporter thread answered
                             the hang verdict's ask (runtime/stacks.py); a failing attempt's
                             survivors are not asked (that would hold up the restart)
-    native-rank-<R>.txt     `py-spy dump --native` of each live rank, where py-spy is on PATH
-                            and the ranks are this machine's processes (an engine whose ranks run here)
+    native-rank-<R>.txt     `py-spy dump --native` of each live rank of a hung attempt, where
+                            py-spy is installed and the ranks are this machine's processes (an
+                            engine whose ranks run here); not for a crashed attempt, whose
+                            survivors are only blocked on the dead rank (their tracebacks are in
+                            their logs) and whose restart must not wait ~0.1-0.3 s a rank
     nvidia-smi.txt          `nvidia-smi -q`, where it is on PATH (a GPU node whose ranks run here)
     nccl-rank-<R>.txt       the NCCL flight recorder's dump, when a rank sent one with its
                             stacks (shims/torch_private.nccl_flight_recorder)
     logs-tail.txt           the last TAIL_LINES lines of every rank's log
 
-Bounded so recovery stays fast: at most BUDGET_SECONDS in all (each command gets what is
-left, at most COMMAND_SECONDS), at most FILE_BYTES a file and TOTAL_BYTES a folder; what did
-not fit is named in `skipped`.
+Bounded so recovery stays fast: the commands run side by side, at most COMMAND_SECONDS each
+and BUDGET_SECONDS in all; at most FILE_BYTES a file and TOTAL_BYTES a folder; what did not
+fit is named in `skipped`.
 """
 
 from __future__ import annotations
@@ -52,13 +55,14 @@ def _tail(path: str) -> list[str]:
 
 
 def _tool(name: str) -> str | None:
-    """A tool on PATH, else one installed beside the launcher's Python (`pip install py-spy`
-    puts it there, which a PATH of shims may not show until a rehash)."""
-    found = shutil.which(name)
-    if found:
-        return found
+    """The tool installed beside the launcher's Python (where `pip install py-spy` puts it),
+    else one on PATH. Beside first: a PATH of version-manager shims (pyenv) finds it through
+    a shell script that costs 0.1 s a call, and a PATH of shims may not show it at all until
+    a rehash."""
     beside = os.path.join(os.path.dirname(sys.executable), name)
-    return beside if os.access(beside, os.X_OK) else None
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which(name)
 
 
 def evidence_dir(attempt_dir: str) -> str:
@@ -73,9 +77,6 @@ class _Folder:
         self.skipped: list[str] = []
         self.total = 0
 
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
     def write(self, name: str, what: str, text: str) -> None:
         data = text.encode("utf-8", "replace")
         if len(data) > FILE_BYTES:
@@ -88,25 +89,36 @@ class _Folder:
         self.total += len(data)
         self.files.append({"name": name, "what": what, "size": len(data)})
 
-    def run(self, name: str, what: str, argv: list[str]) -> None:
-        timeout = min(COMMAND_SECONDS, self.left())
-        if timeout <= 0.1:
-            self.skipped.append(f"{name}: no time left of the {BUDGET_SECONDS:g} s budget")
-            return
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.skipped.append(f"{name}: `{' '.join(argv)}` took over {timeout:.1f} s")
-            return
-        except OSError as error:
-            self.skipped.append(f"{name}: {error}")
-            return
-        self.write(name, what, done.stdout + (f"\n[stderr]\n{done.stderr}" if done.stderr.strip() else ""))
+    def run_all(self, commands: list[tuple[str, str, list[str]]]) -> None:
+        """Run (file name, what, argv) commands side by side, each within COMMAND_SECONDS and
+        all within the budget; their outputs are written in the order given."""
+        running = []
+        for name, what, argv in commands:
+            try:
+                running.append((name, what, argv, subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            except OSError as error:
+                self.skipped.append(f"{name}: {error}")
+        deadline = min(self.deadline, time.monotonic() + COMMAND_SECONDS)
+        for name, what, argv, proc in running:
+            try:
+                out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                if proc.poll() is None:  # not one that finished while an earlier one ran over
+                    proc.kill()
+                    proc.communicate()
+                    self.skipped.append(f"{name}: `{' '.join(argv)}` took over "
+                                        f"{min(COMMAND_SECONDS, BUDGET_SECONDS):g} s")
+                    continue
+                out, err = proc.communicate()
+            self.write(name, what, out + (f"\n[stderr]\n{err}" if err.strip() else ""))
 
 
 def keep_scene(attempt_dir: str, attempt: int, reason: str, world: int,
-               stacks: dict[int, dict] | None, live_pids: dict[int, int], ranks_here: bool) -> dict:
-    """Write the evidence folder of an attempt about to be killed; returns its index."""
+               stacks: dict[int, dict] | None, live_pids: dict[int, int], ranks_here: bool,
+               hung: bool = True) -> dict:
+    """Write the evidence folder of an attempt about to be killed (`hung`: for a hang verdict,
+    not a crash); returns its index."""
     started = time.monotonic()
     path = evidence_dir(attempt_dir)
     os.makedirs(path, exist_ok=True)
@@ -120,21 +132,26 @@ def keep_scene(attempt_dir: str, attempt: int, reason: str, world: int,
     if not stacks:
         folder.skipped.append("Python stacks: asked only on a hang verdict (a failing attempt's "
                               "survivors are killed at once, so the restart does not wait)")
+    commands: list[tuple[str, str, list[str]]] = []
     spy = _tool("py-spy")
-    if not spy:
-        folder.skipped.append("native stacks: py-spy is not on PATH (pip install py-spy)")
+    if not hung:
+        folder.skipped.append("native stacks: kept for hang verdicts; a crashed attempt's "
+                              "survivors are killed at once so that its restart does not wait")
+    elif not spy:
+        folder.skipped.append("native stacks: py-spy is not installed (pip install py-spy)")
     elif not ranks_here:
         folder.skipped.append("native stacks: the ranks run on other hosts (engines whose ranks run here only)")
     else:
-        for rank, pid in sorted(live_pids.items()):
-            folder.run(f"native-rank-{rank}.txt", "native stacks (py-spy)",
-                       [spy, "dump", "--native", "--pid", str(pid)])
+        commands += [(f"native-rank-{rank}.txt", "native stacks (py-spy)",
+                      [spy, "dump", "--native", "--pid", str(pid)])
+                     for rank, pid in sorted(live_pids.items())]
     smi = shutil.which("nvidia-smi")
     if smi and ranks_here:
-        folder.run("nvidia-smi.txt", "nvidia-smi -q", [smi, "-q"])
+        commands.append(("nvidia-smi.txt", "nvidia-smi -q", [smi, "-q"]))
     else:
         folder.skipped.append("nvidia-smi -q: " + ("not on PATH (no GPU node)" if not smi
                                                     else "the ranks run on other hosts"))
+    folder.run_all(commands)
     tails = []
     for rank in range(min(world, TAIL_RANKS)):
         tails.append(f"== rank {rank} ==")

@@ -193,7 +193,8 @@ class Judging:
                 at = _on_host(get_engine(spec.engine), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
-                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped")
+                                 f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped",
+                                 hung=True)
                 return
         progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
         if progress and now - self.heard(min(progress)) > spec.progress_timeout:
@@ -216,7 +217,7 @@ class Judging:
             from .diagnosis import diagnose_hang
 
             diagnosis = diagnose_hang(ctx.attempt_dir, reason, laggards, stacks, spec.nproc_per_node)
-            self.end_attempt(row, ctx, handle, "failed", reason, diagnosis=diagnosis)
+            self.end_attempt(row, ctx, handle, "failed", reason, diagnosis=diagnosis, hung=True)
             return
 
     def heard(self, when: float) -> float:

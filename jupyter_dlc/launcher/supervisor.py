@@ -77,6 +77,9 @@ class Supervisor(AttemptStart, Judging, Ending, threading.Thread):
         self.secret = identity.launcher_secret(data_dir)
         self.tick_seconds = tick
         self.wake = threading.Event()
+        # When the loop should look again sooner than a tick (look_soon): a moment a job
+        # waits on that is near, e.g. SIGKILLed survivors about to be gone.
+        self._soon: float | None = None
         self.stopped = threading.Event()
         # Callables (job_row, now, final=False) run each tick, and once more with final=True
         # as an attempt ends, so what its last reports said is judged too (alerts).
@@ -135,8 +138,16 @@ class Supervisor(AttemptStart, Judging, Ending, threading.Thread):
                 self.tick()
             except Exception:  # noqa: BLE001 - one bad tick must not end supervision of every job
                 log.error("supervisor tick failed:\n%s", traceback.format_exc())
-            self.wake.wait(self.tick_seconds)
+            soon, self._soon = self._soon, None
+            self.wake.wait(self.tick_seconds if soon is None
+                           else max(0.0, min(self.tick_seconds, soon - time.monotonic())))
             self.wake.clear()
+
+    def look_soon(self, seconds: float) -> None:
+        """Tick again within `seconds` rather than a whole tick later (from the loop's thread)."""
+        at = time.monotonic() + seconds
+        if self._soon is None or at < self._soon:
+            self._soon = at
 
     def tick(self) -> None:
         children.reap()  # only what the engines started and left to us (engines/children.py)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 
 _POLL = 0.01
+# How long a node other than 0 waits for node 0's agent to listen before starting its own.
+_MASTER_WAIT = 5.0
 _ORPHAN_CHECK = 2.0
 # Longer than the launcher's longest restart backoff (60 s), with room for a launcher restart.
 _ORPHAN_AFTER = 120.0
@@ -31,6 +34,28 @@ def _attempt_alive(job_id: str, attempt: int) -> bool:
     from ..hostprocs import job_processes
 
     return bool(job_processes().get((job_id, attempt)))
+
+
+def _await_master(args: list[str]) -> None:
+    """On a node other than 0: return once node 0's agent listens on the master port (or
+    after _MASTER_WAIT). Both standbys get their go at once, and an agent that finds the port
+    closed backs off inside torch's store client (~0.1-1 s) rather than retrying at once."""
+    options = {}
+    for arg in args:
+        if not arg.startswith("--"):
+            break  # torchrun's options end where the program (`-m ...`, the script) begins
+        name, _, value = arg[2:].partition("=")
+        options[name] = value
+    if options.get("node-rank", "0") == "0" or not options.get("master-port"):
+        return
+    address = (options.get("master-addr") or "127.0.0.1", int(options["master-port"]))
+    deadline = time.monotonic() + _MASTER_WAIT
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.002)
 
 
 def main(go_file: str, exit_file: str) -> int:
@@ -60,6 +85,7 @@ def main(go_file: str, exit_file: str) -> int:
     os.unlink(go_file)  # it holds the attempt's job token: no copy of it stays on disk
     os.environ.update(order["env"])
     warm_ranks.route(ranks)
+    _await_master(order["args"])
     code = 1
     try:
         torchrun.main(order["args"])

@@ -170,10 +170,14 @@ class _Records:
                  "type": type(error).__name__, "message": str(error)[:2000], "traceback": text[-20000:]}
         if self.attempt_dir:
             _write_json(os.path.join(self.attempt_dir, f"rank-{self.record['rank']}.error.json"), first)
-        self.pending.append({"type": layout.RANK_ERROR, "t": first["t"], "node": first["node"],
-                             "error": first["type"][:200],
-                             "message": first["message"][:layout.RECORD_TEXT],
-                             "traceback": text[-layout.RECORD_TEXT:]})
+        event = {"type": layout.RANK_ERROR, "t": first["t"], "node": first["node"],
+                 "error": first["type"][:200], "message": first["message"][:layout.RECORD_TEXT],
+                 "traceback": text[-layout.RECORD_TEXT:]}
+        # On its way at once where the runtime's reporter runs (a peer's failure is what
+        # the launcher's verdict on a killed rank waits for: recovery starts here), not after
+        # the exit handlers; else with the end record.
+        if not _queue([event]):
+            self.pending.append(event)
 
     def ended(self, exit_code: int) -> None:
         self.record.update(end=time.time(), exit_code=exit_code)
@@ -189,6 +193,15 @@ class _Records:
 
     def _fields(self, *names: str) -> dict:
         return {name: self.record[name] for name in names}
+
+
+def _queue(events: list[dict]) -> bool:
+    try:
+        from .report import queue_events_now
+
+        return queue_events_now(events)
+    except Exception:  # noqa: BLE001 - a record that cannot be sent must not change the exit
+        return False
 
 
 def _send(events: list[dict], seconds: float) -> None:

@@ -419,6 +419,17 @@ def send_events_now(events, timeout):
     return status is not None and status < 300
 
 
+def queue_events_now(events) -> bool:
+    """Hand `events` to this process's running Reporter to send at once, without waiting for
+    the answer; False where none runs (the caller then sends them itself)."""
+    reporter = _reporter
+    if not isinstance(reporter, Reporter):
+        return False
+    for event in events:
+        reporter._put("events", {"t": time.time(), **event}, urgent=True)
+    return True
+
+
 _stacks_sent = False
 
 

@@ -333,7 +333,7 @@ WARM_RUN = DDP_RUN.replace("""        if step == kill_at and info.attempt == 1 a
 """, """info = runtime.init()
 import json
 with open("/proc/self/cmdline", "rb") as f:
-    cmdline = f.read().split(b"\\0")[0:4]
+    cmdline = f.read().split(b"\\0")[0:6]
 with open(os.path.join(os.environ["DLC_JOB_DIR"], f"origin-{info.attempt}-{info.rank}.json"), "w") as f:
     json.dump({"ppid": os.getppid(), "argv": [a.decode() for a in cmdline],
                "node": int(os.environ["GROUP_RANK"]), "threads": torch.get_num_threads(),
@@ -368,8 +368,9 @@ def test_restart_on_warm_ranks_forked_by_the_standby_resumes_bitwise(launcher):
         with open(os.path.join(attempt_dir, f"rank-{rank}.log")) as f:
             assert "restoring step-10 from this node's shared-memory copy" in f.read()
     with open(os.path.join(job_dir, "origin-1-0.json")) as f:
-        cold = json.load(f)  # attempt 1 started cold: its ranks are torchrun's Popen children
-    assert "jupyter_dlc.runtime.bootstrap" in cold["argv"], cold
+        cold = json.load(f)  # attempt 1 started cold: forked by its node's agent, no standby
+    assert "jupyter_dlc.node.standby" in cold["argv"] and "--cold" in cold["argv"], cold
+    assert not os.path.exists(os.path.join(job_dir, "attempt-1", "node-0.go.pid"))
     assert launcher.own_processes() == []
     wait_for(lambda: not os.path.exists(layout.node_copy_dir(job_dir)), 10, what="copy removed")
 

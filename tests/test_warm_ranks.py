@@ -59,3 +59,43 @@ def test_forked_ranks_run_as_fresh_workers(tmp_path):
     assert records[0]["exit_code"] == 0
     # The bootstrap of rank 1 was killed; its agent recorded the death for it.
     assert records[1]["exit_code"] == 137 and records[1]["pid"] == result["pids"][1]
+
+
+COLD = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    value = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(value)
+    name = f"cold-{os.environ['DLC_ATTEMPT']}-{dist.get_rank()}.json"
+    with open(os.path.join(os.environ["DLC_JOB_DIR"], name), "w") as f:
+        json.dump({"argv": open("/proc/self/cmdline").read().split("\\0"), "sum": value.item(),
+                   "ppid": os.getppid(), "threads": torch.get_num_threads()}, f)
+    dist.destroy_process_group()
+""")
+
+
+def test_a_cold_start_forks_its_ranks_from_one_agent_a_node_unless_told_not_to(launcher):
+    """Without a pool or standby, each node's agent imports torch once and forks its ranks
+    (node/standby.py --cold); `DLC_FORKED_START=0` in the job's env gives torchrun's own
+    fresh interpreters. Either way the ranks form one group and get torchrun's environment."""
+    script = launcher.script("cold.py", COLD)
+    for env, forked in (({}, True), ({"DLC_FORKED_START": "0"}, False)):
+        job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
+                                      "max_restarts": 0, "env": env})
+        final = launcher.client.wait(job["id"], timeout=120)
+        assert final["state"] == "SUCCEEDED", final["reason"]
+        seen = []
+        for rank in range(4):
+            with open(os.path.join(final["job_dir"], f"cold-1-{rank}.json")) as f:
+                seen.append(json.load(f))
+        assert {s["sum"] for s in seen} == {10.0}  # 1 + 2 + 3 + 4: one group of four
+        assert all(s["threads"] == 1 for s in seen)  # OMP_NUM_THREADS=1 from torchrun, as fresh
+        for s in seen:
+            assert ("jupyter_dlc.node.standby" in s["argv"]) == forked, s["argv"]
+            assert ("jupyter_dlc.runtime.bootstrap" in s["argv"]) != forked, s["argv"]
+        # The node's two ranks share one parent: the agent that forked them (or torchrun's).
+        assert seen[0]["ppid"] == seen[1]["ppid"] != seen[2]["ppid"] == seen[3]["ppid"]
+        # The go file held the attempt's token: it is gone once read.
+        assert not os.path.exists(os.path.join(final["job_dir"], "attempt-1", "node-0.go"))
+    assert launcher.own_processes() == []

@@ -9,7 +9,13 @@ and its workers are those forked ranks: no interpreter start and no torch import
 restart path. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
 come back, it leaves by itself once attempt N has no process left.
 
-    python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE
+    python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE [--cold]
+
+The local engine also starts an attempt that has no standbys this way (`--cold`, its go file
+written first): the node's one agent imports torch and what DDP's first construction imports,
+then forks its ranks, so a node pays one torch import rather than one per rank plus the
+agent's. `--cold` preloads only what a rank is sure to need (COLD_PRELOAD): it is on the
+job's path, not ahead of it.
 
 GO_FILE.ready appears once it is warm; it holds the number of ranks it forked.
 """
@@ -58,12 +64,12 @@ def _await_master(args: list[str]) -> None:
             time.sleep(0.002)
 
 
-def main(go_file: str, exit_file: str) -> int:
+def main(go_file: str, exit_file: str, cold: bool = False) -> int:
     import torch.distributed.run as torchrun  # the cost this process exists to pay early
 
     from . import warm_ranks
 
-    warm_ranks.preload()
+    warm_ranks.preload(warm_ranks.COLD_PRELOAD if cold else warm_ranks.PRELOAD)
     ranks = warm_ranks.fork_ranks(int(os.environ.get("DLC_NPROC_PER_NODE", "0") or 0))
     # For views and tests: this node's standby is warm, with this many forked ranks.
     with open(f"{go_file}.ready", "w") as f:
@@ -104,4 +110,4 @@ def main(go_file: str, exit_file: str) -> int:
 
 if __name__ == "__main__":
     sys.stdout.flush()
-    os._exit(main(sys.argv[1], sys.argv[2]))
+    os._exit(main(sys.argv[1], sys.argv[2], "--cold" in sys.argv[3:]))

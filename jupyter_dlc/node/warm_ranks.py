@@ -37,6 +37,12 @@ from ..shims import torch_private
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
            "torch.distributed.fsdp", "torch.distributed.tensor", "jupyter_dlc.runtime",
            "torch.utils.tensorboard", "psutil", "pynvml")
+# What a cold start's agent imports before it forks (standby.py --cold): torch, what DDP's
+# first construction imports (torch._dynamo and sympy: a second or more a rank) and the
+# runtime; not TensorBoard, FSDP or DTensor, which a job may never use and which would then
+# cost its start instead of a rank's first use.
+COLD_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                "jupyter_dlc.runtime", "psutil")
 # How torchrun starts every worker of a launcher job (engines/local/engine.py torchrun_argv).
 WORKER_ARGV = ("-u", "-m", "jupyter_dlc.runtime.bootstrap")
 _POLL = 0.01
@@ -47,11 +53,11 @@ _POLL = 0.01
 _NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
-def preload() -> None:
+def preload(modules: tuple[str, ...] = PRELOAD) -> None:
     previous = os.environ.get(_NVML_CHECK)
     os.environ[_NVML_CHECK] = "1"
     try:
-        for name in PRELOAD:
+        for name in modules:
             try:
                 __import__(name)
             except Exception:  # noqa: BLE001 - an optional part of torch: the rank imports it if used

@@ -113,8 +113,16 @@ class LocalEngine(Engine):
             return {"nodes": [{"node": n, "pid": pid} for n, pid in enumerate(standbys)],
                     "standby": True}
         nodes = []
+        forked = forked_start_wanted(ctx)
         for node, argv in enumerate(request.commands):
             exit_path = layout.node_exit(ctx.attempt_dir, node)
+            if forked:
+                # The node's agent imports torch once and forks its ranks (node/standby.py,
+                # started with its go file already written): one torch import a node, not
+                # one per rank and one for the agent.
+                layout.write_json(_go_file(ctx, node), {"args": argv[3:], "env": {}}, mode=0o600)
+                argv = [argv[0], "-m", "jupyter_dlc.node.standby", _go_file(ctx, node), exit_path,
+                        "--cold"]
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{shell.command(argv)}; echo $? > {shell.quote(exit_path)}'
@@ -263,6 +271,19 @@ class LocalEngine(Engine):
         gpus = visible_gpus()
         return {"ok": True, "idle_nodes": 1, "gpus": gpus,
                 "detail": f"this machine: {os.cpu_count()} CPUs, {available_memory() >> 30} GB free"}
+
+
+FORKED_START_ENV = "DLC_FORKED_START"
+
+
+def forked_start_wanted(ctx: AttemptContext) -> bool:
+    """Whether an attempt without standby agents starts its ranks forked from one agent per
+    node that imported torch (the default), rather than as torchrun's own fresh interpreters
+    (`DLC_FORKED_START=0` in the launcher's or the job's environment)."""
+    for env in (ctx.spec.env or {}, os.environ):
+        if env.get(FORKED_START_ENV) is not None:
+            return env[FORKED_START_ENV] not in ("0", "false", "no")
+    return True
 
 
 def _ranks_with_errors(ctx: AttemptContext) -> set[int]:

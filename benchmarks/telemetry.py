@@ -6,7 +6,9 @@ round's blocks run within a second of each other: a 2-core machine's load swings
 1% from one second to the next, which a median of whole-run block means left in).
 
 Each step draws a batch from a torch DataLoader and runs forward and backward of a DDP model
-(gloo, a world of one), about 8-10 ms. Three arms:
+(gloo, a world of one): 9.5 ms on this kind of machine on 2026-12-01, 3.0-3.4 ms on
+2026-12-05 (the step is fixed work, not a fixed time; the printed bare step says which, and a
+shorter step makes the same per-step cost a larger ratio). Three arms:
 - bare: no runtime at all (the DataLoader and DDP as torch has them);
 - logged: runtime.log() every step with the step breakdown off (DLC_STEP_BREAKDOWN=0);
 - breakdown: runtime.log() with the breakdown on: the DataLoader's __next__ timed through

@@ -109,6 +109,15 @@ _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 LOG_DISK_MARGIN = 4 << 20
 
 
+# How a DLC_* switch that is on by default is turned off ("DLC_STEP_BREAKDOWN=0").
+OFF_WORDS = ("0", "off", "false", "no")
+
+
+def switched_off(value):
+    """Whether a switch's value (None: unset) turns it off."""
+    return value is not None and value.strip().lower() in OFF_WORDS
+
+
 def log_cap(environ=None):
     """Bytes a rank log may hold ($DLC_RANK_LOG_MIB, default 16 MiB; 0: no cap)."""
     raw = (os.environ if environ is None else environ).get(LOG_CAP_ENV, "").strip()

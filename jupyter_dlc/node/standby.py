@@ -9,12 +9,14 @@ and its workers are those forked ranks: no interpreter start and no torch import
 restart path. If attempt N ends otherwise, the launcher kills it; and should no launcher ever
 come back, it leaves by itself once attempt N has no process left.
 
-    python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE [--cold]
+    python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE
+    python -m jupyter_dlc.node.standby --cold EXIT_FILE -m torch.distributed.run ARGS...
 
-The local engine also starts an attempt that has no standbys this way (`--cold`, its go file
-written first): the node's one agent imports torch and what DDP's first construction imports,
+The second form is how the local engine starts an attempt that has no standbys: torchrun's
+own command line behind `--cold EXIT_FILE` (what `--dry-run` prints is what runs), no go file
+to wait for. The node's one agent imports torch and what DDP's first construction imports,
 then forks its ranks, so a node pays one torch import rather than one per rank plus the
-agent's. `--cold` preloads only what a rank is sure to need (COLD_PRELOAD): it is on the
+agent's. It preloads only what a rank is sure to need (COLD_PRELOAD): that import is on the
 job's path, not ahead of it.
 
 GO_FILE.ready appears once it is warm; it holds the number of ranks it forked.
@@ -27,8 +29,11 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 _POLL = 0.01
+COLD = "--cold"
+TORCHRUN = ("-m", "torch.distributed.run")
 # How long a node other than 0 waits for node 0's agent to listen before starting its own.
 _MASTER_WAIT = 5.0
 _ORPHAN_CHECK = 2.0
@@ -64,31 +69,19 @@ def _await_master(args: list[str]) -> None:
             time.sleep(0.002)
 
 
-def main(go_file: str, exit_file: str, cold: bool = False) -> int:
+def main(go_file: str | None, exit_file: str, cold_args: list[str] | None = None) -> int:
+    """Warm up, then run torchrun's agent with `cold_args` at once (a cold start), or with
+    the arguments a go file brings (a standby)."""
     import torch.distributed.run as torchrun  # the cost this process exists to pay early
 
     from . import warm_ranks
 
-    warm_ranks.preload(warm_ranks.COLD_PRELOAD if cold else warm_ranks.PRELOAD)
+    warm_ranks.preload(warm_ranks.PRELOAD if go_file else warm_ranks.COLD_PRELOAD)
     ranks = warm_ranks.fork_ranks(int(os.environ.get("DLC_NPROC_PER_NODE", "0") or 0))
-    # For views and tests: this node's standby is warm, with this many forked ranks.
-    with open(f"{go_file}.ready", "w") as f:
-        f.write(str(len(ranks)))
-    job_id = os.environ["DLC_JOB_ID"]
-    previous = int(os.environ["DLC_ATTEMPT"]) - 1
-    next_check = time.monotonic() + _ORPHAN_CHECK
-    last_seen = time.monotonic()
-    while not os.path.exists(go_file):
-        time.sleep(_POLL)
-        if time.monotonic() > next_check:
-            if _attempt_alive(job_id, previous):
-                last_seen = time.monotonic()
-            elif time.monotonic() - last_seen > _ORPHAN_AFTER:
-                return 0  # attempt N is long gone and nobody sent us: no launcher is coming
-            next_check = time.monotonic() + _ORPHAN_CHECK
-    with open(go_file) as f:
-        order = json.load(f)
-    os.unlink(go_file)  # it holds the attempt's job token: no copy of it stays on disk
+    order: dict[str, Any] | None = ({"args": cold_args or [], "env": {}} if go_file is None
+                                    else _wait_for_go(go_file, len(ranks)))
+    if order is None:
+        return 0  # attempt N is long gone and nobody sent us: no launcher is coming
     os.environ.update(order["env"])
     warm_ranks.route(ranks)
     _await_master(order["args"])
@@ -108,6 +101,43 @@ def main(go_file: str, exit_file: str, cold: bool = False) -> int:
     return code
 
 
+def _wait_for_go(go_file: str, forked: int) -> dict[str, Any] | None:
+    """The go file's order once it comes; None when attempt N left and nobody sent one."""
+    # For views and tests: this node's standby is warm, with this many forked ranks.
+    with open(f"{go_file}.ready", "w") as f:
+        f.write(str(forked))
+    job_id = os.environ["DLC_JOB_ID"]
+    previous = int(os.environ["DLC_ATTEMPT"]) - 1
+    next_check = time.monotonic() + _ORPHAN_CHECK
+    last_seen = time.monotonic()
+    while not os.path.exists(go_file):
+        time.sleep(_POLL)
+        if time.monotonic() > next_check:
+            if _attempt_alive(job_id, previous):
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen > _ORPHAN_AFTER:
+                return None
+            next_check = time.monotonic() + _ORPHAN_CHECK
+    with open(go_file) as f:
+        order = json.load(f)
+    os.unlink(go_file)  # it holds the attempt's job token: no copy of it stays on disk
+    return order
+
+
+def cold_argv(torchrun_argv: list[str], exit_file: str) -> list[str]:
+    """A node's torchrun command line (`python -m torch.distributed.run ARGS`) as a cold
+    start's agent: the same arguments, behind `-m jupyter_dlc.node.standby --cold EXIT_FILE`."""
+    python, *rest = torchrun_argv
+    assert tuple(rest[:2]) == TORCHRUN, torchrun_argv
+    return [python, "-m", "jupyter_dlc.node.standby", COLD, exit_file, *rest]
+
+
 if __name__ == "__main__":
     sys.stdout.flush()
-    os._exit(main(sys.argv[1], sys.argv[2], "--cold" in sys.argv[3:]))
+    if sys.argv[1:2] == [COLD]:
+        if tuple(sys.argv[3:5]) != TORCHRUN:
+            print("usage: python -m jupyter_dlc.node.standby --cold EXIT_FILE -m torch.distributed.run ARGS...",
+                  file=sys.stderr)
+            os._exit(2)
+        os._exit(main(None, sys.argv[2], sys.argv[5:]))
+    os._exit(main(sys.argv[1], sys.argv[2]))

@@ -38,6 +38,7 @@ import time
 import weakref
 from typing import Any
 
+from .. import layout
 from ..shims import torch_private
 
 STEP, DATA_WAIT, GRAD_SYNC, CKPT_STALL = "step_ms", "data_wait_ms", "grad_sync_ms", "ckpt_stall_ms"
@@ -59,7 +60,7 @@ _installed = False
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    return not layout.switched_off(os.environ.get(ENV))
 
 
 def _add(name: str, seconds: float) -> None:

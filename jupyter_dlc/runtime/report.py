@@ -399,12 +399,9 @@ def send_events_now(events, timeout):
     as a report of their own, retried while the launcher is unreachable. Used by the
     bootstrap for the records the launcher must not read from a shared filesystem (a rank's
     start, end and first error). Returns True when the launcher accepted them."""
+    if queue_events_now(events):
+        return _reporter.flush(timeout)
     stamped = [{"t": time.time(), **event} for event in events]
-    reporter = _reporter if _reporter is not _NOT_STARTED else None
-    if reporter is not None:
-        for event in stamped:
-            reporter._put("events", event, urgent=True)
-        return reporter.flush(timeout)
     info = rank_info()
     if not info.reporting:
         return False

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 
+from .. import layout
 from .env import rank_info
 
 MODES = ("rank0", "all", "off")
@@ -39,7 +40,7 @@ def requested_mode():
     raw = os.environ.get("DLC_TENSORBOARD", "").strip().lower()
     if not raw:
         return "rank0", False
-    if raw in ("0", "off", "false", "no"):
+    if raw in layout.OFF_WORDS:
         return "off", True
     if raw in ("1", "on", "true", "yes"):
         return "rank0", True

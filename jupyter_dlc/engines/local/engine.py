@@ -14,6 +14,7 @@ from typing import Any
 
 from ... import layout, shell
 from ...node import reporter as node_reporter
+from ...node.standby import cold_argv
 from ...spec import JobSpec
 from ..contract import (
     AttemptContext,
@@ -73,6 +74,11 @@ class LocalEngine(Engine):
         python = ctx.spec.python or sys.executable
         commands = [torchrun_argv(ctx.spec, node, ctx.port, ctx.script_path, python)
                     for node in range(ctx.spec.nodes)]
+        if forked_start_wanted(ctx):
+            # The node's agent imports torch once and forks its ranks (node/standby.py):
+            # one torch import a node, not one per rank and one for the agent.
+            commands = [cold_argv(argv, layout.node_exit(ctx.attempt_dir, node))
+                        for node, argv in enumerate(commands)]
         return DryRun("local", commands=commands, cwd=ctx.spec.workdir or ctx.job_dir,
                       env=dict(ctx.env))
 
@@ -106,23 +112,15 @@ class LocalEngine(Engine):
         standbys = self._standbys(ctx)
         if standbys:
             for node, argv in enumerate(request.commands):
-                # argv[3:] drops `python -m torch.distributed.run`; the standby is that. The
-                # env holds the attempt's token.
-                layout.write_json(_go_file(ctx, node), {"args": argv[3:], "env": dict(
+                # The standby is torchrun's agent: its order is torchrun's arguments. The env
+                # holds the attempt's token.
+                layout.write_json(_go_file(ctx, node), {"args": _torchrun_args(argv), "env": dict(
                     ctx.env, DLC_NODE_RANK=str(node))}, mode=0o600)
             return {"nodes": [{"node": n, "pid": pid} for n, pid in enumerate(standbys)],
                     "standby": True}
         nodes = []
-        forked = forked_start_wanted(ctx)
         for node, argv in enumerate(request.commands):
             exit_path = layout.node_exit(ctx.attempt_dir, node)
-            if forked:
-                # The node's agent imports torch once and forks its ranks (node/standby.py,
-                # started with its go file already written): one torch import a node, not
-                # one per rank and one for the agent.
-                layout.write_json(_go_file(ctx, node), {"args": argv[3:], "env": {}}, mode=0o600)
-                argv = [argv[0], "-m", "jupyter_dlc.node.standby", _go_file(ctx, node), exit_path,
-                        "--cold"]
             # The shell outlives torchrun only to record its exit code, which a launcher that
             # restarted meanwhile could not learn from waitpid.
             wrapper = f'{shell.command(argv)}; echo $? > {shell.quote(exit_path)}'
@@ -280,10 +278,8 @@ def forked_start_wanted(ctx: AttemptContext) -> bool:
     """Whether an attempt without standby agents starts its ranks forked from one agent per
     node that imported torch (the default), rather than as torchrun's own fresh interpreters
     (`DLC_FORKED_START=0` in the launcher's or the job's environment)."""
-    for env in (ctx.spec.env or {}, os.environ):
-        if env.get(FORKED_START_ENV) is not None:
-            return env[FORKED_START_ENV] not in ("0", "false", "no")
-    return True
+    value = (ctx.spec.env or {}).get(FORKED_START_ENV, os.environ.get(FORKED_START_ENV))
+    return not layout.switched_off(value)
 
 
 def _ranks_with_errors(ctx: AttemptContext) -> set[int]:
@@ -294,6 +290,11 @@ def _ranks_with_errors(ctx: AttemptContext) -> set[int]:
 
 def _go_file(ctx: AttemptContext, node: int) -> str:
     return os.path.join(ctx.attempt_dir, f"node-{node}.go")
+
+
+def _torchrun_args(argv: list[str]) -> list[str]:
+    """torchrun's own arguments in a node's command line (plain or a cold start's)."""
+    return argv[argv.index("torch.distributed.run") + 1:]
 
 
 

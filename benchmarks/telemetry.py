@@ -1,9 +1,10 @@
 """Step time of a training loop with runtime.log() every step and heartbeats on, against the
-same loop bare. The launcher is a real HTTP server in another process (stdlib http.server),
-as in a job. Blocks of steps alternate, each round in the next of the six orders, so drift in machine
-load hits every arm alike; each ratio is the median over rounds of that round's ratio (one
-round's blocks run within a second of each other: a 2-core machine's load swings more than
-1% from one second to the next, which a median of whole-run block means left in).
+same loop bare. The launcher is a real HTTP server in another process (stdlib http.server,
+keeping connections as the launcher does), as in a job. Blocks of steps alternate, each
+round in the next of the six orders, so drift in machine load hits every arm alike; each
+ratio is the median over rounds of that round's ratio (one round's blocks run within a
+second of each other: a 2-core machine's load swings more than 1% from one second to the
+next, which a median of whole-run block means left in).
 
 Each step draws a batch from a torch DataLoader and runs forward and backward of a DDP model
 (gloo, a world of one): 9.5 ms on this kind of machine on 2026-12-01, 3.0-3.4 ms on
@@ -12,11 +13,16 @@ shorter step makes the same per-step cost a larger ratio). Three arms:
 - bare: no runtime at all (the DataLoader and DDP as torch has them);
 - logged: runtime.log() every step with the step breakdown off (DLC_STEP_BREAKDOWN=0);
 - breakdown: runtime.log() with the breakdown on: the DataLoader's __next__ timed through
-  the shim, a DDP built after runtime.init() reducing through the timing hook, and the four
-  breakdown values added to every log().
+  the shim, the DDP's gradient sync timed as a DDP built after runtime.init() is, and the
+  four breakdown values added to every log().
+All three arms run the same model and the same DataLoader iterator (two instances of one
+model differ by up to 1% here, by where their memory lies).
 The last line is the ratio breakdown/bare (target <= 1.01x).
 
-    python benchmarks/telemetry.py [--blocks 30] [--steps 100]
+    python benchmarks/telemetry.py [--blocks 120] [--steps 50]
+
+120 rounds of 50-step blocks (about a minute): with 30 rounds of 100 steps the same code
+gave ratios 0.5-1% apart from run to run.
 """
 
 import argparse
@@ -36,6 +42,8 @@ LAUNCHER = """
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # the connection kept, as the launcher and node reporter keep it
+    disable_nagle_algorithm = True  # as the node reporter: its answer's body is not held for an ACK
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         body = json.dumps({"ok": True, "commands": []}).encode()
@@ -75,7 +83,7 @@ def network():
 
 
 def training_step(model, batches):
-    """About 8-10 ms on one thread, like the small model of FIELD-NOTES."""
+    """One step of fixed work (module docstring), on one thread."""
     loss = model(next(batches)).mean()
     loss.backward()
     return loss.item()
@@ -83,8 +91,8 @@ def training_step(model, batches):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--blocks", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--blocks", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=50)
     results.add_argument(parser)
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -99,31 +107,28 @@ def main():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    runtime.init()  # a gloo group of one; installs the breakdown's timing
-    timed_model = DDP(network())  # built while timing is installed: reduces through the hook
-    breakdown.uninstall()
-    plain_model = DDP(network())
-    loader = torch.utils.data.DataLoader(OneBatch(torch.randn(48, 512)), batch_size=None)
-    bare_batches = iter(loader)  # an iterator's __next__ is looked up on its class at each call
-    timed_batches = iter(loader)
+    runtime.init()  # a gloo group of one
+    breakdown.switch(False)
+    # One model and one iterator for every arm: two instances of the same model differ by
+    # up to 1% in step time on this machine (where their memory lies), which would be
+    # measured as the telemetry's. The breakdown arm times this DDP with the very hook a DDP
+    # built after runtime.init() gets (breakdown.time_ddp), removed again after its block;
+    # the DataLoader shim is on the iterator's class, installed and removed with switch().
+    model = DDP(network())
+    batches = iter(torch.utils.data.DataLoader(OneBatch(torch.randn(48, 512)), batch_size=None))
     arms = {"bare": [], "logged": [], "breakdown": []}
     try:
         runtime.log(0, loss=1.0)  # starts the reporter and the system sampler
-        for model, batches in ((plain_model, bare_batches), (timed_model, timed_batches)):
-            for _ in range(20):  # DDP rebuilds its buckets after its first iteration
-                training_step(model, batches)
+        for _ in range(20):  # DDP rebuilds its buckets after its first iteration
+            training_step(model, batches)
         step = 0
         orders = list(itertools.permutations(arms))  # each arm after each other as often
         for block in range(args.blocks):
             for arm in orders[block % len(orders)]:
                 times = arms[arm]
                 on = arm == "breakdown"
-                os.environ[breakdown.ENV] = "1" if on else "0"
-                if on:
-                    breakdown.install()
-                else:
-                    breakdown.uninstall()
-                model, batches = (timed_model, timed_batches) if on else (plain_model, bare_batches)
+                breakdown.switch(on)
+                timing = breakdown.time_ddp(model) if on else None
                 start = time.perf_counter()
                 for _ in range(args.steps):
                     loss = training_step(model, batches)
@@ -131,6 +136,8 @@ def main():
                         step += 1
                         runtime.log(step, loss=loss, lr=0.1, samples_per_s=1000.0)
                 times.append((time.perf_counter() - start) / args.steps)
+                if timing is not None:
+                    timing.remove()
         delivered = runtime.get_reporter().flush(10)
     finally:
         launcher.kill()

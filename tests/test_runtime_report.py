@@ -282,7 +282,8 @@ SCALARS = """
     import numpy as np, torch
     from jupyter_dlc import runtime
     for i in range(1, 6):
-        runtime.log(np.int64(i), loss=torch.tensor(0.5 * i), acc=np.float32(0.25), n=np.int32(i))
+        runtime.log(np.int64(i), loss=torch.tensor(0.5 * i), acc=np.float32(0.25), n=np.int32(i), k=i,
+                    lr=0.1)
     for bad in ("runtime.log('7', loss=1.0)", "runtime.log(2.5, loss=1.0)",
                 "runtime.log(8, loss='0.5')", "runtime.log(8, loss=[1.0])",
                 "runtime.log(8, loss=torch.ones(3))"):
@@ -301,7 +302,7 @@ def test_numpy_and_tensor_scalars_log_and_anything_else_is_refused_where_logged(
     metrics = launcher.entries("metrics")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
     assert {k: v for k, v in metrics[-1]["values"].items() if k not in breakdown.RESERVED} == \
-        {"loss": 2.5, "acc": 0.25, "n": 5.0}
+        {"loss": 2.5, "acc": 0.25, "n": 5.0, "k": 5.0, "lr": 0.1}
     assert set(breakdown.RESERVED) <= set(metrics[-1]["values"])  # the step's breakdown beside
     refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5, out

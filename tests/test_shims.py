@@ -157,9 +157,16 @@ def test_torch_dataloader_next_is_the_base_iterators(workers):
     base = torch_private.dataloader_iterator_class()
     assert "__next__" in base.__dict__, _moved("torch_private", "_BaseDataLoaderIter.__next__")
     section = _CountingSection()
-    torch_private.time_dataloader_next(section)
+
+    def wrap(original):
+        def timed(iterator):
+            with section:
+                return original(iterator)
+        return timed
+
+    torch_private.time_dataloader_next(wrap)
     try:
-        torch_private.time_dataloader_next(section)  # idempotent: wrapped once
+        torch_private.time_dataloader_next(wrap)  # idempotent: wrapped once
         batches = list(DataLoader(torch.arange(6), batch_size=2, num_workers=workers))
         iterator = iter(DataLoader(torch.arange(2), num_workers=workers))
         assert isinstance(iterator, base) and "__next__" not in type(iterator).__dict__, \
@@ -243,51 +250,60 @@ def test_torch_ddp_sync_timing_hook(tmp_path):
     assert proc.returncode == 0 and "ok" in proc.stdout, \
         _moved("torch_private", "DDP's comm hook internals") + "\n" + proc.stderr
 
-def test_torch_ddp_own_timers_sampled_every_iteration(tmp_path):
+def test_torch_cpu_ddp_sync_timed_around_ddps_finalisation(tmp_path):
     """In a fresh Python, a gloo group of one: with `on_cpu`, a CPU DDP built after
-    time_ddp_sync gets no hook, samples DDP's own reducer timers every iteration (DDP's
-    default is every iteration up to the 10th, then one in 100: so 30 are run here) and
-    ddp_last_exposed_sync reads each iteration's end and exposed part once it ran, also
-    after a bucket layout is installed on restore (a new reducer)."""
+    time_ddp_sync gets no comm hook; its exposed reduction is timed by two autograd final
+    callbacks around DDP's finalisation (`Variable._execution_engine.queue_callback`, queued
+    from a post-accumulate-grad hook on the first parameter, whose gradient is the backward's
+    last). A user's comm hook whose future completes 80 ms late makes DDP's finalisation
+    wait that long: the time measured says our first callback ran before DDP's and the
+    second after it. One value a backward; a removed handle stops them."""
     code = textwrap.dedent("""
-        import torch, torch.nn as nn, torch.distributed as dist
+        import threading, torch, torch.nn as nn, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         from jupyter_dlc.shims import torch_private as tp
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        sampled = []
-        tp.time_ddp_sync(lambda ddp: 1 / 0, on_cpu=sampled.append)
+        seen = []
+        tp.time_ddp_sync(lambda ddp: 1 / 0, on_cpu=seen.append)
         def net():
             torch.manual_seed(0)
             return nn.Sequential(nn.Linear(4, 300), nn.Tanh(), nn.Linear(300, 1))
         x = torch.randn(2, 4)
-        def ends(ddp, n):
-            seen = []
-            for _ in range(n):
-                ddp(x).sum().backward()
-                last = tp.ddp_last_exposed_sync(ddp)
-                assert last is not None and 0 <= last[1] < 10e9, last
-                assert tp.ddp_last_exposed_sync(ddp) == last  # the same iteration, read again
-                seen.append(last[0])
-            return seen
         timed = DDP(net(), bucket_cap_mb=0.001)
-        assert sampled == [timed] and tp.ddp_last_exposed_sync(timed) is None
-        seen = ends(timed, 30)
-        assert seen == sorted(set(seen)), "an iteration past the 10th was not sampled"
+        for _ in range(3):
+            timed(x).sum().backward()
+        assert len(seen) == 3 and all(0 <= s < 5 for s in seen), seen
+        def late(state, bucket):
+            fut = torch.futures.Future()
+            threading.Timer(0.08, fut.set_result, [bucket.buffer()]).start()
+            return fut
+        timed.register_comm_hook(None, late)
+        timed(x).sum().backward()
+        assert 0.07 <= seen[-1] < 5, seen
         with timed.no_sync():
             timed(x).sum().backward()
-        assert tp.ddp_last_exposed_sync(timed)[0] == seen[-1]  # no reduction: no new end
+        assert len(seen) == 5 and seen[-1] < 0.05, seen  # no reduction to wait for
         restored = DDP(net(), bucket_cap_mb=0.001)
         tp.install_bucket_layout(restored, tp.bucket_layout(timed))
-        seen = ends(restored, 30)
-        assert seen == sorted(set(seen)), "the restored reducer is not sampled every iteration"
+        restored(x).sum().backward()
+        assert len(seen) == 6, seen  # the hook is on the parameter: a new reducer keeps it
+        handle = tp.time_cpu_ddp_sync(restored, seen.append)
+        restored(x).sum().backward()
+        assert len(seen) == 8, seen  # timed twice now
+        handle.remove()
+        restored(x).sum().backward()
+        assert len(seen) == 9, seen
         tp.untime_ddp_sync()
+        plain = DDP(net())
+        plain(x).sum().backward()
+        assert len(seen) == 9, seen
         print("ok")
         """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0 and "ok" in proc.stdout, \
-        _moved("torch_private", "DDP's logger timers (set_runtime_stats_and_log, "
-               "_get_ddp_logging_data, _set_ddp_runtime_logging_sample_rate)") + "\n" + proc.stderr
+        _moved("torch_private", "autograd's final callbacks (Variable._execution_engine.queue_callback), "
+               "register_post_accumulate_grad_hook or DDP's finalisation order") + "\n" + proc.stderr
 
 
 # -- Python -----------------------------------------------------------------------------

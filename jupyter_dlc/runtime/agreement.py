@@ -50,6 +50,10 @@ class StepAgreement:
         if self._watcher is not threading.current_thread():
             self._watcher.join(timeout)
 
+    def idle(self):
+        """No episode open here nor seen opened by another rank: poll() would return at once."""
+        return self._joined_at is None and self._remote_episode != self.episode
+
     def poll(self, step, local_kinds):
         """The kinds to act on at this step; empty while training should go on."""
         if self._joined_at is None:

@@ -9,14 +9,16 @@ acted on, at the same step on every rank (agreement.py).
 import math
 import numbers
 import operator
+import time
 
-from . import breakdown, control, tensorboard
+from . import breakdown, control, dist_init, tensorboard
 from .agreement import StepAgreement
 from .dist_init import job_store
 from .env import rank_info
 from .report import EXIT_FLUSH_SECONDS, get_reporter
 
 NAN_FLUSH_SECONDS = 2.0
+_clock = time.perf_counter
 
 
 class NonFiniteLossError(RuntimeError):
@@ -25,6 +27,9 @@ class NonFiniteLossError(RuntimeError):
 
 _last_step = 0
 _agreement = None
+# A full should_stop() ran with the SIGTERM handler installed and the group settled (so
+# whether ranks must agree is known): from then on log() calls it only when one is pending.
+_settled = False
 
 
 def log(step, **metrics):
@@ -35,11 +40,46 @@ def log(step, **metrics):
     (here, where the mistake is, rather than in the reporter thread later), NonFiniteLossError
     on a NaN/Inf value (after reporting a "nan" event), and SystemExit(0) when the job was told
     to stop (after checkpointing).
+
+    Every line here runs once a step between the script's own work, whose data has pushed
+    this code's out of the CPU caches: a call or lookup that costs 0.1 us in a tight loop
+    costs about 1 us here (benchmarks/telemetry.py), so the common case takes the fewest.
     """
     global _last_step
-    closed = breakdown.close_step()  # first: the step ends when log() is called
-    step = as_step(step)
+    now = _clock()
+    ended = breakdown.end_step(now)  # first: the step ends when log() is called
+    if type(step) is not int:
+        step = as_step(step)
     _last_step = step
+    values, non_finite = metrics, None  # the call's own dict, kept when every value is a finite float
+    for value in metrics.values():
+        if type(value) is not float or value - value != 0.0:  # (inf - inf and nan - nan are nan)
+            values, non_finite = _numbers(metrics)
+            break
+    reporter = _reporter if _reporter is not None else _find_reporter()
+    if reporter and (values or ended):
+        reporter.record(now, step, values, ended)
+    if tensorboard.wanted():
+        tensorboard.write(step, {**breakdown.milliseconds(ended), **values} if ended else values)
+    if non_finite:
+        _stop_non_finite(step, *non_finite, reporter)
+    if _settled and not control.pending() and (_agreement is None or _agreement.idle()):
+        return  # nothing for a boundary to do: no request here, none open among the ranks
+    should_stop(step)
+
+
+_reporter = None
+
+
+def _find_reporter():
+    """The process's Reporter (False when none: looked up once)."""
+    global _reporter
+    _reporter = get_reporter() or False
+    return _reporter
+
+
+def _numbers(metrics):
+    """The finite values as floats, and the first non-finite one as (name, value), or None."""
     values, non_finite = {}, None
     for name, value in metrics.items():
         number = as_number(name, value)
@@ -47,15 +87,7 @@ def log(step, **metrics):
             values[name] = number
         elif non_finite is None:
             non_finite = (name, number)
-    if closed:
-        values = {**closed, **values}  # a value the script logs itself wins
-    reporter = get_reporter()
-    if reporter and values:
-        reporter.metric(step, values)
-    tensorboard.write(step, values)  # no-op unless tensorboard is installed and wanted
-    if non_finite:
-        _stop_non_finite(step, *non_finite, reporter)
-    should_stop(step)
+    return values, non_finite
 
 
 def as_step(step):
@@ -102,10 +134,12 @@ def should_stop(step=None, exit=True):
     SystemExit(0); with exit=False it returns True instead, for callers that leave their
     loop themselves.
     """
+    global _settled
     step = _last_step if step is None else step
     control.install_sigterm_handler()
     requests = control.requested()
     kinds = _agreed_kinds(step, set(requests))
+    _settled = _settled or (control.handler_considered() and dist_init.group_settled())
     if not kinds:
         return False
     control.clear(kinds)

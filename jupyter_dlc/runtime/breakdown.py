@@ -26,16 +26,17 @@ Compute is the rest and is not sent. A value the script logs itself under one of
 names wins for that step. `runtime.timer(name)` for any other name logs `<name>_ms` (e.g.
 `h2d_ms`), time that stays part of compute in the chart. The first `log()` closes no step
 (there is no earlier boundary), so it carries none of these. DLC_STEP_BREAKDOWN=0 turns it
-all off (then DDP and the DataLoader are left exactly as torch has them).
+all off (then DDP and the DataLoader are left exactly as torch has them); it is read once,
+when this module is imported.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
 import time
-import weakref
 from typing import Any
 
 from .. import layout
@@ -49,24 +50,38 @@ _OWN_NAMES = {"data": DATA_WAIT, "step": None, "data_wait": None, "grad_sync": N
               "ckpt_stall": None}
 
 _clock = time.perf_counter
+_get_ident = threading.get_ident
 _lock = threading.Lock()
 _sums: dict[str, float] = {}  # metric name -> seconds in this step
-_seen: list[str] = []  # every name this rank has timed: each step carries all of them
+# Every name of a runtime.timer section this rank has timed but the breakdown's own: each
+# step carries all of them (0 where the step had none).
+_seen: list[str] = []
 _cuda_pending: list[tuple[Any, Any]] = []  # (start, end) CUDA events not read yet
-# CPU DDPs timed by their own reducer timers -> the end (ns) of the last reduction counted.
-_sampled: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _last_boundary: float | None = None
 _installed = False
+_on = not layout.switched_off(os.environ.get(ENV))  # read once: log() runs every step
 
 
 def enabled() -> bool:
-    return not layout.switched_off(os.environ.get(ENV))
+    return _on
+
+
+def switch(on: bool) -> None:
+    """Turn the breakdown on or off from now on, as DLC_STEP_BREAKDOWN would have at start
+    (benchmarks compare a loop with and without it): off also leaves DDPs built from now on
+    and the DataLoader as torch has them."""
+    global _on, _last_boundary
+    _on, _last_boundary = bool(on), None
+    if on:
+        install()
+    else:
+        uninstall()
 
 
 def _add(name: str, seconds: float) -> None:
     with _lock:
         if name not in _sums:
-            if name not in _seen:
+            if name not in _seen and name not in RESERVED:
                 _seen.append(name)
             _sums[name] = 0.0
         _sums[name] += seconds
@@ -99,6 +114,24 @@ class _Section:
             self.depth -= 1
             if self.depth == 0:
                 _add(self.name, _clock() - self.started)
+
+    def around(self, call: Any) -> Any:
+        """`call` (a function of one argument) run as inside `with self:`, in fewer steps: a
+        DataLoader's __next__ runs every step (boundary.log's docstring says why it counts)."""
+        section, name = self, self.name
+
+        def timed(arg: Any) -> Any:
+            if section.depth or _get_ident() != _loop_thread:
+                return call(arg)
+            section.depth = 1
+            started = _clock()
+            try:
+                return call(arg)
+            finally:
+                section.depth = 0
+                _add(name, _clock() - started)
+
+        return timed
 
 
 _sections: dict[str, _Section] = {DATA_WAIT: _Section(DATA_WAIT), CKPT_STALL: _Section(CKPT_STALL)}
@@ -175,18 +208,15 @@ def _read_cuda_pending() -> None:
             _cuda_pending[:0] = later
 
 
-def _sampled_ddp(ddp: Any) -> None:
-    _sampled[ddp] = 0
+_add_sync = functools.partial(_add, GRAD_SYNC)  # a CPU DDP's exposed sync (one frame less a step)
 
 
-def _read_sampled_ddps() -> None:
-    """Add each CPU DDP's exposed reduction since the last boundary (once: a step that ran
-    none, under no_sync or in eval, finds the same end and adds nothing)."""
-    for ddp, counted in list(_sampled.items()):
-        last = torch_private.ddp_last_exposed_sync(ddp)
-        if last is not None and last[0] != counted:
-            _sampled[ddp] = last[0]
-            _add(GRAD_SYNC, last[1] / 1e9)
+def time_ddp(ddp: Any) -> Any:
+    """Time the gradient sync of a CPU DDP built before `install()` as one built after it is
+    timed; returns the handle to `remove()` it with (None for a DDP that is not on CPU)."""
+    if getattr(ddp, "device_type", None) != "cpu":
+        return None
+    return torch_private.time_cpu_ddp_sync(ddp, _add_sync)
 
 
 def install() -> None:
@@ -197,8 +227,8 @@ def install() -> None:
         return
     _installed = True
     try:
-        torch_private.time_dataloader_next(_sections[DATA_WAIT])
-        torch_private.time_ddp_sync(lambda ddp: _SyncClock(), on_cpu=_sampled_ddp)
+        torch_private.time_dataloader_next(_sections[DATA_WAIT].around)
+        torch_private.time_ddp_sync(lambda ddp: _SyncClock(), on_cpu=_add_sync)
     except ImportError:
         pass  # no torch: nothing to time but the runtime's own sections
 
@@ -212,29 +242,44 @@ def uninstall() -> None:
         _installed = False
 
 
+def end_step(now: float) -> tuple[float, dict[str, float]] | None:
+    """End the step at `now` (perf_counter): (its seconds, {metric: seconds in it}), or None
+    at the first boundary or when turned off. The least a boundary must do at once: log()
+    runs it every step, between the script's own work, which has pushed this code's data
+    out of the CPU caches; `milliseconds` makes the values later, with the rest of a batch
+    (on the reporter's thread)."""
+    global _last_boundary, _loop_thread, _sums
+    if not _on:
+        return None
+    _loop_thread = _get_ident()
+    last, _last_boundary = _last_boundary, now
+    if last is None:
+        install()
+        with _lock:
+            _sums.clear()
+        return None
+    if _cuda_pending:
+        _read_cuda_pending()
+    with _lock:  # _add looks _sums up by name each time: a new dict takes the next step's
+        sums, _sums = _sums, {}
+    return now - last, sums
+
+
+def milliseconds(ended: tuple[float, dict[str, float]]) -> dict[str, float]:
+    """A step `end_step` ended, as the metrics log() adds: every breakdown name in ms (0
+    where the step had none), and every runtime.timer name this rank has timed."""
+    step, sums = ended
+    # Whole microseconds: round() to an int and a division take half of round(x, 3)'s time.
+    values = {STEP: round(step * 1e6) / 1e3, DATA_WAIT: 0.0, GRAD_SYNC: 0.0, CKPT_STALL: 0.0}
+    for name in _seen:
+        values[name] = 0.0
+    for name, seconds in sums.items():
+        values[name] = round(seconds * 1e6) / 1e3
+    return values
+
+
 def close_step() -> dict[str, float]:
     """This step's breakdown in ms (empty at the first boundary, or when turned off), and the
     start of the next step."""
-    global _last_boundary, _loop_thread
-    if not enabled():
-        return {}
-    now = _clock()
-    _loop_thread = threading.get_ident()
-    if _sampled:  # before the first boundary too, so that what came before is not counted
-        _read_sampled_ddps()
-    if _last_boundary is None:
-        install()
-        _last_boundary = now
-        with _lock:
-            _sums.clear()
-        return {}
-    if _cuda_pending:
-        _read_cuda_pending()
-    with _lock:
-        sums = dict(_sums)
-        _sums.clear()
-    step, _last_boundary = now - _last_boundary, now
-    values = {STEP: round(step * 1e3, 3), DATA_WAIT: 0.0, GRAD_SYNC: 0.0, CKPT_STALL: 0.0}
-    for name in _seen:
-        values[name] = round(sums.get(name, 0.0) * 1e3, 3)
-    return values
+    ended = end_step(_clock())
+    return milliseconds(ended) if ended else {}

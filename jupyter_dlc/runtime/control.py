@@ -35,6 +35,11 @@ def request_commands(commands):
             request(command, f"{command} command from the launcher")
 
 
+def pending():
+    """Whether any request waits (without the lock: a dict's truth is one atomic read)."""
+    return bool(_requests)
+
+
 def requested():
     with _lock:
         return dict(_requests)
@@ -80,6 +85,10 @@ def install_sigterm_handler():
     _handler_considered = True
     if rank_info().managed:
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def handler_considered():
+    return _handler_considered
 
 
 def _on_sigterm(signum, frame):

@@ -60,6 +60,11 @@ def _attempt_store(info, timeout):
     return dist.PrefixStore(f"attempt{info.restart_count}-{info.attempt}", tcp_store)
 
 
+def group_settled():
+    """Whether job_store()'s answer is final: the group is up, or the job has one rank."""
+    return rank_info().world_size <= 1 or (dist.is_available() and dist.is_initialized())
+
+
 def job_store():
     """The store every rank of this attempt shares, or None in a world of one.
 

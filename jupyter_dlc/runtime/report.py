@@ -20,14 +20,13 @@ reason on stderr; and nothing a batch holds can end the thread.
 
 import atexit
 import collections
-import json
 import os
 import sys
 import threading
 import time
 
-from .. import identity, layout
-from . import control, system
+from .. import identity, layout, wirejson
+from . import breakdown, control, system
 from ..report_client import (
     ENV as NODE_REPORTER_ENV,
     MAX_PACE,
@@ -68,6 +67,7 @@ _RETRYABLE_CLIENT_ERRORS = RETRYABLE_CLIENT_ERRORS  # "later"; every other 4xx: 
 # launcher cannot take (a 500 on its content): dropped, so the job is not killed as silent.
 POISON_TRIES = 3
 DELIVERED, REFUSED, RETRY = "delivered", "refused", "retry"
+_clock = time.perf_counter
 
 
 class _BoundedBuffer:
@@ -78,14 +78,10 @@ class _BoundedBuffer:
         self.items = collections.deque()
         self.dropped = 0
 
-    def put(self, item):
-        self.items.append(item)
-        self._trim()
-
     def take(self, n):
         return [self.items.popleft() for _ in range(min(n, len(self.items)))]
 
-    def _trim(self):
+    def trim(self):
         while len(self.items) > self.capacity:
             self.items.popleft()
             self.dropped += 1
@@ -112,10 +108,13 @@ class Reporter:
         self._node_recheck = 0.0
         self.reports_via_node = 0
         self.reports_sent = 0
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # entered directly where log() waits: a C call, no frame
+        self._cond = threading.Condition(self._lock)
         self._buffers = {"metrics": _BoundedBuffer(capacity),
                          "system": _BoundedBuffer(capacity // 10),
                          "events": _BoundedBuffer(capacity // 10)}
+        self._metric_items = self._buffers["metrics"].items
+        self._metric_limit = min(capacity + 1, MAX_BATCH)  # past it: trim, or send at once
         self._urgent = False
         self._sending = False
         self._napping = False  # the sender waits for the next heartbeat, not a batch
@@ -139,7 +138,18 @@ class Reporter:
             return sum(b.dropped for b in self._buffers.values())
 
     def metric(self, step, values):
-        self._put("metrics", {"t": time.time(), "step": step, "values": values})
+        self.record(_clock(), step, values, None)
+
+    def record(self, at, step, values, ended):
+        """A step's metrics, logged at perf_counter `at`, with the step breakdown `ended`
+        (breakdown.end_step's, or None), in the fewest steps: log() calls it every step. The
+        entry is made with the rest of its batch, on the sender's thread (_metric_entries)."""
+        entry = (at, step, values, ended)
+        with self._lock:
+            items = self._metric_items
+            items.append(entry)
+            if len(items) >= self._metric_limit or self._napping:
+                self._after_put(self._buffers["metrics"], "metrics", False)
 
     def system(self, device, values):
         self._put("system", {"t": time.time(), "device": device, "values": values})
@@ -165,21 +175,26 @@ class Reporter:
     def _put(self, kind, entry, urgent=False):
         with self._cond:
             buffer = self._buffers[kind]
-            buffer.put(entry)
-            if buffer.dropped and not self._warned_drop:
-                self._warned_drop = True
-                print(f"jupyter_dlc: report buffer full, dropping the oldest {kind} entries "
-                      "(is the launcher reachable?)", file=sys.stderr, flush=True)
-            if urgent or len(buffer.items) >= MAX_BATCH:
-                self._urgent = True
-                self._cond.notify_all()
-            elif self._napping:
-                # The sender sleeps until the next heartbeat while nothing comes; wake it so
-                # that this entry goes out within the batch interval, not a heartbeat later.
-                # While entries stream in it looks again each batch interval by itself: a wake
-                # is a GIL hand-over with this (the training) thread, so none per entry.
-                self._napping = False
-                self._cond.notify_all()
+            buffer.items.append(entry)
+            self._after_put(buffer, kind, urgent)
+
+    def _after_put(self, buffer, kind, urgent):
+        """Under the lock, after an entry was appended: trim, warn, wake the sender."""
+        buffer.trim()
+        if buffer.dropped and not self._warned_drop:
+            self._warned_drop = True
+            print(f"jupyter_dlc: report buffer full, dropping the oldest {kind} entries "
+                  "(is the launcher reachable?)", file=sys.stderr, flush=True)
+        if urgent or len(buffer.items) >= MAX_BATCH:
+            self._urgent = True
+            self._cond.notify_all()
+        elif self._napping:
+            # The sender sleeps until the next heartbeat while nothing comes; wake it so
+            # that this entry goes out within the batch interval, not a heartbeat later.
+            # While entries stream in it looks again each batch interval by itself: a wake
+            # is a GIL hand-over with this (the training) thread, so none per entry.
+            self._napping = False
+            self._cond.notify_all()
 
     def _pending(self):
         return self._unsent is not None or any(b.items for b in self._buffers.values())
@@ -226,13 +241,21 @@ class Reporter:
                     continue
                 self._urgent = False
                 self._shift = 0.0
+                taken = None
                 if self._unsent is None:
                     # A batch is sent again as it was, under its number, until it is done
                     # with: the launcher stores a batch it already has once (a lost answer).
                     self._batch_n += 1
-                    self._unsent = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
-                batch = self._unsent
-                self._sending = True
+                    taken = {kind: b.take(MAX_BATCH) for kind, b in self._buffers.items()}
+                self._sending = True  # (flush() waits on it while the entries are made)
+            if taken is not None:
+                try:
+                    taken["metrics"] = _metric_entries(taken["metrics"], time.time() - _clock())
+                except Exception as error:  # noqa: BLE001 - the thread that carries heartbeats must live
+                    self._note(f"{len(taken['metrics'])} metric entries dropped: {error!r}")
+                    taken["metrics"] = []
+                self._unsent = taken
+            batch = self._unsent
             try:
                 delivered = self._deliver(batch)
             except Exception as error:  # noqa: BLE001 - the thread that carries heartbeats must live
@@ -283,7 +306,7 @@ class Reporter:
         number (a bare heartbeat has none)."""
         body = {**self.identity, "t": time.time(), **({"n": n} if n is not None else {}), **batch}
         try:
-            data = json.dumps(body, allow_nan=False, default=_plain).encode()
+            data = wirejson.dumps(body, default=_plain)
         except (TypeError, ValueError) as error:
             self._note(f"report dropped, it cannot be sent as JSON: {error}")
             return REFUSED
@@ -337,7 +360,7 @@ class Reporter:
                 return REFUSED
             return RETRY
         try:
-            reply = json.loads(answer.body or b"{}")
+            reply = wirejson.loads(answer.body or b"{}")
         except ValueError:
             return RETRY
         self.reports_sent += 1
@@ -388,6 +411,20 @@ def _plain(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _metric_entries(taken, offset):
+    """Buffered (at, step, values, ended) as the report's entries: `offset` turns perf_counter
+    into wall time; a value the script logged itself wins over the breakdown's."""
+    entries = []
+    milliseconds = breakdown.milliseconds
+    for at, step, values, ended in taken:
+        if ended is not None:
+            merged = milliseconds(ended)
+            merged.update(values)
+            values = merged
+        entries.append({"t": at + offset, "step": step, "values": values})
+    return entries
+
+
 _NOT_STARTED = object()
 _reporter = _NOT_STARTED
 _reporter_lock = threading.Lock()
@@ -407,7 +444,7 @@ def send_events_now(events, timeout):
         return False
     body = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
             "pid": os.getpid(), "t": time.time(), "events": stamped}
-    data = json.dumps(body, allow_nan=False, default=_plain).encode()
+    data = wirejson.dumps(body, default=_plain)
     # An answer that does not prove the launcher counts as none (Reporter._send).
     status = post_until(f"{info.launcher_url}/api/jobs/{info.job_id}/report", data, info.token,
                         info.proof_key or None, launcher_tls(), time.monotonic() + timeout, HTTP_TIMEOUT)

@@ -59,6 +59,11 @@ def log_dir(info=None):
     return os.path.join(info.job_dir, "tensorboard", f"attempt-{info.attempt}", f"rank-{info.rank}")
 
 
+def wanted():
+    """False once write() found that this rank writes nothing (then log() skips the call)."""
+    return _writer is not None
+
+
 def write(step, values):
     """Add one scalar per value at `step` (values are finite floats, as log() passes them)."""
     global _writer

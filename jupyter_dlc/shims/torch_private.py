@@ -30,7 +30,13 @@
   `_comm_hooks` kept as DDP's own method keeps them). `GradBucket.is_last()` marks the
   bucket DDP reduces last in an iteration. DDP's default mean goes through the process
   group's own `allreduce([tensor])`, and a Python hook's future must hold a Python object
-  (DDP's PythonCommHook parses it so): hence one `then` a bucket.
+  (DDP's PythonCommHook parses it so): hence one `then` a bucket. That hook is for CUDA; a
+  CPU DDP is timed by `time_cpu_ddp_sync` instead: autograd's final callbacks
+  (`torch.autograd.Variable._execution_engine.queue_callback`, run in the order queued once
+  a backward's graph is done), queued from a `register_post_accumulate_grad_hook` on the
+  first parameter (a tensor's own post-accumulate hooks run inside AccumulateGrad, before
+  the reducer's post hook on it, which queues DDP's finalisation when the last gradient is
+  ready).
 
 - The NCCL flight recorder's dump, `torch._C._distributed_c10d._dump_fr_trace_json(
   includeCollectives, onlyActive)` (bytes of JSON; torch 2.13 has it, CPU builds too, empty
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
@@ -190,8 +197,6 @@ def install_bucket_layout(ddp: Any, layout: list[list[int]]) -> None:
     timed = getattr(ddp, _SYNC_HOOK, None)
     if timed is not None:  # the new reducer has no hook: give it the timing one again
         dist._register_comm_hook(ddp.reducer, None, timed)
-    if getattr(ddp, _SYNC_SAMPLED, False):  # nor the sample rate
-        sample_ddp_every_iteration(ddp)
 
 
 # -- the step breakdown: DataLoader waits and DDP's gradient sync ------------------------
@@ -207,20 +212,16 @@ def dataloader_iterator_class() -> Any:
     return dataloader._BaseDataLoaderIter
 
 
-def time_dataloader_next(section: Any) -> None:
-    """From now on every torch DataLoader iterator's `__next__` runs inside `with section:`
-    (an object with __enter__/__exit__). Idempotent; `untime_dataloader_next` undoes it."""
+def time_dataloader_next(wrap: Any) -> None:
+    """From now on every torch DataLoader iterator's `__next__` is `wrap(original)` (a
+    function of the iterator). Idempotent; `untime_dataloader_next` undoes it."""
     cls = dataloader_iterator_class()
     original = cls.__dict__["__next__"]
     if getattr(original, _TIMED, False):
         return
-
-    def __next__(self: Any) -> Any:
-        with section:
-            return original(self)
-
-    setattr(__next__, _TIMED, original)
-    cls.__next__ = __next__
+    timed = wrap(original)
+    setattr(timed, _TIMED, original)
+    cls.__next__ = timed
 
 
 def untime_dataloader_next() -> None:
@@ -247,41 +248,54 @@ def _allreduce_hook(process_group: Any, bucket: Any) -> Any:
     return _allreduce_future(process_group, bucket).then(lambda fut: fut.value()[0])
 
 
-_SYNC_SAMPLED = "_dlc_sync_sampled"
+def time_cpu_ddp_sync(ddp: Any, on_sync: Any) -> Any:
+    """Call `on_sync(seconds)` after each synchronised backward of a CPU DDP with its exposed
+    gradient all-reduce: from the end of backward's compute to the end of DDP's finalisation
+    (the wait for the last bucket's reduction), which is DDP's own definition of it (its
+    logger's backward_compute_time_end to backward_comm_time_end), without its logger.
 
+    How: the autograd engine runs "final callbacks" once a backward's graph is done, in the
+    order they were queued, and one may queue another. DDP's reducer queues its finalisation
+    when the last gradient is ready (it records the compute end as it starts). A
+    post-accumulate-grad hook on the module's first parameter queues our first callback; a
+    parameter's own hooks run before the reducer's hook on its gradient accumulator, so it
+    is queued ahead of DDP's even when that gradient is the backward's last. It notes the
+    time and queues the second, which runs after DDP's. A backward without DDP's reduction
+    (no_sync) measures the few microseconds between the two; one in which that parameter
+    gets no gradient measures nothing. About 10 us a step cold; reading DDP's own timers
+    every step cost 70. Returns the hook's handle (`remove()` it to stop), or None."""
+    import torch
 
-def sample_ddp_every_iteration(ddp: Any) -> None:
-    """Make DDP's reducer record its own timers (the C++ logger's forward, backward compute
-    and communication events, a clock read each) on every iteration, not one in 100."""
-    ddp._set_ddp_runtime_logging_sample_rate(1)
-    setattr(ddp, _SYNC_SAMPLED, True)
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+    clock = time.perf_counter
+    state = {"armed": False, "started": 0.0}
 
+    def ended() -> None:
+        state["armed"] = False
+        on_sync(clock() - state["started"])
 
-def ddp_last_exposed_sync(ddp: Any) -> tuple[int, int] | None:
-    """(the end of the last synchronised backward's reduction, its exposed part: from the
-    last gradient computed to the last bucket reduced) in ns, from the timers of a DDP made
-    to sample every iteration; None before its first. Reads this iteration's timers now
-    (DDP itself reads them at the next forward, one step late): 20 us in a tight loop,
-    about 140 us between a real step's forward and backward, whose caches hold other data."""
-    logger = getattr(ddp, "logger", None)
-    if logger is None:
-        return None
-    logger.set_runtime_stats_and_log()
-    ints = logger._get_ddp_logging_data().ints_map
-    end, compute_end = ints.get("backward_comm_time_end"), ints.get("backward_compute_time_end")
-    if not end or not compute_end or end < compute_end:
-        return None
-    return end, end - compute_end
+    def compute_done() -> None:
+        state["started"] = clock()
+        queue(ended)
+
+    def gradient_accumulated(_param: Any) -> None:
+        if not state["armed"]:
+            state["armed"] = True
+            queue(compute_done)
+
+    # The first parameter: most models use their input layer's in every backward (an output
+    # head may sit unused, as a pretrained pooler does); one hook, as it runs every step.
+    first = next((p for p in ddp.module.parameters() if p.requires_grad), None)
+    return None if first is None else first.register_post_accumulate_grad_hook(gradient_accumulated)
 
 
 def time_ddp_sync(clock_for: Any, on_cpu: Any = None) -> None:
     """Every DistributedDataParallel built from now on reduces through a hook that tells
     `clock_for(ddp)` (an object with `launched(bucket)` returning a token and `done(token)`)
-    when each bucket's reduction starts and ends. With `on_cpu`, a DDP on CPU gets no hook:
-    it samples DDP's own timers every iteration and is passed to `on_cpu(ddp)` (on a 10 ms
-    CPU step a Python hook cost 4-9%, two GIL hand-overs a bucket; reading DDP's timers
-    about 140 us a step; on CUDA those timers synchronise an event each read, the hook's
-    events never).
+    when each bucket's reduction starts and ends. With `on_cpu(seconds)`, a DDP on CPU gets
+    no hook: `time_cpu_ddp_sync` times its exposed reduction for `on_cpu` (on a 10 ms CPU
+    step a Python comm hook cost 4-9%, two GIL hand-overs a bucket; on CUDA the hook's
+    events are read without a synchronise).
     Idempotent."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -297,8 +311,7 @@ def time_ddp_sync(clock_for: Any, on_cpu: Any = None) -> None:
         if reducer is None or getattr(self, "_use_python_reducer", False):
             return
         if on_cpu is not None and getattr(self, "device_type", None) == "cpu":
-            sample_ddp_every_iteration(self)
-            on_cpu(self)
+            time_cpu_ddp_sync(self, on_cpu)
             return
         clock = clock_for(self)
 

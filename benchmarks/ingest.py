@@ -5,10 +5,12 @@ sends, one batch of its ranks' reports every quarter second (a rank's reporter b
 0.25 s), each rank logging `--rate` times a second (loss and samples_per_s) and rank 0 of
 each node adding a system sample every 5 s. Batches go through the real report route with
 the job's own token (the job's script hands it over through a file), over keep-alive
-connections from `--procs` client processes. The job is a real 1x1 job on the local engine;
-its ranks table is widened to the simulated world (Store.init_ranks on the launcher's
-database), so that every batch updates real per-rank heartbeat rows and the detail read
-sorts every rank, as for a real job of that size, which this machine cannot run.
+connections from `--procs` client processes. The job's spec is the simulated world, so its
+ranks table holds every rank and the launcher takes their reports (it refuses a rank outside
+the job's world); the engine that runs it (`bench-one-rank`, engine_plugin/, registered by
+an entry point) starts one process of it, as the local engine runs a 1x1 job. Every batch
+updates real per-rank heartbeat rows and the detail read sorts every rank, as for a real job
+of that size, which this machine cannot run.
 
 While loaded, one reader polls as a view does: metrics since its last seq (past 8 ranks
 folded per step into bands, jupyter_dlc/bands.py), the job list, the job's detail (one page
@@ -39,6 +41,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The bench-one-rank engine, for the spec checked here and the launcher started from here.
+PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_plugin")
+sys.path.insert(0, PLUGIN)
 
 import results as dashboard  # noqa: E402
 from common import private_launcher, stop_launcher  # noqa: E402
@@ -118,6 +123,10 @@ async def run_node(host, port, path, token, node, ranks, attempt, rate, until, o
         answer = await reader.readexactly(length)
         elapsed = (time.perf_counter() - start) * 1000
         ok = status_line.split()[1:2] == [b"200"]
+        if not ok and not _refusal_said:
+            _refusal_said.append(True)  # once a process: what the launcher said, to the console
+            print(f"a batch refused: {status_line.decode(errors='replace').strip()} "
+                  f"{answer[:300].decode(errors='replace')}", file=sys.stderr, flush=True)
         out.append((elapsed, ok, logs, interval, sent))
         shift = 0.0
         if ok:  # the launcher's pace, and the spread a node reporter takes when it grows
@@ -126,6 +135,9 @@ async def run_node(host, port, path, token, node, ranks, attempt, rate, until, o
         next_send += interval + shift
         await asyncio.sleep(max(0.0, next_send - time.monotonic()))
     writer.close()
+
+
+_refusal_said: list[bool] = []
 
 
 def client_process(args: dict, nodes: list[int], queue) -> None:
@@ -176,10 +188,13 @@ def db_bytes(data_dir: str) -> int:
 
 def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate: float,
              seconds: float, procs: int, as_a_view: bool = True) -> dict:
-    from jupyter_dlc.launcher.store import Store
 
     nodes = max(1, ranks // per_node)
-    job = client.submit({"script": script, "name": f"ingest-{ranks}"})
+    # The spec names the simulated world, so that the launcher takes every simulated rank's
+    # report (it refuses a rank outside the job's world) and sizes the ranks table by it;
+    # the bench-one-rank engine (engine_plugin/) runs one process of it.
+    job = client.submit({"script": script, "name": f"ingest-{ranks}", "engine": "bench-one-rank",
+                         "nodes": nodes, "nproc_per_node": per_node})
     token_path = os.path.join(job["job_dir"], "bench-token")
     deadline = time.monotonic() + 120
     while not os.path.exists(token_path):
@@ -189,7 +204,6 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     with open(token_path) as f:
         token = f.read()
     attempt = client.job(job["id"])["attempt"]
-    Store(os.path.join(data_dir, "launcher.sqlite")).init_ranks(job["id"], attempt, nodes, per_node)
     health = client.request("GET", "/healthz")[1]
     pid, ingest_pid = health["pid"], health["ingest"]["pid"]
     host, port = client.url.split("//")[1].split(":")
@@ -252,6 +266,9 @@ def main() -> None:
     load = os.getloadavg()[0]
     if args.metrics_cap:
         os.environ["DLC_METRICS_CAP"] = str(args.metrics_cap)
+    # The launcher it starts finds the bench-one-rank engine by its entry point there.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (PLUGIN, os.environ.get("PYTHONPATH")) if p)
     client, root, script = private_launcher("dlc-ingest-", "job.py", JOB_SCRIPT)
     data_dir = os.environ["DLC_DATA_DIR"]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores; "

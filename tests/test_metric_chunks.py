@@ -351,3 +351,28 @@ def test_band_rows_name_the_ranks_that_stand_out_only_among_enough_values():
     for bad in ("x", "-1", "1.5", ",".join(map(str, range(65)))):
         with pytest.raises(ValueError):
             parse_ranks(bad)
+
+
+def test_a_ranks_chunks_and_the_newest_step_times_are_found_in_sql(tmp_path):
+    """What the goodput ledger reads at every look (launcher/goodput.py): only the chunks
+    that hold rank 0's points (a node's batch lists its ranks in any order; rank 0 is not
+    rank 10 or 100), and each attempt's newest train time from the chunks' columns."""
+    store = Store(str(tmp_path / "store.sqlite"))
+    store.insert_job("j", "j", {"nodes": 1, "nproc_per_node": 1}, "token", str(tmp_path))
+
+    def report(rank, t, step=1):
+        return {"rank": rank, "metrics": [{"t": t, "step": step, "values": {"loss": 1.0}}]}
+
+    store.record_reports([("j", 1, [report(3, 5.0), report(0, 4.0)])])
+    first = store.newest_metric_seq("j")
+    store.record_reports([("j", 1, [report(5, 9.0), report(6, 8.0), report(100, 7.0)])])
+    store.record_reports([("j", 2, [report(10, 3.0)])])
+    ranks = lambda points: sorted({p["rank"] for p in points})  # noqa: E731
+    assert ranks(store.metric_page("j", 0, rank=0)[0]) == [0, 3]
+    assert ranks(store.metric_page("j", 0, rank=6)[0]) == [5, 6, 100]
+    assert ranks(store.metric_page("j", 0, rank=10)[0]) == [10]
+    assert store.metric_page("j", first, rank=0) == ([], first)  # nothing of rank 0 after it
+    assert store.metric_page("j", 0, rank=1) == ([], 0)
+    assert store.newest_train_times("j", 0) == {1: 9.0, 2: 3.0}
+    assert store.newest_train_times("j", first) == {1: 9.0, 2: 3.0}
+    assert store.newest_train_times("j", store.newest_metric_seq("j")) == {}

@@ -433,6 +433,12 @@ def names_filter(names: tuple) -> tuple[str, list[str]]:
             [orjson.dumps(str(name)).decode() + ":" for name in names])
 
 
+def rank_filter(rank: int) -> tuple[str, list[Any]]:
+    """The SQL condition (and its parameters) of chunks that hold points of `rank` (`ranks`
+    is a JSON list without spaces, as orjson writes it)."""
+    return ("instr(',' || substr(ranks, 2, length(ranks) - 2) || ',', ?) > 0", [f",{int(rank)},"])
+
+
 def migrate_rows(db: sqlite3.Connection) -> int:
     """Turn the one-row-per-point `metrics` table of a data dir written before chunks into
     chunks, in the caller's transaction, and drop it; returns the chunks written.

@@ -523,6 +523,15 @@ class Store:
                                       " ORDER BY seq DESC LIMIT 1", (job_id,)).fetchone()
         return row[0] * metric_chunks.CHUNK + row[1] if row else None
 
+    def newest_train_times(self, job_id: str, since: int) -> dict[int, float]:
+        """{attempt: the time of its newest train point} among the points after `since`, from
+        the chunks' own column (no point is decoded)."""
+        rows = self.db.execute("SELECT attempt, max(t_last) FROM metric_chunks WHERE job_id = ?"
+                               " AND seq >= ? AND kind = 'train' AND seq * ? + top > ?"
+                               " GROUP BY attempt", (job_id, since // metric_chunks.CHUNK,
+                                                     metric_chunks.CHUNK, since))
+        return {attempt or 0: t for attempt, t in rows if t is not None}
+
     def metric_points(self, job_id: str, since: int, names: Iterable[str],
                       latest: Iterable[str] = ()) -> tuple[int, list[tuple]]:
         """(newest seq, [(seq, name, t, rank, value, device)...]) of the points after `since`
@@ -546,12 +555,14 @@ class Store:
         return self.metric_page(job_id, since, limit)[0]
 
     def metric_page(self, job_id: str, since: int = 0, limit: int = 20000,
-                    fold: Any = None) -> tuple[list[dict], int]:
+                    fold: Any = None, rank: int | None = None) -> tuple[list[dict], int]:
         """The points of the next `limit` after `since` (train points a `fold` takes go to it
-        instead, bands.py) and the seq of the last one read."""
+        instead, bands.py) and the seq of the last one read. With `rank`, only the chunks
+        that hold that rank's points are read (others' points of those chunks come too)."""
+        where, params = metric_chunks.rank_filter(rank) if rank is not None else ("1", [])
         cursor = self.db.execute(f"SELECT {metric_chunks.POINT_COLUMNS} FROM metric_chunks"
-                                 " WHERE job_id = ? AND seq >= ? ORDER BY seq",
-                                 (job_id, since // metric_chunks.CHUNK))
+                                 f" WHERE job_id = ? AND seq >= ? AND {where} ORDER BY seq",
+                                 (job_id, since // metric_chunks.CHUNK, *params))
         cursor.row_factory = None  # plain tuples: a view reads many thousands of points
         points: list[dict] = []
         last = since

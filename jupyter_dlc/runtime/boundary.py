@@ -60,7 +60,7 @@ def log(step, **metrics):
     if reporter and (values or ended):
         reporter.record(now, step, values, ended)
     if tensorboard.wanted():
-        tensorboard.write(step, {**breakdown.milliseconds(ended), **values} if ended else values)
+        tensorboard.write(step, breakdown.with_values(ended, values))
     if non_finite:
         _stop_non_finite(step, *non_finite, reporter)
     if _settled and not control.pending() and (_agreement is None or _agreement.idle()):

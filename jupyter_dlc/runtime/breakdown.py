@@ -278,6 +278,16 @@ def milliseconds(ended: tuple[float, dict[str, float]]) -> dict[str, float]:
     return values
 
 
+def with_values(ended: tuple[float, dict[str, float]] | None, values: dict[str, float]) -> dict[str, float]:
+    """A step's metrics as sent: the breakdown of `ended` (None: none) and the script's own
+    `values`, which win over the breakdown's."""
+    if ended is None:
+        return values
+    merged = milliseconds(ended)
+    merged.update(values)
+    return merged
+
+
 def close_step() -> dict[str, float]:
     """This step's breakdown in ms (empty at the first boundary, or when turned off), and the
     start of the next step."""

@@ -414,15 +414,9 @@ def _plain(value):
 def _metric_entries(taken, offset):
     """Buffered (at, step, values, ended) as the report's entries: `offset` turns perf_counter
     into wall time; a value the script logged itself wins over the breakdown's."""
-    entries = []
-    milliseconds = breakdown.milliseconds
-    for at, step, values, ended in taken:
-        if ended is not None:
-            merged = milliseconds(ended)
-            merged.update(values)
-            values = merged
-        entries.append({"t": at + offset, "step": step, "values": values})
-    return entries
+    with_values = breakdown.with_values
+    return [{"t": at + offset, "step": step, "values": with_values(ended, values)}
+            for at, step, values, ended in taken]
 
 
 _NOT_STARTED = object()

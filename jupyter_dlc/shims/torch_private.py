@@ -268,20 +268,19 @@ def time_cpu_ddp_sync(ddp: Any, on_sync: Any) -> Any:
 
     queue = torch.autograd.Variable._execution_engine.queue_callback
     clock = time.perf_counter
-    state = {"armed": False, "started": 0.0}
+    started = [0.0]
 
     def ended() -> None:
-        state["armed"] = False
-        on_sync(clock() - state["started"])
+        on_sync(clock() - started[0])
 
     def compute_done() -> None:
-        state["started"] = clock()
+        started[0] = clock()
         queue(ended)
 
     def gradient_accumulated(_param: Any) -> None:
-        if not state["armed"]:
-            state["armed"] = True
-            queue(compute_done)
+        # A leaf's gradient is accumulated once a backward: one callback pair a backward,
+        # and none left queued by a backward that failed half-way.
+        queue(compute_done)
 
     # The first parameter: most models use their input layer's in every backward (an output
     # head may sit unused, as a pretrained pooler does); one hook, as it runs every step.

@@ -73,6 +73,15 @@ def _on_host(engine, ctx, handle, node: int) -> str:
 
 
 
+def _failures(status, now: float) -> tuple[list[int], list]:
+    """The failed ranks, the first to fail first (the others usually die of its absence): by
+    their own end time, a rank without one (its failure inferred from its node) last; and
+    the nodes whose agent failed."""
+    failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),
+                    key=lambda r: (status.ranks[r].end or now, r))
+    return failed, [n for n in status.nodes if n.exit_code not in (None, 0)]
+
+
 class Judging:
     # -- running ------------------------------------------------------------------------
     def watch(self, row, now: float) -> None:
@@ -105,11 +114,15 @@ class Judging:
         elif row["state"] == "PENDING":
             self.store.transition(job_id, "STARTING", f"{engine.name} allocated the nodes; "
                                   "ranks starting", expect="PENDING")
+        failed, node_failed = _failures(status, now)
+        if failed and status.ranks[failed[0]].end is None:
+            # Known failed only from its node's exit (no record of its own yet): the rank that
+            # failed first may have reported its record after this tick read the records and
+            # before the engine saw the node end. Read them again, once, before naming anyone.
+            ctx = self.context(row)
+            status = engine.describe(ctx, handle)
+            failed, node_failed = _failures(status, now)
         codes = [rs.exit_code for rs in status.ranks.values()]
-        # The first rank to fail, by time: the others usually die of its absence.
-        failed = sorted((r for r, rs in status.ranks.items() if rs.exit_code not in (None, 0)),
-                        key=lambda r: (status.ranks[r].end or now, r))
-        node_failed = [n for n in status.nodes if n.exit_code not in (None, 0)]
         if failed or (node_failed and not all(c == 0 for c in codes)):
             first = failed[0] if failed else None
             why = (f"rank {first}{_on_host(engine, ctx, handle, first // ctx.spec.nproc_per_node)} "

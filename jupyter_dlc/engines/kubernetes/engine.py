@@ -155,7 +155,8 @@ class KubernetesEngine(Engine):
     def __init__(self):
         self._apis: dict[str, Api] = {}
         self._kinds: dict[str, str] = {}  # profile -> the kind its cluster served last
-        self._seen: dict[str, tuple[float, AttemptStatus]] = {}  # workload -> (when, answer)
+        # workload -> (when, the API's answers: the workload and its pods)
+        self._seen: dict[str, tuple[float, tuple[dict | None, list[dict]]]] = {}
         self._stopping: set[str] = set()
 
     def api(self, spec: JobSpec) -> Api:
@@ -256,17 +257,20 @@ class KubernetesEngine(Engine):
                                        k8s_manifests.labels(ctx.job_id, ctx.attempt))
 
     def describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
+        # The API is asked at most once a poll interval; the ranks' own records (ctx.reported)
+        # are read at every call, so that a caller that reads them again sees them at once.
         asked, answer = self._seen.get(handle["name"], (0.0, None))
-        if answer is not None and time.monotonic() - asked < self.poll_interval:
-            return answer
-        answer = self._describe(ctx, handle)
-        self._seen[handle["name"]] = (time.monotonic(), answer)
-        return answer
+        if answer is None or time.monotonic() - asked >= self.poll_interval:
+            api, kind = self.api(ctx.spec), handle["kind"]
+            answer = (api.get(API_VERSIONS[kind], kind, handle["namespace"], handle["name"]),
+                      self._pods(ctx, handle))
+            self._seen[handle["name"]] = (time.monotonic(), answer)
+            self._copy_logs(ctx, handle, [p for p in answer[1] if pod_state(p)[0] != "Pending"])
+        return self._describe(ctx, handle, *answer)
 
-    def _describe(self, ctx: AttemptContext, handle: dict[str, Any]) -> AttemptStatus:
-        api, kind = self.api(ctx.spec), handle["kind"]
-        workload = api.get(API_VERSIONS[kind], kind, handle["namespace"], handle["name"])
-        pods = self._pods(ctx, handle)
+    def _describe(self, ctx: AttemptContext, handle: dict[str, Any], workload: dict | None,
+                  pods: list[dict]) -> AttemptStatus:
+        kind = handle["kind"]
         conditions = {c["type"] for c in (workload or {}).get("status", {}).get("conditions", [])
                       if c.get("status") == "True"}
         status = AttemptStatus(phase=Phase.RUNNING)
@@ -292,7 +296,6 @@ class KubernetesEngine(Engine):
                     rank, pid=own.get("pid") or (1 if phase != "Pending" else None),
                     running=running and own.get("exit_code") is None, exit_code=rank_code,
                     start=own.get("start"), end=own.get("end"))
-        self._copy_logs(ctx, handle, [p for p in pods if pod_state(p)[0] != "Pending"])
         ended_by_cluster = [r for phase, r in reasons if phase != "Pending"]
         if ended_by_cluster:
             status.reason = ended_by_cluster[0]

@@ -282,3 +282,45 @@ def test_a_hung_job_keeps_its_evidence_and_the_cli_lists_it(hung_job, shared_lau
                          capture_output=True, text=True, timeout=60, env=os.environ)
     assert out.returncode == 0, out.stderr
     assert "stacks-rank-1.txt" in out.stdout and folder["dir"] in out.stdout, out.stdout
+
+
+def test_a_restarted_launcher_keeps_naming_the_straggler_of_a_slow_stepping_job(tmp_path):
+    """A step a minute, rank 3 of 9 slow. The launcher names it, then restarts (new
+    in-memory state over the same SQLite store, as a restarted process has): the next two
+    steps, fewer than a window needs, must not un-name it ("no straggler any more" and the
+    alert episode closed, then named again minutes later). Real store and alert hooks; the
+    launcher process is not started: its restart is the new objects reading the saved state."""
+    from types import SimpleNamespace
+
+    from jupyter_dlc.launcher import alerting
+    from jupyter_dlc.launcher.store import Store
+
+    store = Store(str(tmp_path / "launcher.sqlite"))
+    store.insert_job("j", "slow", {"script": "x.py", "nodes": 3, "nproc_per_node": 3}, "token",
+                     str(tmp_path))
+    start = time.time() - 3600
+    store.update_attempt("j", 1, started=start)
+    store.transition("j", "RUNNING", "every rank is up")
+
+    def steps(first: int, count: int) -> list[dict]:
+        return [{"rank": rank, "node": rank // 3, "metrics": [
+            {"t": start + 60 * step, "step": step,
+             "values": {"step_ms": 84.0, "grad_sync_ms": 84.0 - (80.0 if rank == 3 else 50.0 + rank / 10),
+                        "data_wait_ms": 1.0, "ckpt_stall_ms": 0.0}}
+            for step in range(first, first + count)]} for rank in range(9)]
+
+    def straggler_events() -> list[dict]:
+        return [e for e in store.events("j") if e["type"] == "straggler"]
+
+    store.record_reports([("j", 1, steps(1, 12))])
+    supervisor = SimpleNamespace(store=store, logs=lambda *args, **kwargs: [])
+    before = alerting.Alerting(supervisor)
+    before(store.job_row("j"), time.time())
+    [named] = straggler_events()
+    assert named["data"]["stragglers"][0]["key"] == "rank 3", named
+
+    after = alerting.Alerting(supervisor)  # the restarted launcher's
+    store.record_reports([("j", 1, steps(13, 2))])
+    after(store.job_row("j"), time.time() + 1)
+    assert straggler_events() == [named]
+    assert [f["key"] for f in after.jobs["j"].stragglers] == ["rank 3"]

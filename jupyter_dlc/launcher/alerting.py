@@ -7,8 +7,12 @@ an open episode twice nor forgets one.
 
 The same look feeds the straggler detector (stragglers.py) the new step-breakdown points;
 who it names now is saved with the alert state (`stragglers`, the job's detail shows it), and
-each change of who is named is a `straggler` event. The detector's windows are not saved: a
-restarted launcher refills them from the next WINDOW steps.
+each change of who is named is a `straggler` event. The detector's windows are not saved (at
+4,096 ranks they are a megabyte, every few seconds): a launcher that reads a job's state back
+(a restart, or a job it had forgotten) refills them from the store, with the breakdown points
+it had read before, so that nobody named is dropped and named again WINDOW steps later (with
+a step a minute, an hour: a "no straggler any more" event and an alert episode closed, both
+false).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
-from .stragglers import BREAKDOWN, StragglerDetector
+from .stragglers import BREAKDOWN, WINDOW, StragglerDetector
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
@@ -35,6 +39,9 @@ FORGET_AFTER = 60.0
 # memory without bound).
 WEBHOOK_WORKERS, WEBHOOK_BACKLOG = 4, 64
 _LOG_READ_LIMIT = 1 << 20
+# Points a step of a rank takes in the store at most, as a refill reads back: the four
+# breakdown names and room for a dozen of the script's own.
+REFILL_NAMES_PER_STEP = 16
 
 
 class JobAlerts:
@@ -67,6 +74,19 @@ class JobAlerts:
                 "metric_seq": self.metric_seq, "event_seq": self.event_seq,
                 "attempt": self.attempt, "log_offsets": self.log_offsets,
                 "stragglers": self.stragglers}
+
+    def refill_detector(self, store, job_id: str, attempt_started: float | None) -> None:
+        """The detector's windows as they were when this state was saved: the breakdown
+        points of this attempt up to the saved cursor, the newest WINDOW steps of each rank
+        (read from far enough back for a few other names logged between them)."""
+        self.detector.named = {f["key"] for f in self.stragglers}  # its hysteresis goes on
+        if not self.metric_seq:
+            return
+        since = max(0, self.metric_seq - self.world * WINDOW * REFILL_NAMES_PER_STEP)
+        _, points = store.metric_points(job_id, since, BREAKDOWN)
+        started = attempt_started or 0.0
+        self.detector.add((name, t, rank, value) for seq, name, t, rank, value, _device in points
+                          if seq <= self.metric_seq and t is not None and t >= started)
 
     def judge_stragglers(self, snap: JobSnapshot) -> bool:
         """Feed the new breakdown points and judge; whether who is named changed."""
@@ -193,6 +213,9 @@ class Alerting:
         if alerts is None:
             saved = json.loads(row["alert_state"]) if row["alert_state"] else None
             alerts = self.jobs[job_id] = JobAlerts(json.loads(row["spec"]), saved)
+            if saved and alerts.attempt == row["attempt"]:
+                attempt = self.store.attempt_row(job_id, row["attempt"])
+                alerts.refill_detector(self.store, job_id, attempt["started"] if attempt else None)
         if now - alerts.last_run < EVALUATE_EVERY and not final:
             return
         alerts.last_run = now

@@ -21,7 +21,10 @@ patch), how many chart messages the page sent back to the kernel, the 1-minute l
 average, and last the p95s against the 150 ms goal (issue 25); rewrites its row of the
 dashboard in benchmarks/RESULTS.md and appends the run to benchmarks/HISTORY.md.
 
-    python benchmarks/live_view.py [--steps 400] [--rate 20] [--no-record]
+    python benchmarks/live_view.py [--steps 400] [--rate 20] [--cell-options OPTS] [--no-record]
+
+`--cell-options` adds %%dlc options to the job's cell for a trial (e.g. `--env
+DLC_STEP_BREAKDOWN=0` or `--env DLC_REPORT_INTERVAL=0.05`), with `--no-record`.
 
 BokehJS comes from the labextension (its activate() calls loadBokehJS, which loads it from
 /dlc/static/bokeh/); the script stops with an error when the page never gets the body class
@@ -47,7 +50,7 @@ from labserver import CHROMIUM, CHROMIUM_ARGS, run_cell, running_lab, wait_until
 
 TOKEN = "bench-" + os.urandom(4).hex()
 
-CELL = """%%dlc --nodes 2 --nproc-per-node 1 --name liveview
+CELL = """%%dlc --nodes 2 --nproc-per-node 1 --name liveview{options}
 import time
 from jupyter_dlc import runtime
 runtime.init()
@@ -144,6 +147,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rate", type=float, default=20.0, help="steps per second (approx.)")
+    parser.add_argument("--cell-options", default="",
+                        help="more %%%%dlc options for a trial, e.g. '--env DLC_STEP_BREAKDOWN=0'")
     results.add_argument(parser)
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -154,7 +159,8 @@ def main() -> int:
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                      "source": "%load_ext jupyter_dlc"},
                     {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                     "source": CELL.format(steps=args.steps, sleep=1.0 / args.rate)},
+                     "source": CELL.format(steps=args.steps, sleep=1.0 / args.rate,
+                                           options=f" {args.cell_options}" if args.cell_options else "")},
                     {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
                      "source": "# the kernel's push trace, after the job (filled in below)"}],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",

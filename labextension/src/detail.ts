@@ -128,6 +128,10 @@ export class DetailView {
   private parentCurves = new Map<string, [number, number][]>();
   private parentLabel = '';
   private logRank = '';
+  /** What each part of the detail was last drawn from (JSON): a refresh that brings the same
+   * leaves its DOM alone. Each rebuilt part is style and layout work on the page's one
+   * thread, which the charts' live points wait behind (benchmarks/live_view.py). */
+  private drawnFrom = new Map<string, string>();
   private parts: Record<string, HTMLElement> = {};
   /** the job's metric points: pushed by the launcher, polled while the stream is down */
   feed: MetricsFeed | null = null;
@@ -250,6 +254,7 @@ export class DetailView {
         status => this.feedStatus(status)
       );
       this.ranks.reset();
+      this.drawnFrom.clear();
       this.lastFullRev = -1;
       this.logRank = '';
       this.parts.charts.textContent = '';
@@ -377,14 +382,27 @@ export class DetailView {
       }
       this.lastFullRev = entry.rev;
       this.showRanks(ask, job);
-      this.renderLogs(logs.lines, entry.job.nodes * entry.job.nproc_per_node);
-      this.renderAlerts(alerts.alerts);
-      this.renderStragglers(job.stragglers);
+      const world = entry.job.nodes * entry.job.nproc_per_node;
+      if (this.changed('logs', [logs.lines, world, this.logRank])) {
+        this.renderLogs(logs.lines, world);
+      }
+      if (this.changed('alerts', alerts.alerts)) {
+        this.renderAlerts(alerts.alerts);
+      }
+      if (this.changed('stragglers', job.stragglers)) {
+        this.renderStragglers(job.stragglers);
+      }
       this.engine = job.engine_report;
-      this.parts.engine.textContent = engineLimits(job.engine_report).line;
+      if (this.changed('engine', job.engine_report)) {
+        this.parts.engine.textContent = engineLimits(job.engine_report).line;
+      }
       this.updateButtons();
-      this.renderDiagnosis(diagnosis.diagnoses, diagnosis.verdict ?? null);
-      this.parts.goodput.replaceChildren(renderGoodputBar(goodput));
+      if (this.changed('diagnosis', [diagnosis.diagnoses, diagnosis.verdict ?? null])) {
+        this.renderDiagnosis(diagnosis.diagnoses, diagnosis.verdict ?? null);
+      }
+      if (this.changed('goodput', goodput)) {
+        this.parts.goodput.replaceChildren(renderGoodputBar(goodput));
+      }
     } catch (e) {
       if (e instanceof DlcError && e.status === 404) {
         this.host.removed(id);
@@ -553,6 +571,16 @@ export class DetailView {
     }
     this.parts.ranks.textContent = '';
     this.parts.ranks.appendChild(ranks.length ? table : el('div', 'dlc-muted', 'No ranks yet.'));
+  }
+
+  /** Whether `part` is to be drawn from `value`: not when it was last drawn from the same. */
+  private changed(part: string, value: unknown): boolean {
+    const key = JSON.stringify(value) ?? '';
+    if (this.drawnFrom.get(part) === key) {
+      return false;
+    }
+    this.drawnFrom.set(part, key);
+    return true;
   }
 
   /** The log tail, and the filter's choice of every rank of the world (`world` ranks). */

@@ -71,3 +71,38 @@ def test_a_command_past_its_time_is_killed_and_named(tmp_path, monkeypatch):
                     ("fast.txt", "a quick one", [sys.executable, "-c", "print('done')"])])
     assert [f["name"] for f in folder.files] == ["fast.txt"], folder.files
     assert folder.skipped and folder.skipped[0].startswith("slow.txt: ") and "took over 0.3 s" in folder.skipped[0]
+
+
+
+def test_nvidia_smi_on_a_gpu_node_is_kept_and_its_absence_said(tmp_path, monkeypatch):
+    """`nvidia-smi -q` goes into the folder where it is on PATH and the ranks run here. No GPU
+    (nor nvidia-smi) can be on this machine, so a stand-in executable on PATH prints what
+    `nvidia-smi -q` would, and fails unless asked for `-q`; the rest is the real keep_scene."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1\" = -q ] || exit 2\n"
+                   "printf '==============NVSMI LOG==============\\nAttached GPUs : 1\\n'\n")
+    smi.chmod(0o755)
+    bare_path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{bare_path}")
+
+    def scene(name: str, ranks_here: bool) -> dict:
+        (tmp_path / name).mkdir()
+        return evidence.keep_scene(_attempt_dir(tmp_path / name), 1, "a hang", 2, None, {},
+                                   ranks_here=ranks_here, hung=True)
+
+    gpu = scene("gpu", ranks_here=True)
+    assert "nvidia-smi.txt" in {f["name"] for f in gpu["files"]}, gpu
+    with open(os.path.join(evidence.evidence_dir(str(tmp_path / "gpu" / "attempt-1")), "nvidia-smi.txt")) as f:
+        kept = f.read()
+    assert "NVSMI LOG" in kept and "Attached GPUs : 1" in kept, kept
+    # The ranks on other hosts: this machine's GPUs are not theirs.
+    elsewhere = scene("elsewhere", ranks_here=False)
+    assert "nvidia-smi.txt" not in {f["name"] for f in elsewhere["files"]}
+    assert "nvidia-smi -q: the ranks run on other hosts" in elsewhere["skipped"], elsewhere
+    # No nvidia-smi: a CPU node, said so.
+    monkeypatch.setenv("PATH", bare_path)
+    if evidence.shutil.which("nvidia-smi") is None:  # (a machine with a GPU has the real one)
+        cpu = scene("cpu", ranks_here=True)
+        assert "nvidia-smi -q: not on PATH (no GPU node)" in cpu["skipped"], cpu

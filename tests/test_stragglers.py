@@ -289,7 +289,8 @@ def test_a_restarted_launcher_keeps_naming_the_straggler_of_a_slow_stepping_job(
     in-memory state over the same SQLite store, as a restarted process has): the next two
     steps, fewer than a window needs, must not un-name it ("no straggler any more" and the
     alert episode closed, then named again minutes later). Real store and alert hooks; the
-    launcher process is not started: its restart is the new objects reading the saved state."""
+    launcher process is not started: its restart is the new objects reading the saved state,
+    and the supervisor's log reader answers no lines (no rule here reads logs)."""
     from types import SimpleNamespace
 
     from jupyter_dlc.launcher import alerting

@@ -324,6 +324,41 @@ def test_one_draw_is_one_patch_doc_with_one_stream_per_line():
     assert len(messages()) == 4 and model.patches_sent == 6
 
 
+
+def test_utilisation_lines_come_from_a_pool_so_the_first_samples_change_no_renderers():
+    """A plot whose renderers change is laid out whole again by BokehJS (hundreds of ms of
+    the page, benchmarks/RESULTS.md); the first samples claim hidden lines made with the
+    charts: the patch that shows them sets visibility, names, colours and labels, and adds
+    no renderer. Past the pool, lines are added as before."""
+    from jupyter_dlc.widgets.charts import SYSTEM_LINE_POOL, Charts, JobChartsModel
+    from jupyter_dlc.widgets.series import SystemData, label_for
+
+    train, system = TrainData(world_size=2, capacity=100), SystemData(100)
+    charts = Charts("j", train, system, 100)
+    model = JobChartsModel(charts.layout)
+    messages = _patch_docs(model)
+    renderers = list(charts.sys_fig.renderers)
+    for node in (0, 1):
+        for name in ("cpu_util", "mem_used"):
+            system.add({"t": 1000.0, "node": node, "name": name, "value": 0.5})
+    with model.batch():
+        charts.push()
+    assert list(charts.sys_fig.renderers) == renderers
+    [patch] = messages()
+    changed = {e.get("attr") for e in patch.content["events"] if e["kind"] == "ModelChanged"}
+    assert "renderers" not in changed and {"visible", "label", "name"} <= changed, changed
+    shown = [item for item in charts.sys_legend.items if item.visible]
+    assert sorted(item.label for item in shown) == sorted(
+        label_for((node, "cpu", name)) for node in (0, 1) for name in ("cpu_util", "mem_used"))
+    assert charts.sys_sources[(1, "cpu", "mem_used")].name == "dlc-sys-1-cpu-mem_used"
+    assert charts.sys_sources[(1, "cpu", "mem_used")].data["y"] == [0.5]
+    # More devices than the pool holds: the rest are added.
+    for gpu in range(SYSTEM_LINE_POOL):
+        system.add({"t": 1001.0, "node": 0, "device": f"gpu{gpu}", "name": "gpu_util", "value": 0.9})
+    charts.push()
+    assert len(charts.sys_sources) == 4 + SYSTEM_LINE_POOL
+    assert len(charts.sys_fig.renderers) == len(renderers) + 4
+
 # -- JobView in-process against a real launcher -----------------------------------------------
 
 def refresh_until(view, predicate, timeout=90.0, what="condition"):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, HoverTool, Legend, NumeralTickFormatter, Range1d
+from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem, NumeralTickFormatter, Range1d
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
@@ -29,6 +29,12 @@ STEPS_HEIGHT = 230
 # runs: a page re-lays out four stacked glyphs at each redraw.
 STEPS_REDRAW_SECONDS = 1.0
 COMPUTE_COLOUR = "#b0bec5"
+# Utilisation lines made with the charts, hidden until a node's samples claim them: a plot
+# whose renderers change is laid out whole again by BokehJS (140-200 ms of the page's one
+# thread on a loaded machine, which held every live point behind it up to a second when the
+# first samples came; benchmarks/RESULTS.md), while a line that is shown and given its label
+# is only repainted. Past the pool, lines are added as they come.
+SYSTEM_LINE_POOL = 8
 
 
 @ignore_page_events
@@ -117,9 +123,10 @@ class Charts:
                               y_axis_label="fraction", y_range=Range1d(0, 1.05),
                               tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="above")
         self.sys_fig.yaxis.formatter = NumeralTickFormatter(format="0%")
-        self.sys_fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt",
-                                       spacing=0, padding=4), "right")
+        self.sys_legend = Legend(click_policy="hide", label_text_font_size="8pt", spacing=0, padding=4)
+        self.sys_fig.add_layout(self.sys_legend, "right")
         self.sys_sources: dict[tuple, ColumnDataSource] = {}
+        self._sys_pool = [self._pooled_system_line(i) for i in range(SYSTEM_LINE_POOL)]
         self._sys_title = ""
 
         self.steps_of: int | None = None  # None: the median over ranks; else that rank
@@ -263,14 +270,28 @@ class Charts:
         return len(columns["x"])
 
     # -- the utilisation chart ----------------------------------------------------------
+    def _pooled_system_line(self, index: int) -> tuple:
+        source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-sys-pool-{index}")
+        line = self.sys_fig.line("x", "y", source=source, line_width=1.5, visible=False)
+        item = LegendItem(label="", renderers=[line], visible=False)
+        self.sys_legend.items.append(item)
+        return source, line, item
+
     def _add_system_line(self, key: tuple) -> ColumnDataSource:
         node, device, name = key
-        source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-sys-{node}-{device}-{name}")
         devices = sorted({(n, d) for n, d, _ in self.system.lines} | {(node, device)})
         colour = _colour(devices.index((node, device)))
-        dashed = name in ("gpu_mem", "mem_used")
-        self.sys_fig.line("x", "y", source=source, color=colour, line_width=1.5,
-                          line_dash="dashed" if dashed else "solid", legend_label=label_for(key))
+        dash = "dashed" if name in ("gpu_mem", "mem_used") else "solid"
+        if self._sys_pool:
+            source, line, item = self._sys_pool.pop(0)
+            source.name = f"dlc-sys-{node}-{device}-{name}"
+            line.glyph.update(line_color=colour, line_dash=dash)
+            line.visible = item.visible = True
+            item.label = label_for(key)  # type: ignore[assignment]  # (bokeh takes a str)
+        else:
+            source = ColumnDataSource({"x": [], "y": []}, name=f"dlc-sys-{node}-{device}-{name}")
+            self.sys_fig.line("x", "y", source=source, color=colour, line_width=1.5,
+                              line_dash=dash, legend_label=label_for(key))
         self.sys_sources[key] = source
         return source
 

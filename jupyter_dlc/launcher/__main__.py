@@ -29,6 +29,8 @@ from .storage import DiskGuard
 from .store import Store
 from .supervisor import Supervisor
 
+SWITCH_INTERVAL = 0.001  # seconds a thread holds the GIL while another waits (main() says why)
+
 # Tokens in what gets logged: query arguments (tornado logs the URI of every 4xx and 5xx)
 # and Authorization headers in anything that echoes a request.
 _TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=|Authorization['\"]?:?\s*['\"]?(?:token|bearer)\s+)"
@@ -256,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     # that no full pass walks it again (they were about a tenth of ingest's CPU).
     gc.set_threshold(10_000, 20, 20)
     gc.freeze()
+    # The supervisor's thread and the read routes' executor run Python for tens of ms at a
+    # time (a 4,096-rank tick); the event loop, which answers every report, waited up to the
+    # default 5 ms switch interval for the GIL each time it wanted it back. At 1 ms the
+    # 4,096-rank ingest p99 fell by about a third (benchmarks/HISTORY.md, 2026-12-05 23:19).
+    sys.setswitchinterval(SWITCH_INTERVAL)
     supervisor.start()
     # `identity`: the key this launcher's /healthz proves (identity.py); a client checks it
     # before it sends the token, so that nothing else on this port ever gets the token.

@@ -25,7 +25,8 @@ keys = ("RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MAST
 # One write, newline included: unbuffered (an exported bundle sets PYTHONUNBUFFERED), print
 # writes the text and its newline apart, and two ranks sharing a node's log interleave them.
 sys.stdout.write("ENV " + json.dumps({k: os.environ.get(k) for k in keys} | {"sum": total.item(),
-                 "argv": sys.argv[1:], "cwd": os.getcwd()}) + "\\n")
+                 "argv": sys.argv[1:], "cwd": os.getcwd(),
+                 "program": open("/proc/self/cmdline").read().split("\\0")[1:4]}) + "\\n")
 sys.stdout.flush()
 """
 

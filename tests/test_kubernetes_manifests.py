@@ -137,7 +137,9 @@ def test_the_command_runs_torchrun_with_the_operators_topology(profiles, tmp_pat
                          capture_output=True, text=True, check=True).stdout
     reported, out = out.split("\n", 1)
     assert reported == "reporter=/tmp/dlc-node.reporter"
-    assert out.startswith("rank=2 python -m torch.distributed.run --nproc-per-node=4 --max-restarts=0 --tee=3 ")
+    # torchrun's command line behind the forked start's agent (node/standby.py --cold)
+    assert out.startswith("rank=2 python -m jupyter_dlc.node.standby --cold /dev/null "
+                          "-m torch.distributed.run --nproc-per-node=4 --max-restarts=0 --tee=3 ")
     assert out.rstrip().endswith("/dlc/job/script.py --lr 0.1 0.2")
 
 

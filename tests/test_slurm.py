@@ -25,6 +25,7 @@ from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
 from test_recovery import TRAIN
+from test_warm_ranks import check_forked_start
 
 from jupyter_dlc import formatting
 from jupyter_dlc.hostprocs import job_processes
@@ -97,6 +98,18 @@ def test_ranks_report_through_node_reporters_and_directly_once_theirs_is_gone(la
     assert engine_id(launcher.client, job["id"]) not in squeue_ids(slurm)
     wait_for(lambda: not [p for (j, _), pids in job_processes().items() if j == job["id"] for p in pids],
              30, what="no process of the job left")
+
+
+def test_a_slurm_nodes_agent_forks_its_ranks_unless_told_not_to(launcher, slurm):
+    """As on the local engine: each Slurm node's task runs one agent that imports torch once
+    and forks its ranks (the batch script's agent line is `-m jupyter_dlc.node.standby
+    --cold`), or torchrun's own fresh interpreters with DLC_FORKED_START=0; the node's exit
+    record is still the task's, with the Slurm job's id."""
+    check_forked_start(launcher, {"cluster": CLUSTER})
+    for job in (launcher.client.job(j["id"]) for j in launcher.client.jobs()):
+        with open(os.path.join(job["job_dir"], "attempt-1", "node-0.exit")) as f:
+            code, slurm_job = f.read().split()
+        assert code == "0" and slurm_job == engine_id(launcher.client, job["id"])
 
 
 def test_scancel_from_outside_ends_the_job_with_that_reason(launcher, slurm):

@@ -29,6 +29,7 @@ from conftest import (
 from test_ingest import THROUGH_NODE_REPORTERS, check_node_reporters
 from test_jobs import ENV_SCRIPT, SLEEPER, rank_env
 from test_notebook import run_notebook, text
+from test_warm_ranks import check_forked_start
 
 from jupyter_dlc import clusters, formatting, layout
 from jupyter_dlc.node import ssh_node
@@ -178,6 +179,14 @@ def test_environment_contract_on_2x2_across_two_hosts(launcher, hosts, tmp_path)
 
     written = export_job(launcher.client, job["id"], str(tmp_path / "bundle"))
     assert {"run.sh", "job.sbatch", "script.py"} <= {os.path.basename(p) for p in written}
+    wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
+
+
+def test_an_ssh_hosts_agent_forks_its_ranks_unless_told_not_to(launcher, hosts):
+    """As on every engine: each host's agent imports torch once and forks its ranks (the
+    payload's argv is `-m jupyter_dlc.node.standby --cold`), or torchrun's own fresh
+    interpreters with DLC_FORKED_START=0; either way one group of four across the hosts."""
+    check_forked_start(launcher, {"cluster": CLUSTER})
     wait_for(lambda: nothing_left_on_the_hosts(hosts), 30, what="nothing left on the hosts")
 
 

@@ -75,15 +75,15 @@ COLD = textwrap.dedent("""
 """)
 
 
-def test_a_cold_start_forks_its_ranks_from_one_agent_a_node_unless_told_not_to(launcher):
-    """Without a pool or standby, each node's agent imports torch once and forks its ranks
-    (node/standby.py --cold); `DLC_FORKED_START=0` in the job's env gives torchrun's own
-    fresh interpreters. Either way the ranks form one group and get torchrun's environment."""
+def check_forked_start(launcher, fields: dict) -> None:
+    """A 2x2 job submitted with `fields` (an engine's cluster) twice, forked (the default) and
+    with DLC_FORKED_START=0: the ranks' programs and parents say which, and either way they
+    form one group with torchrun's environment (test_slurm.py runs it on Slurm)."""
     script = launcher.script("cold.py", COLD)
     for env, forked in (({}, True), ({"DLC_FORKED_START": "0"}, False)):
         job = launcher.client.submit({"script": script, "nodes": 2, "nproc_per_node": 2,
-                                      "max_restarts": 0, "env": env})
-        final = launcher.client.wait(job["id"], timeout=120)
+                                      "max_restarts": 0, "env": env, **fields})
+        final = launcher.client.wait(job["id"], timeout=180)
         assert final["state"] == "SUCCEEDED", final["reason"]
         seen = []
         for rank in range(4):
@@ -101,4 +101,11 @@ def test_a_cold_start_forks_its_ranks_from_one_agent_a_node_unless_told_not_to(l
         assert seen[0]["ppid"] == seen[1]["ppid"] != seen[2]["ppid"] == seen[3]["ppid"]
         # No file of the attempt holds its token (a cold start has no go file).
         assert not os.path.exists(os.path.join(final["job_dir"], "attempt-1", "node-0.go"))
+
+
+def test_a_cold_start_forks_its_ranks_from_one_agent_a_node_unless_told_not_to(launcher):
+    """Without a pool or standby, each node's agent imports torch once and forks its ranks
+    (node/standby.py --cold); `DLC_FORKED_START=0` in the job's env gives torchrun's own
+    fresh interpreters. Either way the ranks form one group and get torchrun's environment."""
+    check_forked_start(launcher, {})
     assert launcher.own_processes() == []

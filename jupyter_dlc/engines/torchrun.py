@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from .. import layout
+from ..node.standby import cold_argv
 from ..shims import torch_private
 from ..spec import JobSpec
 
@@ -23,6 +24,27 @@ def torchrun_argv(spec: JobSpec, node: int | str, port: int | str, script: str, 
         "--max-restarts=0", "--monitor-interval=0.1",
         "-m", "jupyter_dlc.runtime.bootstrap", script, *spec.args,
     ]
+
+
+FORKED_START_ENV = "DLC_FORKED_START"
+
+
+def forked_start_wanted(spec: JobSpec) -> bool:
+    """Whether each node's agent imports torch once and forks its ranks (node/standby.py
+    --cold: one torch import a node, not one per rank and one for the agent; the default),
+    rather than torchrun starting fresh interpreters (`DLC_FORKED_START=0` in the launcher's
+    or the job's environment)."""
+    value = (spec.env or {}).get(FORKED_START_ENV, os.environ.get(FORKED_START_ENV))
+    return not layout.switched_off(value)
+
+
+def node_agent_argv(spec: JobSpec, node: int | str, port: int | str, script: str, python: str,
+                    exit_file: str, master_addr: str = "127.0.0.1") -> list[str]:
+    """A node's agent as an engine starts it without a standby: torchrun's command line,
+    behind `-m jupyter_dlc.node.standby --cold EXIT_FILE` where the forked start is wanted
+    (the agent records its exit code in EXIT_FILE)."""
+    argv = torchrun_argv(spec, node, port, script, python, master_addr)
+    return cold_argv(argv, exit_file) if forked_start_wanted(spec) else argv
 
 
 def agent_summary_codes(attempt_dir: str, nodes: int) -> dict[int, int]:

@@ -166,6 +166,10 @@ def test_environment_contract(rig, trained):
             assert env["DLC_JOB_DIR"] != job["job_dir"]
         if not caps.workdir:  # as declared: the pod's own working directory
             assert env["cwd"] != str(cwd)
+        if not rig.config.pool:
+            # A cold start on every engine: the node's agent imported torch once and forked
+            # its ranks (engines/torchrun.py node_agent_argv), so the rank runs its program.
+            assert "jupyter_dlc.node.standby" in env["program"], env["program"]
 
 
 def test_kill_9_of_a_rank_resumes_automatically_bitwise_equal(rig, trained):

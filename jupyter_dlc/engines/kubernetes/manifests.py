@@ -24,7 +24,9 @@ from typing import Any
 
 from ... import shell
 from ...node import reporter as node_reporter
+from ...node.standby import cold_argv
 from ...spec import JobSpec
+from ..torchrun import forked_start_wanted
 
 KINDS = ("TrainJob", "PyTorchJob", "Job")
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # a user edits this
@@ -108,8 +110,13 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     reporter = ""
     if bootstrap and node_reporter.wanted(spec.nproc_per_node):
         reporter = node_reporter.shell_start("python", shell.quote(REPORTER_FILE))
+    # The agent imports torch once and forks its ranks, as on every engine
+    # (torchrun.forked_start_wanted); the pod's status carries its exit code.
+    agent = ["python", "-m", "torch.distributed.run"]
+    if bootstrap and forked_start_wanted(spec):
+        agent = cold_argv(agent, "/dev/null")
     line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; ' + reporter +
-            f"exec python -m torch.distributed.run --nproc-per-node={spec.nproc_per_node} "
+            f"exec {' '.join(agent)} --nproc-per-node={spec.nproc_per_node} "
             # --tee 3: each line in the pod log carries its rank's [default<local rank>]: prefix.
             f'--max-restarts=0 --tee=3 {module}{shell.quote(JOB_DIR + "/script.py")} "$@"')
     return ["/bin/sh", "-c", line, "dlc"] + list(spec.args)

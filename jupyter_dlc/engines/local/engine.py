@@ -14,7 +14,6 @@ from typing import Any
 
 from ... import layout, shell
 from ...node import reporter as node_reporter
-from ...node.standby import cold_argv
 from ...spec import JobSpec
 from ..contract import (
     AttemptContext,
@@ -39,7 +38,7 @@ from ...hostprocs import (
     visible_gpus,
 )
 from ..children import spawn
-from ..torchrun import agent_summary_codes, torchrun_argv
+from ..torchrun import agent_summary_codes, node_agent_argv
 
 # Exit code recorded for a rank that vanished without one: 128 + SIGKILL, the usual cause.
 KILLED = 137
@@ -72,13 +71,9 @@ class LocalEngine(Engine):
 
     def dry_run(self, ctx: AttemptContext) -> DryRun:
         python = ctx.spec.python or sys.executable
-        commands = [torchrun_argv(ctx.spec, node, ctx.port, ctx.script_path, python)
+        commands = [node_agent_argv(ctx.spec, node, ctx.port, ctx.script_path, python,
+                                    layout.node_exit(ctx.attempt_dir, node))
                     for node in range(ctx.spec.nodes)]
-        if forked_start_wanted(ctx):
-            # The node's agent imports torch once and forks its ranks (node/standby.py):
-            # one torch import a node, not one per rank and one for the agent.
-            commands = [cold_argv(argv, layout.node_exit(ctx.attempt_dir, node))
-                        for node, argv in enumerate(commands)]
         return DryRun("local", commands=commands, cwd=ctx.spec.workdir or ctx.job_dir,
                       env=dict(ctx.env))
 
@@ -269,17 +264,6 @@ class LocalEngine(Engine):
         gpus = visible_gpus()
         return {"ok": True, "idle_nodes": 1, "gpus": gpus,
                 "detail": f"this machine: {os.cpu_count()} CPUs, {available_memory() >> 30} GB free"}
-
-
-FORKED_START_ENV = "DLC_FORKED_START"
-
-
-def forked_start_wanted(ctx: AttemptContext) -> bool:
-    """Whether an attempt without standby agents starts its ranks forked from one agent per
-    node that imported torch (the default), rather than as torchrun's own fresh interpreters
-    (`DLC_FORKED_START=0` in the launcher's or the job's environment)."""
-    value = (ctx.spec.env or {}).get(FORKED_START_ENV, os.environ.get(FORKED_START_ENV))
-    return not layout.switched_off(value)
 
 
 def _ranks_with_errors(ctx: AttemptContext) -> set[int]:

@@ -50,7 +50,7 @@ from ..contract import (
 )
 from ...engine_registry import Option
 from ..remote_env import job_script_env
-from ..torchrun import agent_summary_codes, torchrun_argv
+from ..torchrun import agent_summary_codes, node_agent_argv, torchrun_argv
 from .commands import (
     ACTIVE,
     POLL_INTERVAL,
@@ -174,9 +174,15 @@ def render_sbatch(spec: JobSpec, directives: list[str], exports: list[str], pyth
     slots = dict(slots or {}, NODE='"$node"', MASTER='"$MASTER_ADDR"', PORT='"$MASTER_PORT"')
     node_log = shell.word(layout.node_log(log_dir, shell.slot("NODE")), slots)
     node_exit = shell.word(layout.node_exit(log_dir, shell.slot("NODE")), slots)
-    argv = torchrun_argv(spec, shell.slot("NODE"), shell.slot("PORT"), script, python,
-                         master_addr=shell.slot("MASTER"))
-    if not bootstrap:
+    if bootstrap:
+        # As on the local engine, the node's agent imports torch once and forks its ranks
+        # (torchrun.forked_start_wanted). Its own exit record goes nowhere: the task below
+        # writes the node's, with the Slurm job's id.
+        argv = node_agent_argv(spec, shell.slot("NODE"), shell.slot("PORT"), script, python,
+                               os.devnull, master_addr=shell.slot("MASTER"))
+    else:
+        argv = torchrun_argv(spec, shell.slot("NODE"), shell.slot("PORT"), script, python,
+                             master_addr=shell.slot("MASTER"))
         cut = argv.index("jupyter_dlc.runtime.bootstrap")
         argv = argv[:cut - 1] + argv[cut + 1:]
     agent = shell.command(argv, slots)

@@ -64,7 +64,7 @@ from ..contract import (
 )
 from ...engine_registry import Option
 from ..remote_env import job_script_env
-from ..torchrun import agent_summary_codes, torchrun_argv
+from ..torchrun import agent_summary_codes, node_agent_argv
 
 CONNECT_TIMEOUT = 5  # seconds for ssh to reach a host
 # ssh gives up on a silent connection (a cut link) after about 2 x 3 s; the remote side's
@@ -288,8 +288,10 @@ class SSHEngine(Engine):
         # them into a directory of its own and points the job directory's paths there.
         stage = None if profile.get("shared_filesystem") else {"from": ctx.job_dir, "files": {}}
         for node in range(ctx.spec.nodes):
-            argv = torchrun_argv(ctx.spec, node, ctx.port or 29500, ctx.script_path, python,
-                                 master_addr=master)
+            # The agent imports torch once and forks its ranks, as on every engine
+            # (torchrun.forked_start_wanted); ssh_node records its exit code itself.
+            argv = node_agent_argv(ctx.spec, node, ctx.port or 29500, ctx.script_path, python,
+                                   os.devnull, master_addr=master)
             payloads.append({"argv": argv, "cwd": ctx.spec.workdir or ctx.job_dir,
                              "env": dict(env, DLC_NODE_RANK=str(node), DLC_NODE_HOST=hosts[node]),
                              "tags": {"job": ctx.job_id, "attempt": ctx.attempt, "node": node},

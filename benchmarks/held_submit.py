@@ -3,7 +3,8 @@
 A real local Slurm cluster (scripts/local-slurm.sh, its own state dir and ports) and a
 private launcher whose `sbatch` is a wrapper that holds the first submit until released
 (tests/test_event_loop.py's HeldSbatch). 64 simulated ranks (8 node batches every quarter
-second, tests/test_event_loop.py's RankLoad) report to an ended local job, and a reader
+second, tests/test_event_loop.py's RankLoad) report to an ended job of their world (one
+that started no process: tests/test_ingest.py's ended_world), and a reader
 lists the jobs ten times a second. Two windows of `--seconds` each: without a held submit,
 then with one held and a stop of that job posted (which, when the launcher's loop waited on
 the job's start, stalled every report until the sbatch returned). Printed: report and
@@ -22,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -29,8 +31,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import results  # noqa: E402
 from conftest import LauncherEnv  # noqa: E402
-from test_event_loop import HeldSbatch, Lister, RankLoad, held_submit, percentile  # noqa: E402
-from test_ingest import ended_job  # noqa: E402
+from test_event_loop import PER_NODE, RANKS, HeldSbatch, Lister, RankLoad, held_submit, percentile  # noqa: E402
+from test_ingest import ended_world  # noqa: E402
 from test_slurm import local_slurm  # noqa: E402
 
 REPORT_GOAL_MS, LIST_GOAL_MS = 50.0, 100.0
@@ -67,7 +69,10 @@ def main() -> None:
             os.environ["PATH"] = hold.dir + os.pathsep + os.environ["PATH"]
             launcher = LauncherEnv(str(root / "launcher"))
             try:
-                target = ended_job(launcher, nproc=1)["id"]
+                # An ended job of the simulated ranks' world: the launcher refuses (400) a
+                # report of a rank outside the job's world (since 2026-12-01 17:01).
+                environ = types.SimpleNamespace(setenv=os.environ.__setitem__)
+                target = ended_world(launcher, environ, RANKS // PER_NODE, PER_NODE)["id"]
                 free = window(launcher.client, target, args.seconds)
                 slow = held_submit(launcher, hold)
                 launcher.client.request("POST", f"/api/jobs/{slow['id']}/stop", body={})

@@ -23,7 +23,8 @@ import shutil
 import sys
 import tempfile
 import time
-import types
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -71,8 +72,8 @@ def main() -> None:
             try:
                 # An ended job of the simulated ranks' world: the launcher refuses (400) a
                 # report of a rank outside the job's world (since 2026-12-01 17:01).
-                environ = types.SimpleNamespace(setenv=os.environ.__setitem__)
-                target = ended_world(launcher, environ, RANKS // PER_NODE, PER_NODE)["id"]
+                with pytest.MonkeyPatch.context() as env:  # the launcher keeps what it started with
+                    target = ended_world(launcher, env, RANKS // PER_NODE, PER_NODE)["id"]
                 free = window(launcher.client, target, args.seconds)
                 slow = held_submit(launcher, hold)
                 launcher.client.request("POST", f"/api/jobs/{slow['id']}/stop", body={})

@@ -5,8 +5,8 @@ rendezvous on 127.0.0.1); the script writes the time of its first training step.
 launcher side submits through LauncherClient, the client the magic uses, to an already
 running launcher (a user's every job but the first). Two phases, each alternating with its
 own plain torchrun runs so that machine noise hits both alike: cold (no pool, no process of
-the job before its submit: on the local engine each node's agent imports torch once and forks
-its ranks, engines/local/engine.py; `DLC_FORKED_START=0` measures torchrun's fresh
+the job before its submit: on every engine each node's agent imports torch once and forks
+its ranks, engines/torchrun.py node_agent_argv; `DLC_FORKED_START=0` measures torchrun's fresh
 interpreters instead) and warm (a warm pool of this shape, `pool up`: the second
 and later cells of a notebook). On the local engine a third measure follows the warm one:
 issue 25's end to end, `jupyter-dlc run tiny.py --wait` (join, one all-reduce, leave; the

@@ -73,7 +73,6 @@ def test_a_command_past_its_time_is_killed_and_named(tmp_path, monkeypatch):
     assert folder.skipped and folder.skipped[0].startswith("slow.txt: ") and "took over 0.3 s" in folder.skipped[0]
 
 
-
 def test_nvidia_smi_on_a_gpu_node_is_kept_and_its_absence_said(tmp_path, monkeypatch):
     """`nvidia-smi -q` goes into the folder where it is on PATH and the ranks run here. No GPU
     (nor nvidia-smi) can be on this machine, so a stand-in executable on PATH prints what

@@ -324,7 +324,6 @@ def test_one_draw_is_one_patch_doc_with_one_stream_per_line():
     assert len(messages()) == 4 and model.patches_sent == 6
 
 
-
 def test_utilisation_lines_come_from_a_pool_so_the_first_samples_change_no_renderers():
     """A plot whose renderers change is laid out whole again by BokehJS (hundreds of ms of
     the page, benchmarks/RESULTS.md); the first samples claim hidden lines made with the

@@ -12,7 +12,8 @@ come back, it leaves by itself once attempt N has no process left.
     python -m jupyter_dlc.node.standby GO_FILE EXIT_FILE
     python -m jupyter_dlc.node.standby --cold EXIT_FILE -m torch.distributed.run ARGS...
 
-The second form is how the local engine starts an attempt that has no standbys: torchrun's
+The second form is how every engine starts a node of an attempt that has no standbys or
+pool (engines/torchrun.py node_agent_argv; Kubernetes wraps its own torchrun line): torchrun's
 own command line behind `--cold EXIT_FILE` (what `--dry-run` prints is what runs), no go file
 to wait for. The node's one agent imports torch and what DDP's first construction imports,
 then forks its ranks, so a node pays one torch import rather than one per rank plus the

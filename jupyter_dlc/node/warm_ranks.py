@@ -43,7 +43,7 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
 # cost its start instead of a rank's first use.
 COLD_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
                 "jupyter_dlc.runtime", "psutil")
-# How torchrun starts every worker of a launcher job (engines/local/engine.py torchrun_argv).
+# How torchrun starts every worker of a launcher job (engines/torchrun.py torchrun_argv).
 WORKER_ARGV = ("-u", "-m", "jupyter_dlc.runtime.bootstrap")
 _POLL = 0.01
 

@@ -19,6 +19,7 @@ Secret the engine creates (`token_secret`), and `export` leaves it out (no launc
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -114,7 +115,7 @@ def _command(spec: JobSpec, bootstrap: bool) -> list[str]:
     # (torchrun.forked_start_wanted); the pod's status carries its exit code.
     agent = ["python", "-m", "torch.distributed.run"]
     if bootstrap and forked_start_wanted(spec):
-        agent = cold_argv(agent, "/dev/null")
+        agent = cold_argv(agent, os.devnull)
     line = ('export DLC_NODE_RANK="${PET_NODE_RANK:-0}"; ' + reporter +
             f"exec {' '.join(agent)} --nproc-per-node={spec.nproc_per_node} "
             # --tee 3: each line in the pod log carries its rank's [default<local rank>]: prefix.

@@ -19,10 +19,16 @@ All three arms run the same model and the same DataLoader iterator (two instance
 model differ by up to 1% here, by where their memory lies).
 The last line is the ratio breakdown/bare (target <= 1.01x).
 
-    python benchmarks/telemetry.py [--blocks 120] [--steps 50]
+    python benchmarks/telemetry.py [--blocks 480] [--steps 25]
 
-120 rounds of 50-step blocks (about a minute): with 30 rounds of 100 steps the same code
-gave ratios 0.5-1% apart from run to run.
+480 rounds of 25-step blocks (about 80 s): with 30 rounds of 100 steps the same code gave
+ratios 0.5-1% apart from run to run, with 120 rounds of 50 steps up to 4% in the slower
+hours of 2026-12-06 (0.985-1.027x, four runs within eight minutes); shorter rounds, each
+arm's block within 0.1 s of the others, kept four runs within 0.4%.
+
+The loop keeps a core busy, so its reports come every 0.5 s (runtime/report.py,
+BUSY_BATCH_INTERVAL) rather than every 0.1 s; `DLC_REPORT_INTERVAL=0.1` measures the short
+interval for comparison.
 """
 
 import argparse
@@ -91,8 +97,8 @@ def training_step(model, batches):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--blocks", type=int, default=120)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--blocks", type=int, default=480)
+    parser.add_argument("--steps", type=int, default=25)
     results.add_argument(parser)
     args = parser.parse_args()
     load = os.getloadavg()[0]

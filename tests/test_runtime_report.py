@@ -186,7 +186,8 @@ def run_rank_script(body, launcher, tmp_path, timeout=60, **env):
     script.write_text(textwrap.dedent(body))
     environment = dict(os.environ, DLC_LAUNCHER_URL=launcher.url, DLC_JOB_ID=JOB_ID,
                        DLC_TOKEN=TOKEN, DLC_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-                       DLC_HEARTBEAT_INTERVAL="0.3", **env)
+                       DLC_HEARTBEAT_INTERVAL="0.3")
+    environment.update(env)
     return subprocess.Popen([sys.executable, str(script)], env=environment, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -363,6 +364,48 @@ def test_the_report_interval_grows_with_the_world(monkeypatch):
     assert batch_interval(4096) == 0.5
     monkeypatch.setenv("DLC_REPORT_INTERVAL", "soon")  # not a number: the default stands
     assert batch_interval(4) == MIN_BATCH_INTERVAL
+
+
+BUSY_THEN_IDLE = """
+    import time
+    from jupyter_dlc import runtime
+    step = 0
+    for busy, seconds in ((1.0, 3.5), (0.0, 3.0)):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            step += 1
+            if busy:  # a CPU-bound step of 2 ms
+                spin = time.perf_counter() + 0.002
+                while time.perf_counter() < spin:
+                    pass
+            else:  # a step that waits (input, a device): 10 ms
+                time.sleep(0.01)
+            runtime.log(step, busy=busy)
+    assert runtime.get_reporter().flush(10)
+"""
+
+
+def test_a_busy_rank_reports_less_often_and_an_idle_one_at_its_own_pace(launcher, tmp_path):
+    """A rank whose process keeps a core busy stretches its report interval towards
+    BUSY_BATCH_INTERVAL (each report costs its step time); once it waits again, its reports
+    come at its own short interval (what the live views need)."""
+    from jupyter_dlc.runtime.report import BUSY_BATCH_INTERVAL, MIN_BATCH_INTERVAL
+
+    proc = run_rank_script(BUSY_THEN_IDLE, launcher, tmp_path, DLC_HEARTBEAT_INTERVAL="5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    sent = [(r["t"], {m["values"]["busy"] for m in r["metrics"]}) for r in launcher.reports if r.get("metrics")]
+    busy = [t for t, phases in sent if phases == {1.0}]
+    idle = [t for t, phases in sent if phases == {0.0}][:-1]  # the last: flush() sends at once
+
+    def gaps(times):
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+    # The last second of each phase: the interval is set anew at most once a second.
+    late_busy = gaps([t for t in busy if t > busy[-1] - 1.2])
+    late_idle = gaps([t for t in idle if t > idle[-1] - 1.0])
+    assert late_busy and min(late_busy) > 0.7 * BUSY_BATCH_INTERVAL, late_busy
+    assert late_idle and max(late_idle) < 2 * MIN_BATCH_INTERVAL, late_idle
 
 
 def test_a_rank_reporting_directly_keeps_the_launchers_pace(launcher):

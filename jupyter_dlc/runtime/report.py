@@ -56,6 +56,29 @@ def batch_interval(world_size: int) -> float:
     except ValueError:
         pass
     return min(BATCH_INTERVAL, max(MIN_BATCH_INTERVAL, world_size / RANKS_PER_SECOND_OF_INTERVAL))
+# A rank whose process keeps a core busy (a CPU-bound loop; a GPU loop that spins in its
+# syncs) pays for each report in its step time: the sender's work and the GIL it takes, and
+# on a machine without an idle core the receiver's work too (benchmarks/telemetry.py: on
+# two cores, a report every 0.1 s cost such a loop 0.5-2.5%, one a second nothing
+# measurable). So its interval stretches from its own towards BUSY_BATCH_INTERVAL as its
+# process's CPU share over the last BUSY_WINDOW goes from BUSY_FROM to BUSY_FULL of a core.
+# A rank that waits (sleeps, reads input, blocks in a device sync or a collective) keeps its
+# short interval: there a report costs the loop nothing, and the live views want it.
+BUSY_BATCH_INTERVAL = 0.5
+BUSY_FROM, BUSY_FULL = 0.5, 0.9
+BUSY_WINDOW = 1.0
+
+
+def stretched_interval(own: float, cpu_share: float, heartbeat: float) -> float:
+    """The batch interval of a rank with interval `own` whose process used `cpu_share` of a
+    core lately (above); never past its heartbeat interval, which the launcher judges it by."""
+    most = min(BUSY_BATCH_INTERVAL, heartbeat)
+    if cpu_share <= BUSY_FROM or own >= most:
+        return own
+    busy = min(1.0, (cpu_share - BUSY_FROM) / (BUSY_FULL - BUSY_FROM))
+    return own + busy * (most - own)
+
+
 MAX_BATCH = 2000
 HTTP_TIMEOUT = 3.0
 MAX_BACKOFF = layout.REPORT_MAX_BACKOFF
@@ -99,6 +122,13 @@ class Reporter:
         self.tls = launcher_tls()
         self.heartbeat_interval = info.heartbeat_interval
         self.own_interval = self.batch_interval = batch_interval(info.world_size)
+        # The interval as this rank's load stretched it (stretched_interval), and the
+        # launcher's pace (`report_interval`): the batch interval is the longer one. One
+        # set with $DLC_REPORT_INTERVAL is kept as it is, busy or not.
+        self._stretches = not os.environ.get("DLC_REPORT_INTERVAL")
+        self._stretched = self.own_interval
+        self._pace = 0.0
+        self._cpu_mark = (time.process_time(), time.monotonic())
         self._shift = 0.0  # once, after the launcher's pace grew (node_reporter.phase_shift)
         self.identity = {"rank": info.rank, "node": info.node_rank, "attempt": info.attempt,
                          "pid": os.getpid()}
@@ -263,6 +293,8 @@ class Reporter:
                 delivered = True
             last_report = time.monotonic()
             streaming = any(batch.values())
+            if self._stretches:
+                self._look_at_load(last_report)
             with self._cond:
                 self._sending = False
                 if delivered:
@@ -271,6 +303,24 @@ class Reporter:
                 else:
                     backoff = min(MAX_BACKOFF, max(0.25, backoff * 2))
                 self._cond.notify_all()
+
+    def _look_at_load(self, now):
+        """Stretch or shorten the batch interval by the process's CPU share since the last
+        look, at most once a BUSY_WINDOW (one clock read a report otherwise)."""
+        cpu_then, then = self._cpu_mark
+        if now - then < BUSY_WINDOW:
+            return
+        cpu = time.process_time()
+        self._cpu_mark = (cpu, now)
+        self._stretched = stretched_interval(self.own_interval, (cpu - cpu_then) / (now - then),
+                                             self.heartbeat_interval)
+        self._set_interval()
+
+    def _set_interval(self):
+        """The batch interval from this rank's stretched one and the launcher's pace."""
+        interval = max(self._stretched, self._pace)
+        self._shift += phase_shift(self.batch_interval, interval)
+        self.batch_interval = interval
 
     def _sample(self, sampler):
         """Put the node's devices' sample in the report; the sampler, or None once it failed."""
@@ -367,9 +417,8 @@ class Reporter:
         if not node and isinstance(reply, dict):
             # The launcher's pace (launcher/pacing.py) when it asks for a slower one than ours;
             # through a node reporter, that process keeps it for the node.
-            pace = max(self.own_interval, paced(reply, MAX_PACE))
-            self._shift += phase_shift(self.batch_interval, pace)
-            self.batch_interval = pace
+            self._pace = paced(reply, MAX_PACE)
+            self._set_interval()
         commands = reply.get("commands") if isinstance(reply, dict) else None
         if commands:
             self.on_commands(commands)

@@ -22,9 +22,10 @@ The last line is the ratio breakdown/bare (target <= 1.01x).
     python benchmarks/telemetry.py [--blocks 480] [--steps 25]
 
 480 rounds of 25-step blocks (about 80 s): with 30 rounds of 100 steps the same code gave
-ratios 0.5-1% apart from run to run, with 120 rounds of 50 steps up to 4% in the slower
-hours of 2026-12-06 (0.985-1.027x, four runs within eight minutes); shorter rounds, each
-arm's block within 0.1 s of the others, kept four runs within 0.4%.
+ratios 0.5-1% apart from run to run, with 120 rounds of 50 steps 3% in the slower hours of
+2026-12-06 (0.985-1.018x, three runs within five minutes); in shorter rounds each arm's
+block runs within 0.1 s of the others (three runs 1.013-1.017x within six minutes, six
+recorded ones 0.998-1.012x over an hour).
 
 The loop keeps a core busy, so its reports come every 0.5 s (runtime/report.py,
 BUSY_BATCH_INTERVAL) rather than every 0.1 s; `DLC_REPORT_INTERVAL=0.1` measures the short

@@ -354,7 +354,7 @@ def test_a_rank_reports_directly_when_its_node_reporter_is_stuck(launcher, tmp_p
 
 
 def test_the_report_interval_grows_with_the_world(monkeypatch):
-    from jupyter_dlc.runtime.report import BATCH_INTERVAL, MIN_BATCH_INTERVAL, batch_interval
+    from jupyter_dlc.runtime.report import BATCH_INTERVAL, MIN_BATCH_INTERVAL, batch_interval, interval_override
 
     monkeypatch.delenv("DLC_REPORT_INTERVAL", raising=False)
     assert batch_interval(4) == MIN_BATCH_INTERVAL
@@ -364,6 +364,7 @@ def test_the_report_interval_grows_with_the_world(monkeypatch):
     assert batch_interval(4096) == 0.5
     monkeypatch.setenv("DLC_REPORT_INTERVAL", "soon")  # not a number: the default stands
     assert batch_interval(4) == MIN_BATCH_INTERVAL
+    assert interval_override() is None  # and a busy rank stretches it as with none set
 
 
 BUSY_THEN_IDLE = """

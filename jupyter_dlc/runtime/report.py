@@ -47,20 +47,28 @@ MIN_BATCH_INTERVAL = 0.1
 RANKS_PER_SECOND_OF_INTERVAL = 400
 
 
+def interval_override() -> float | None:
+    """`$DLC_REPORT_INTERVAL` in seconds when it is a positive number, else None."""
+    try:
+        seconds = float(os.environ.get("DLC_REPORT_INTERVAL") or 0.0)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
+
+
 def batch_interval(world_size: int) -> float:
     """Seconds between a rank's data reports: `$DLC_REPORT_INTERVAL` when set, else by size."""
-    override = os.environ.get("DLC_REPORT_INTERVAL", "")
-    try:
-        if override and float(override) > 0:
-            return float(override)
-    except ValueError:
-        pass
+    override = interval_override()
+    if override is not None:
+        return override
     return min(BATCH_INTERVAL, max(MIN_BATCH_INTERVAL, world_size / RANKS_PER_SECOND_OF_INTERVAL))
+
+
 # A rank whose process keeps a core busy (a CPU-bound loop; a GPU loop that spins in its
 # syncs) pays for each report in its step time: the sender's work and the GIL it takes, and
 # on a machine without an idle core the receiver's work too (benchmarks/telemetry.py: on
-# two cores, a report every 0.1 s cost such a loop 0.5-2.5%, one a second nothing
-# measurable). So its interval stretches from its own towards BUSY_BATCH_INTERVAL as its
+# two cores, a report every 0.1 s cost such a loop 0.3-3.5% from hour to hour, one a second
+# nothing measurable). So its interval stretches from its own towards BUSY_BATCH_INTERVAL as its
 # process's CPU share over the last BUSY_WINDOW goes from BUSY_FROM to BUSY_FULL of a core.
 # A rank that waits (sleeps, reads input, blocks in a device sync or a collective) keeps its
 # short interval: there a report costs the loop nothing, and the live views want it.
@@ -125,7 +133,7 @@ class Reporter:
         # The interval as this rank's load stretched it (stretched_interval), and the
         # launcher's pace (`report_interval`): the batch interval is the longer one. One
         # set with $DLC_REPORT_INTERVAL is kept as it is, busy or not.
-        self._stretches = not os.environ.get("DLC_REPORT_INTERVAL")
+        self._stretches = interval_override() is None
         self._stretched = self.own_interval
         self._pace = 0.0
         self._cpu_mark = (time.process_time(), time.monotonic())

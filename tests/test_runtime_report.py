@@ -428,3 +428,23 @@ def test_a_rank_reporting_directly_keeps_the_launchers_pace(launcher):
     reporter.metric(2, {"loss": 1.0})
     assert reporter.flush(10)
     assert reporter.batch_interval == own
+
+
+def test_a_report_leaves_with_the_log_that_makes_it_due(launcher):
+    """A loop of 20 steps a second against a 0.1 s interval: each report leaves right after
+    the log() that found it due, so the batches line up with the steps and each one's newest
+    point waits nothing (a timer of its own, at a random phase to the steps, kept it waiting
+    25 ms on average). Still at most one report a batch interval."""
+    reporter = make_reporter(launcher.url)
+    interval = reporter.batch_interval
+    period = interval / 2
+    for step in range(40):
+        reporter.metric(step, {"loss": 1.0})
+        time.sleep(period)
+    assert reporter.flush(10)
+    sent = [(r["t"], max(m["t"] for m in r["metrics"])) for r in launcher.reports if r.get("metrics")]
+    sent = sent[2:-1]  # the first reports (an idle sender sends at once), the flush
+    ages = sorted(t - newest for t, newest in sent)
+    gaps = sorted(b[0] - a[0] for a, b in zip(sent, sent[1:], strict=False))
+    assert ages[len(ages) // 2] < 0.15 * period, ages
+    assert gaps[0] > 0.8 * interval, gaps

@@ -21,7 +21,8 @@ patch), how many chart messages the page sent back to the kernel, the 1-minute l
 average, and last the p95s against the 150 ms goal (issue 25); rewrites its row of the
 dashboard in benchmarks/RESULTS.md and appends the run to benchmarks/HISTORY.md.
 
-    python benchmarks/live_view.py [--steps 400] [--rate 20] [--cell-options OPTS] [--no-record]
+    python benchmarks/live_view.py [--steps 400] [--rate 20] [--cell-options OPTS]
+                                   [--cpu-profile PATH] [--no-record]
 
 `--cell-options` adds %%dlc options to the job's cell for a trial (e.g. `--env
 DLC_STEP_BREAKDOWN=0` or `--env DLC_REPORT_INTERVAL=0.05`), with `--no-record`.
@@ -149,6 +150,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="steps per second (approx.)")
     parser.add_argument("--cell-options", default="",
                         help="more %%%%dlc options for a trial, e.g. '--env DLC_STEP_BREAKDOWN=0'")
+    parser.add_argument("--cpu-profile", metavar="PATH",
+                        help="write the page's CPU profile over the job (Chrome DevTools' "
+                             ".cpuprofile; open it in DevTools' Performance tab)")
     results.add_argument(parser)
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -212,6 +216,11 @@ def main() -> int:
               }
               return !!document.querySelector('.dlc-detail-tab .dlc-detail');
             }""", arg=job_id, timeout=60000, polling=200)
+            if args.cpu_profile:
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Profiler.enable")
+                cdp.send("Profiler.setSamplingInterval", {"interval": 500})
+                cdp.send("Profiler.start")
             done = threading.Event()
 
             def poll_store():
@@ -230,6 +239,8 @@ def main() -> int:
             client.wait(job_id, timeout=args.steps / args.rate * 4 + 120)
             time.sleep(3)
             done.set()
+            if args.cpu_profile:
+                Path(args.cpu_profile).write_text(json.dumps(cdp.send("Profiler.stop")["profile"]))
             run_cell(page, 2)
             wait_until(lambda: trace_file.exists() and trace_file.stat().st_size > 0, 60,
                        "the kernel's push trace")

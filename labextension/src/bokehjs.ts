@@ -16,9 +16,10 @@
  * the note, and the view's text parts, which need no BokehJS.
  *
  * Either way, once BokehJS is there the job view's charts stop echoing back to the kernel
- * (chartechoes.ts says why).
+ * (chartechoes.ts says why) and stop asking the page's CSS for their styles (chartstyles.ts).
  */
 import { BokehRequire, muteChartEchoes } from './chartechoes';
+import { skipChartCssLookups } from './chartstyles';
 
 /** The bundles loaded, in order: core first, then plugins other BokehModels may use.
  * bokeh-mathjax (1.8 MB) is left out: no job-view chart renders LaTeX. */
@@ -49,6 +50,12 @@ function markLoaded(): void {
     } catch (error) {
       // an unexpected BokehJS: the charts still work, each draw is just echoed back
       console.warn('jupyter-dlc: could not mute the job charts\' echoes', error);
+    }
+    try {
+      skipChartCssLookups(bokeh as BokehRequire);
+    } catch (error) {
+      // an unexpected BokehJS: the charts still draw, asking the page's CSS as they go
+      console.warn('jupyter-dlc: could not spare the job charts\' CSS lookups', error);
     }
   }
   document.body.classList.add(LOADED_CLASS);

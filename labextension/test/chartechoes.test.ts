@@ -2,41 +2,13 @@
  * muteChartEchoes on the real BokehJS of the installed bokeh package (the one our server
  * extension serves), run in jsdom: documents and their change events need no canvas.
  */
-import { execFileSync } from 'child_process';
-import { readFileSync } from 'fs';
-import * as path from 'path';
-import { MessageChannel } from 'worker_threads';
-
 import { CHARTS_ROOT, muteChartEchoes } from '../src/chartechoes';
+import { loadRealBokehJS } from './realbokeh';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
-type Bokeh = { require(name: string): any; Models: any };
 
-const channels: MessageChannel[] = [];
-
-function loadRealBokehJS(): Bokeh {
-  const python = process.env.PYTHON || 'python3';
-  const dir = execFileSync(python, ['-c', 'import bokeh.util.paths as p; print(p.bokehjs_path())'])
-    .toString()
-    .trim();
-  const code = readFileSync(path.join(dir, 'js', 'bokeh.min.js'), 'utf8');
-  // BokehJS schedules with MessageChannel, which jsdom lacks (Node's serves), and probes a
-  // 2D canvas context as it loads, which jsdom has not: one that draws nothing serves, as
-  // nothing is drawn here
-  (window as any).MessageChannel = class extends MessageChannel {
-    constructor() {
-      super();
-      channels.push(this); // closed after the tests, or they keep jest running
-    }
-  };
-  const noop: any = new Proxy(() => noop, { get: (_t, key) => (key === 'then' ? undefined : noop) });
-  HTMLCanvasElement.prototype.getContext = (() => noop) as any;
-  (window as any).eval(code);
-  return (window as any).Bokeh as Bokeh;
-}
-
-const Bokeh = loadRealBokehJS();
-afterAll(() => channels.forEach(c => (c.port1.close(), c.port2.close())));
+const { Bokeh, close } = loadRealBokehJS();
+afterAll(close);
 const { Document } = Bokeh.require('document');
 const { ColumnsStreamedEvent, ModelChangedEvent, RootAddedEvent, TitleChangedEvent } =
   Bokeh.require('document/events');

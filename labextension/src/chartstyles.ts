@@ -1,0 +1,65 @@
+/**
+ * The notebook job view's charts take their line, fill and text styles from their models
+ * only; this keeps BokehJS from asking the page's CSS for them at every draw.
+ *
+ * BokehJS 3 lets a page style a glyph with CSS variables (`--bk-line-color` and the like):
+ * every read of a visual property (`VisualProperties._get_css_value`, core/visuals/visual)
+ * calls `getComputedStyle(el).getPropertyValue(...)` first, for each line, axis, label and
+ * legend item at each draw and each layout. In a JupyterLab page whose DOM changes many times
+ * a second (the panel, the notebook's outputs), each such read after a change makes the
+ * browser recompute styles then and there: in a profile of `benchmarks/live_view.py`
+ * (`--cpu-profile`), 2.8 s of the page's 32 s went to `getPropertyValue`, most under the
+ * axes' label extents and the plots' paint. Nothing styles our charts with CSS variables
+ * (jupyter_dlc/widgets/charts.py sets every visual on the model), so for the visuals of a
+ * document whose root is our charts ("dlc-charts") the answer is known: none.
+ *
+ * `skipChartCssLookups(Bokeh)` wraps `_get_css_value` once per page so that it answers ""
+ * ("not set by CSS": BokehJS then uses the model's value, as it does for a variable no
+ * stylesheet sets) for those visuals, and asks the page as before for every other plot.
+ */
+import { BokehRequire, CHARTS_ROOT } from './chartechoes';
+
+interface BokehModel {
+  document: { get_model_by_name(name: string): unknown } | null;
+}
+
+interface VisualPropertiesPrototype {
+  _get_css_value(this: { obj: { model: BokehModel } }, name: string): string;
+}
+
+const SKIPPED = Symbol.for('jupyter-dlc.chart-css-lookups-skipped');
+
+/** True for a model of a job view's charts document (looked up once per model). */
+function ofJobCharts(model: BokehModel, known: WeakMap<BokehModel, boolean>): boolean {
+  let ours = known.get(model);
+  if (ours === undefined) {
+    const doc = model.document;
+    if (doc == null) {
+      return false; // not attached yet: ask again once it is
+    }
+    ours = doc.get_model_by_name(CHARTS_ROOT) != null;
+    known.set(model, ours);
+  }
+  return ours;
+}
+
+/** Install the wrapper on this BokehJS (once; true when this call installed it). */
+export function skipChartCssLookups(bokeh: BokehRequire): boolean {
+  const { VisualProperties } = bokeh.require('core/visuals/visual') as {
+    VisualProperties: { prototype: VisualPropertiesPrototype };
+  };
+  const proto = VisualProperties.prototype as VisualPropertiesPrototype & { [SKIPPED]?: boolean };
+  if (typeof proto._get_css_value !== 'function') {
+    throw new Error('BokehJS: VisualProperties._get_css_value is gone (core/visuals/visual)');
+  }
+  if (proto[SKIPPED]) {
+    return false;
+  }
+  const known = new WeakMap<BokehModel, boolean>();
+  const getCssValue = proto._get_css_value;
+  proto._get_css_value = function (name: string): string {
+    return ofJobCharts(this.obj.model, known) ? '' : getCssValue.call(this, name);
+  };
+  proto[SKIPPED] = true;
+  return true;
+}

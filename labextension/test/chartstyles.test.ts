@@ -1,0 +1,61 @@
+/**
+ * skipChartCssLookups on the real BokehJS of the installed bokeh package, in jsdom: a
+ * visual of a job view's charts answers without asking the page's CSS; any other plot's
+ * visual asks as before. Fails loudly when BokehJS moves `_get_css_value`.
+ */
+import { CHARTS_ROOT } from '../src/chartechoes';
+import { skipChartCssLookups } from '../src/chartstyles';
+import { loadRealBokehJS } from './realbokeh';
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+const { Bokeh, close } = loadRealBokehJS();
+afterAll(close);
+const { Document } = Bokeh.require('document');
+const { VisualProperties } = Bokeh.require('core/visuals/visual');
+
+/** A line glyph in a document whose root layout is named `rootName`, and a visual of it as
+ * BokehJS makes one (`obj` its view: the model and the element styles are read from). */
+function lineVisual(rootName: string): { visual: any; el: HTMLElement } {
+  const doc = new Document();
+  const glyph = new Bokeh.Models.Line({ x: { field: 'x' }, y: { field: 'y' }, line_color: 'red' });
+  const renderer = new Bokeh.Models.GlyphRenderer({ glyph, data_source: new Bokeh.Models.ColumnDataSource() });
+  doc.add_root(new Bokeh.Models.Row({ name: rootName, children: [] }));
+  doc.add_root(renderer);
+  const el = document.createElement('div');
+  el.style.setProperty('--bk-line-color', 'blue');
+  document.body.appendChild(el);
+  const visual = Object.create(VisualProperties.prototype);
+  Object.assign(visual, { obj: { model: glyph, el }, prefix: '', css_prefix: '--bk-line-' });
+  return { visual, el };
+}
+
+test('installs once per page, on the BokehJS it was written for', () => {
+  expect(typeof VisualProperties.prototype._get_css_value).toBe('function');
+  expect(skipChartCssLookups(Bokeh)).toBe(true);
+  expect(skipChartCssLookups(Bokeh)).toBe(false);
+});
+
+test("a job chart's visual answers 'not set by CSS' without asking the page", () => {
+  skipChartCssLookups(Bokeh);
+  const { visual } = lineVisual(CHARTS_ROOT);
+  const asked = jest.spyOn(window, 'getComputedStyle');
+  try {
+    expect(visual._get_css_value('color')).toBe('');
+    expect(visual._get_css_value('width')).toBe('');
+    expect(asked).not.toHaveBeenCalled();
+  } finally {
+    asked.mockRestore();
+  }
+});
+
+test("another plot's visual still takes its CSS variables from the page", () => {
+  skipChartCssLookups(Bokeh);
+  const { visual, el } = lineVisual('someone-elses-layout');
+  const asked = jest.spyOn(window, 'getComputedStyle');
+  try {
+    visual._get_css_value('color');
+    expect(asked).toHaveBeenCalledWith(el);
+  } finally {
+    asked.mockRestore();
+  }
+});

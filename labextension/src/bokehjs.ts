@@ -16,10 +16,11 @@
  * the note, and the view's text parts, which need no BokehJS.
  *
  * Either way, once BokehJS is there the job view's charts stop echoing back to the kernel
- * (chartechoes.ts says why) and stop asking the page's CSS for their styles (chartstyles.ts).
+ * (chartechoes.ts says why) and stop asking the page's CSS for their styles, and BokehJS stops rewriting a stylesheet
+ * with the text it holds (chartstyles.ts).
  */
 import { BokehRequire, muteChartEchoes } from './chartechoes';
-import { skipChartCssLookups } from './chartstyles';
+import { keepUnchangedStyleSheets, skipChartCssLookups } from './chartstyles';
 
 /** The bundles loaded, in order: core first, then plugins other BokehModels may use.
  * bokeh-mathjax (1.8 MB) is left out: no job-view chart renders LaTeX. */
@@ -53,6 +54,7 @@ function markLoaded(): void {
     }
     try {
       skipChartCssLookups(bokeh as BokehRequire);
+      keepUnchangedStyleSheets(bokeh as BokehRequire);
     } catch (error) {
       // an unexpected BokehJS: the charts still draw, asking the page's CSS as they go
       console.warn('jupyter-dlc: could not spare the job charts\' CSS lookups', error);

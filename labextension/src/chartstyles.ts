@@ -1,6 +1,9 @@
 /**
- * The notebook job view's charts take their line, fill and text styles from their models
- * only; this keeps BokehJS from asking the page's CSS for them at every draw.
+ * BokehJS's draws, made to leave the page's styles alone where they can: what a job view's
+ * charts cost the page's one thread at each draw (benchmarks/live_view.py).
+ *
+ * Our charts take their line, fill and text styles from their models only; this keeps
+ * BokehJS from asking the page's CSS for them at every draw.
  *
  * BokehJS 3 lets a page style a glyph with CSS variables (`--bk-line-color` and the like):
  * every read of a visual property (`VisualProperties._get_css_value`, core/visuals/visual)
@@ -16,6 +19,12 @@
  * `skipChartCssLookups(Bokeh)` wraps `_get_css_value` once per page so that it answers ""
  * ("not set by CSS": BokehJS then uses the model's value, as it does for a variable no
  * stylesheet sets) for those visuals, and asks the page as before for every other plot.
+ *
+ * `keepUnchangedStyleSheets(Bokeh)` makes a BokehJS inline stylesheet (core/dom's
+ * `InlineStyleSheet`) that is given the text it already holds leave its `<style>` element
+ * alone. BokehJS rewrites some at every draw (a legend places itself with one, then reads its
+ * box): each write, even of the same text, makes the browser parse the sheet and recompute
+ * the styles of the plot before that read. Same text, same styles: for every plot.
  */
 import { BokehRequire, CHARTS_ROOT } from './chartechoes';
 
@@ -61,5 +70,34 @@ export function skipChartCssLookups(bokeh: BokehRequire): boolean {
     return ofJobCharts(this.obj.model, known) ? '' : getCssValue.call(this, name);
   };
   proto[SKIPPED] = true;
+  return true;
+}
+
+interface InlineStyleSheetPrototype {
+  el: HTMLStyleElement;
+  _update(this: InlineStyleSheetPrototype, css: string): void;
+}
+
+const KEPT = Symbol.for('jupyter-dlc.unchanged-stylesheets-kept');
+
+/** Install the check on this BokehJS (once; true when this call installed it). */
+export function keepUnchangedStyleSheets(bokeh: BokehRequire): boolean {
+  const { InlineStyleSheet } = bokeh.require('core/dom') as {
+    InlineStyleSheet: { prototype: InlineStyleSheetPrototype };
+  };
+  const proto = InlineStyleSheet.prototype as InlineStyleSheetPrototype & { [KEPT]?: boolean };
+  if (typeof proto._update !== 'function') {
+    throw new Error('BokehJS: InlineStyleSheet._update is gone (core/dom)');
+  }
+  if (proto[KEPT]) {
+    return false;
+  }
+  const update = proto._update;
+  proto._update = function (css: string): void {
+    if (this.el.textContent !== css) {
+      update.call(this, css);
+    }
+  };
+  proto[KEPT] = true;
   return true;
 }

@@ -4,7 +4,7 @@
  * visual asks as before. Fails loudly when BokehJS moves `_get_css_value`.
  */
 import { CHARTS_ROOT } from '../src/chartechoes';
-import { skipChartCssLookups } from '../src/chartstyles';
+import { keepUnchangedStyleSheets, skipChartCssLookups } from '../src/chartstyles';
 import { loadRealBokehJS } from './realbokeh';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
@@ -58,4 +58,17 @@ test("another plot's visual still takes its CSS variables from the page", () => 
   } finally {
     asked.mockRestore();
   }
+});
+
+test('an inline stylesheet given the text it holds leaves its <style> element alone', () => {
+  expect(keepUnchangedStyleSheets(Bokeh)).toBe(true);
+  expect(keepUnchangedStyleSheets(Bokeh)).toBe(false);
+  const { InlineStyleSheet } = Bokeh.require('core/dom');
+  const sheet = new InlineStyleSheet(':host { left: 4px; }');
+  const text = sheet.el.firstChild;
+  sheet.replace(':host { left: 4px; }');
+  expect(sheet.el.firstChild).toBe(text); // not written: the browser has nothing to parse
+  sheet.replace(':host { left: 9px; }');
+  expect(sheet.el.textContent).toBe(':host { left: 9px; }');
+  expect(sheet.el.firstChild).not.toBe(text);
 });

@@ -104,8 +104,25 @@ def running_lab(prefix: str, base_url: str, token: str, *, timeout: float = 90,
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            # Jobs outlive their launcher by design: a test that failed mid-job leaves its job
+            # running, and its ranks load whatever runs next. Stop them first.
+            subprocess.run([sys.executable, "-c", STOP_ACTIVE_JOBS], env=env,
+                           capture_output=True, timeout=60, check=False)
             subprocess.run([sys.executable, "-m", "jupyter_dlc.cli", "launcher", "stop"], env=env,
                            capture_output=True, timeout=30, check=False)
+
+
+STOP_ACTIVE_JOBS = """
+from jupyter_dlc.client import LauncherClient
+from jupyter_dlc.states import ACTIVE_STATES
+client = LauncherClient.from_connection_file()
+if client is not None:
+    active = [job["id"] for job in client.jobs() if job["state"] in ACTIVE_STATES]
+    for job_id in active:
+        client.stop(job_id, grace=2)
+    for job_id in active:  # STOPPED: its processes, and its next attempt's standbys, are gone
+        client.wait(job_id, timeout=30)
+"""
 
 
 def run_cell(page, index: int) -> None:

@@ -105,6 +105,22 @@ def _state(page) -> tuple[str | None, str | None]:
     }"""))
 
 
+# The loss chart's legend view (BokehJS's, found through its view index): `mark` keeps its
+# items' entries, else whether the same view still shows the same entries (BokehJS 3 builds
+# them again at each point streamed to a line; labextension/src/chartstyles.ts keeps them).
+LEGEND_JS = """(mark) => {
+  const B = window.Bokeh;
+  const ours = v => v.model && v.model.type === 'Legend' && v.model.items.some(
+    i => i.renderers.some(r => r.data_source && r.data_source.name === 'dlc-train-0'));
+  const view = [...B.index.query(ours)].pop();
+  if (!view) return null;
+  if (mark) { window.__dlcLegend = {view, entries: view.entries}; return true; }
+  const kept = window.__dlcLegend;
+  return {sameView: kept.view === view, sameEntries: kept.entries === view.entries,
+          items: view.entries.length};
+}"""
+
+
 def _walk(page, lab) -> None:
     page.goto(f"{lab['url']}lab/tree/quickstart.ipynb?reset&token={TOKEN}")
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90000)
@@ -133,9 +149,15 @@ def _walk(page, lab) -> None:
     # the loss chart gains points while the job trains
     first = wait_until(lambda: (page.evaluate(CHART_STEPS_JS) or [None])[-1] or None, 120,
                        "first loss points drawn")
-    later = wait_until(lambda: ((page.evaluate(CHART_STEPS_JS) or [0])[-1] or 0) > first + 30, 60,
-                       "the loss chart to grow")
+    later = wait_until(lambda: ((page.evaluate(CHART_STEPS_JS) or [0])[-1] or 0) > first + 30 and
+                       page.evaluate(CHART_STEPS_JS)[-1], 60, "the loss chart to grow")
     assert _state(page)[0] == "RUNNING"
+    # the legend is built once, not at every point
+    assert page.evaluate(LEGEND_JS, True)
+    wait_until(lambda: ((page.evaluate(CHART_STEPS_JS) or [0])[-1] or 0) > later + 10, 60,
+               "the loss chart to grow again")
+    legend = page.evaluate(LEGEND_JS, False)
+    assert legend == {"sameView": True, "sameEntries": True, "items": legend["items"]} and legend["items"], legend
     # the goodput bar under the header (launcher/goodput.py): productive steps drawn, with the %
     page.wait_for_selector('.dlc-job-view .dlc-goodput-bar .dlc-goodput-part[data-part="productive"]',
                            state="visible", timeout=30000)

@@ -16,11 +16,12 @@
  * the note, and the view's text parts, which need no BokehJS.
  *
  * Either way, once BokehJS is there the job view's charts stop echoing back to the kernel
- * (chartechoes.ts says why) and stop asking the page's CSS for their styles, and BokehJS stops rewriting a stylesheet
- * with the text it holds (chartstyles.ts).
+ * (chartechoes.ts says why); they stop asking the page's CSS for their styles, their legends
+ * stop being rebuilt at every point, and BokehJS stops rewriting a stylesheet with the text
+ * it holds (chartstyles.ts).
  */
 import { BokehRequire, muteChartEchoes } from './chartechoes';
-import { keepUnchangedStyleSheets, skipChartCssLookups } from './chartstyles';
+import { keepJobChartLegends, keepUnchangedStyleSheets, skipChartCssLookups } from './chartstyles';
 
 /** The bundles loaded, in order: core first, then plugins other BokehModels may use.
  * bokeh-mathjax (1.8 MB) is left out: no job-view chart renders LaTeX. */
@@ -46,18 +47,20 @@ function bokehDefined(): boolean {
 function markLoaded(): void {
   const bokeh = (window as Window & { Bokeh?: Partial<BokehRequire> }).Bokeh;
   if (bokeh && typeof bokeh.require === 'function') {
-    try {
-      muteChartEchoes(bokeh as BokehRequire);
-    } catch (error) {
-      // an unexpected BokehJS: the charts still work, each draw is just echoed back
-      console.warn('jupyter-dlc: could not mute the job charts\' echoes', error);
-    }
-    try {
-      skipChartCssLookups(bokeh as BokehRequire);
-      keepUnchangedStyleSheets(bokeh as BokehRequire);
-    } catch (error) {
-      // an unexpected BokehJS: the charts still draw, asking the page's CSS as they go
-      console.warn('jupyter-dlc: could not spare the job charts\' CSS lookups', error);
+    // Each shim on its own: on an unexpected BokehJS the charts still work, only as BokehJS
+    // has them (each draw echoed back, or drawn at the cost chartstyles.ts describes).
+    const shims: [string, (b: BokehRequire) => boolean][] = [
+      ["mute the job charts' echoes", muteChartEchoes],
+      ["spare the job charts' CSS lookups", skipChartCssLookups],
+      ['keep unchanged stylesheets', keepUnchangedStyleSheets],
+      ["keep the job charts' legends", keepJobChartLegends]
+    ];
+    for (const [what, install] of shims) {
+      try {
+        install(bokeh as BokehRequire);
+      } catch (error) {
+        console.warn(`jupyter-dlc: could not ${what}`, error);
+      }
     }
   }
   document.body.classList.add(LOADED_CLASS);

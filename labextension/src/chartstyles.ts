@@ -25,6 +25,14 @@
  * alone. BokehJS rewrites some at every draw (a legend places itself with one, then reads its
  * box): each write, even of the same text, makes the browser parse the sheet and recompute
  * the styles of the plot before that read. Same text, same styles: for every plot.
+ *
+ * `keepJobChartLegends(Bokeh)`: BokehJS 3's legend builds its items again (new elements, a
+ * new canvas each) on any change of anything its items reach, the renderers' data sources
+ * included: at every point streamed to a line (`LegendView`'s transitive change of `items`,
+ * models/annotations/legend; 415 rebuilds in a five-second run of the benchmark), and each
+ * rebuild left the page's styles to recompute. For our charts' legends it rebuilds only when
+ * what a legend shows changed (`legendKey`: its items' labels and visibility, their
+ * renderers and those renderers' visibility and glyph styles); a new point changes none.
  */
 import { BokehRequire, CHARTS_ROOT } from './chartechoes';
 
@@ -99,5 +107,86 @@ export function keepUnchangedStyleSheets(bokeh: BokehRequire): boolean {
     }
   };
   proto[KEPT] = true;
+  return true;
+}
+
+interface LegendItemModel {
+  label: unknown;
+  visible: boolean;
+  index: number | null;
+  renderers: { id: string; visible: boolean; muted: boolean; glyph: Record<string, unknown> }[];
+}
+
+/** The glyph properties a legend entry is drawn with. */
+const ENTRY_STYLE = ['line_color', 'line_alpha', 'line_width', 'line_dash', 'fill_color', 'fill_alpha'];
+
+/**
+ * What a legend with these items shows, as a string; null when that depends on the data
+ * (a label from a column, an item of one index), where the legend must follow every change.
+ */
+export function legendKey(items: LegendItemModel[]): string | null {
+  const parts: unknown[] = [];
+  for (const item of items) {
+    const label = item.label as { value?: unknown } | null;
+    if ((label != null && !('value' in label)) || item.index != null) {
+      return null;
+    }
+    parts.push([
+      label?.value ?? null,
+      item.visible,
+      item.renderers.map(r => [r.id, r.visible, r.muted, ENTRY_STYLE.map(name => r.glyph[name] ?? null)])
+    ]);
+  }
+  return JSON.stringify(parts);
+}
+
+interface LegendViewPrototype {
+  model: BokehModel & { items: LegendItemModel[]; properties: { items: unknown } };
+  _render_items(this: LegendViewPrototype): void;
+  on_transitive_change(this: LegendViewPrototype, property: unknown, callback: () => void, options?: unknown): void;
+}
+
+const LEGENDS_KEPT = Symbol.for('jupyter-dlc.job-chart-legends-kept');
+
+/** Install the filter on this BokehJS (once; true when this call installed it). */
+export function keepJobChartLegends(bokeh: BokehRequire): boolean {
+  const { LegendView } = bokeh.require('models/annotations/legend') as {
+    LegendView: { prototype: LegendViewPrototype };
+  };
+  const proto = LegendView.prototype as LegendViewPrototype & { [LEGENDS_KEPT]?: boolean };
+  if (typeof proto._render_items !== 'function' || typeof proto.on_transitive_change !== 'function') {
+    throw new Error('BokehJS: LegendView._render_items or on_transitive_change is gone (models/annotations/legend)');
+  }
+  if (proto[LEGENDS_KEPT]) {
+    return false;
+  }
+  const known = new WeakMap<BokehModel, boolean>();
+  const shown = new WeakMap<LegendViewPrototype, string | null>(); // legendKey when last built
+  const renderItems = proto._render_items;
+  proto._render_items = function (): void {
+    renderItems.call(this);
+    if (ofJobCharts(this.model, known)) {
+      shown.set(this, legendKey(this.model.items));
+    }
+  };
+  const onTransitiveChange = proto.on_transitive_change;
+  proto.on_transitive_change = function (property, callback, options): void {
+    if (property !== this.model.properties.items) {
+      onTransitiveChange.call(this, property, callback, options);
+      return;
+    }
+    onTransitiveChange.call(
+      this,
+      property,
+      () => {
+        const before = shown.get(this);
+        if (before == null || before !== legendKey(this.model.items)) {
+          callback();
+        }
+      },
+      options
+    );
+  };
+  proto[LEGENDS_KEPT] = true;
   return true;
 }

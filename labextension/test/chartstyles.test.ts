@@ -4,7 +4,7 @@
  * visual asks as before. Fails loudly when BokehJS moves `_get_css_value`.
  */
 import { CHARTS_ROOT } from '../src/chartechoes';
-import { keepUnchangedStyleSheets, skipChartCssLookups } from '../src/chartstyles';
+import { keepJobChartLegends, keepUnchangedStyleSheets, legendKey, skipChartCssLookups } from '../src/chartstyles';
 import { loadRealBokehJS } from './realbokeh';
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
@@ -71,4 +71,33 @@ test('an inline stylesheet given the text it holds leaves its <style> element al
   sheet.replace(':host { left: 9px; }');
   expect(sheet.el.textContent).toBe(':host { left: 9px; }');
   expect(sheet.el.firstChild).not.toBe(text);
+});
+
+test("a legend's key follows what it shows, not its lines' data", () => {
+  expect(keepJobChartLegends(Bokeh)).toBe(true);
+  expect(keepJobChartLegends(Bokeh)).toBe(false);
+  const M = Bokeh.Models;
+  const source = new M.ColumnDataSource({ data: { x: [1], y: [0.5] } });
+  const glyph = new M.Line({ x: { field: 'x' }, y: { field: 'y' }, line_color: 'red' });
+  const renderer = new M.GlyphRenderer({ data_source: source, glyph });
+  const item = new M.LegendItem({ label: { value: 'rank 0' }, renderers: [renderer] });
+  const key = legendKey([item]);
+  expect(key).not.toBeNull();
+  source.stream({ x: [2], y: [0.4] }, 100); // a new point: the legend shows the same
+  expect(legendKey([item])).toBe(key);
+  const changes: [string, () => void][] = [
+    ['label', () => (item.label = { value: 'rank 0 (outlier)' })],
+    ['renderer hidden', () => (renderer.visible = false)],
+    ['colour', () => (glyph.line_color = 'blue')],
+    ['item hidden', () => (item.visible = false)]
+  ];
+  let last = key;
+  for (const [what, change] of changes) {
+    change();
+    const now = legendKey([item]);
+    expect([what, now]).not.toEqual([what, last]);
+    last = now;
+  }
+  // a label read from a column follows the data: never kept
+  expect(legendKey([new M.LegendItem({ label: { field: 'x' }, renderers: [renderer] })])).toBeNull();
 });

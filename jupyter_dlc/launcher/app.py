@@ -25,6 +25,7 @@ from ..states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
 from .. import bodies
 from . import evidence, goodput, node_logs
 from .alerts import rules_for
+from .committed import Committed
 from .ingest_worker import IngestWorker
 from .pacing import ReportPacer
 from .retention import RetentionPolicy
@@ -87,6 +88,7 @@ class Launcher:
         # (ingest_worker.py): the loop here only checks the token and answers.
         self.ingest = IngestWorker(store.path, data_dir, retention or RetentionPolicy())
         self.pacer = pacer or ReportPacer()
+        self.committed = Committed()  # wakes a job's metrics streams at each report's commit
         self.actions = ThreadPoolExecutor(max_workers=ACTION_WORKERS, thread_name_prefix="dlc-actions")
         self._stops: dict[str, Future] = {}  # job -> its stop in flight (touched on the loop only)
         self._worlds: dict[str, int] = {}
@@ -461,6 +463,7 @@ class ReportHandler(ProvingHandler):
             self.reply({"ok": True, "commands": [], "rank_commands": {}, "stale": True})
             return
         self.store.version += 1  # committed by the worker: the views' streams look again
+        self.launcher.committed.notify(row["id"])
         if sent.get("ended"):
             # A rank ended or failed: the verdict (and a restart) need not wait for a tick.
             self.launcher.supervisor.wake.set()
@@ -697,7 +700,12 @@ class MetricsStreamHandler(BaseHandler):
     summary changed. The views follow this instead of polling `metrics?since=`; a view that
     loses it falls back to polling from its last seq, so no point is lost either way."""
 
-    CHECK_S = 0.02      # how often the store's write counter is looked at (no SQL when unchanged)
+    # How often the store's write counter is looked at (no SQL when unchanged) for writes
+    # other than reports' (a report's commit wakes the stream at once: committed.py), and the
+    # least time between two reads of one stream (a busy job's reports commit many times a
+    # second; a read takes what came in between).
+    CHECK_S = 0.02
+    MIN_GAP_S = 0.005
     PING_S = 5.0        # a comment line this often, so a client (and we) notice a dead peer
 
     def on_connection_close(self) -> None:
@@ -738,7 +746,9 @@ class MetricsStreamHandler(BaseHandler):
                     self.write(": ping\n\n")
                     last_ping = time.time()
                     await self.flush()
-                await asyncio.sleep(self.CHECK_S)
+                await asyncio.sleep(self.MIN_GAP_S)
+                if self.store.version == seen_version:
+                    await self.launcher.committed.wait(job_id, self.CHECK_S)
         except tornado.iostream.StreamClosedError:
             return
 

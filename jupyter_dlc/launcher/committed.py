@@ -30,7 +30,8 @@ class Committed:
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(job_id, set()).add(waiter)
         try:
-            with contextlib.suppress(TimeoutError):
+            # asyncio's own: not the builtin TimeoutError before Python 3.11
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(waiter, timeout)
         finally:
             waiters = self._waiting.get(job_id)

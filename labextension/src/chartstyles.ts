@@ -40,6 +40,25 @@ interface BokehModel {
   document: { get_model_by_name(name: string): unknown } | null;
 }
 
+/**
+ * Wrap members of a BokehJS prototype once per page: `wrap` runs unless `mark` is already
+ * set; a member that is not there (a BokehJS that moved it) throws, naming it and `where`.
+ * True when this call wrapped them.
+ */
+function wrapOnce(proto: object, mark: symbol, members: string[], where: string, wrap: () => void): boolean {
+  const marked = proto as Record<string | symbol, unknown>;
+  const gone = members.filter(name => typeof marked[name] !== 'function');
+  if (gone.length) {
+    throw new Error(`BokehJS: ${gone.join(', ')} is gone (${where})`);
+  }
+  if (marked[mark]) {
+    return false;
+  }
+  wrap();
+  marked[mark] = true;
+  return true;
+}
+
 interface VisualPropertiesPrototype {
   _get_css_value(this: { obj: { model: BokehModel } }, name: string): string;
 }
@@ -65,20 +84,14 @@ export function skipChartCssLookups(bokeh: BokehRequire): boolean {
   const { VisualProperties } = bokeh.require('core/visuals/visual') as {
     VisualProperties: { prototype: VisualPropertiesPrototype };
   };
-  const proto = VisualProperties.prototype as VisualPropertiesPrototype & { [SKIPPED]?: boolean };
-  if (typeof proto._get_css_value !== 'function') {
-    throw new Error('BokehJS: VisualProperties._get_css_value is gone (core/visuals/visual)');
-  }
-  if (proto[SKIPPED]) {
-    return false;
-  }
-  const known = new WeakMap<BokehModel, boolean>();
-  const getCssValue = proto._get_css_value;
-  proto._get_css_value = function (name: string): string {
-    return ofJobCharts(this.obj.model, known) ? '' : getCssValue.call(this, name);
-  };
-  proto[SKIPPED] = true;
-  return true;
+  const proto = VisualProperties.prototype;
+  return wrapOnce(proto, SKIPPED, ['_get_css_value'], 'core/visuals/visual VisualProperties', () => {
+    const known = new WeakMap<BokehModel, boolean>();
+    const getCssValue = proto._get_css_value;
+    proto._get_css_value = function (name: string): string {
+      return ofJobCharts(this.obj.model, known) ? '' : getCssValue.call(this, name);
+    };
+  });
 }
 
 interface InlineStyleSheetPrototype {
@@ -93,21 +106,15 @@ export function keepUnchangedStyleSheets(bokeh: BokehRequire): boolean {
   const { InlineStyleSheet } = bokeh.require('core/dom') as {
     InlineStyleSheet: { prototype: InlineStyleSheetPrototype };
   };
-  const proto = InlineStyleSheet.prototype as InlineStyleSheetPrototype & { [KEPT]?: boolean };
-  if (typeof proto._update !== 'function') {
-    throw new Error('BokehJS: InlineStyleSheet._update is gone (core/dom)');
-  }
-  if (proto[KEPT]) {
-    return false;
-  }
-  const update = proto._update;
-  proto._update = function (css: string): void {
-    if (this.el.textContent !== css) {
-      update.call(this, css);
-    }
-  };
-  proto[KEPT] = true;
-  return true;
+  const proto = InlineStyleSheet.prototype;
+  return wrapOnce(proto, KEPT, ['_update'], 'core/dom InlineStyleSheet', () => {
+    const update = proto._update;
+    proto._update = function (css: string): void {
+      if (this.el.textContent !== css) {
+        update.call(this, css);
+      }
+    };
+  });
 }
 
 interface LegendItemModel {
@@ -153,40 +160,31 @@ export function keepJobChartLegends(bokeh: BokehRequire): boolean {
   const { LegendView } = bokeh.require('models/annotations/legend') as {
     LegendView: { prototype: LegendViewPrototype };
   };
-  const proto = LegendView.prototype as LegendViewPrototype & { [LEGENDS_KEPT]?: boolean };
-  if (typeof proto._render_items !== 'function' || typeof proto.on_transitive_change !== 'function') {
-    throw new Error('BokehJS: LegendView._render_items or on_transitive_change is gone (models/annotations/legend)');
-  }
-  if (proto[LEGENDS_KEPT]) {
-    return false;
-  }
-  const known = new WeakMap<BokehModel, boolean>();
-  const shown = new WeakMap<LegendViewPrototype, string | null>(); // legendKey when last built
-  const renderItems = proto._render_items;
-  proto._render_items = function (): void {
-    renderItems.call(this);
-    if (ofJobCharts(this.model, known)) {
-      shown.set(this, legendKey(this.model.items));
-    }
-  };
-  const onTransitiveChange = proto.on_transitive_change;
-  proto.on_transitive_change = function (property, callback, options): void {
-    if (property !== this.model.properties.items) {
-      onTransitiveChange.call(this, property, callback, options);
-      return;
-    }
-    onTransitiveChange.call(
-      this,
-      property,
-      () => {
+  const proto = LegendView.prototype;
+  const where = 'models/annotations/legend LegendView';
+  return wrapOnce(proto, LEGENDS_KEPT, ['_render_items', 'on_transitive_change'], where, () => {
+    const known = new WeakMap<BokehModel, boolean>();
+    const shown = new WeakMap<LegendViewPrototype, string | null>(); // legendKey when last built
+    const renderItems = proto._render_items;
+    proto._render_items = function (): void {
+      renderItems.call(this);
+      if (ofJobCharts(this.model, known)) {
+        shown.set(this, legendKey(this.model.items));
+      }
+    };
+    const onTransitiveChange = proto.on_transitive_change;
+    proto.on_transitive_change = function (property, callback, options): void {
+      if (property !== this.model.properties.items) {
+        onTransitiveChange.call(this, property, callback, options);
+        return;
+      }
+      const unlessUnchanged = () => {
         const before = shown.get(this);
         if (before == null || before !== legendKey(this.model.items)) {
           callback();
         }
-      },
-      options
-    );
-  };
-  proto[LEGENDS_KEPT] = true;
-  return true;
+      };
+      onTransitiveChange.call(this, property, unlessUnchanged, options);
+    };
+  });
 }

@@ -101,3 +101,10 @@ test("a legend's key follows what it shows, not its lines' data", () => {
   // a label read from a column follows the data: never kept
   expect(legendKey([new M.LegendItem({ label: { field: 'x' }, renderers: [renderer] })])).toBeNull();
 });
+
+test('a BokehJS that moved a wrapped member is refused by name, and nothing is wrapped', () => {
+  const moved = { require: () => ({ LegendView: { prototype: { _render_items() {} } } }) };
+  expect(() => keepJobChartLegends(moved)).toThrow(/on_transitive_change is gone \(models\/annotations\/legend/);
+  const stale = { require: () => ({ InlineStyleSheet: { prototype: {} } }) };
+  expect(() => keepUnchangedStyleSheets(stale)).toThrow(/_update is gone \(core\/dom/);
+});

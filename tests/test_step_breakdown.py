@@ -24,7 +24,7 @@ import pytest
 from conftest import wait_for
 from test_ingest import all_points
 
-SYNC_STEPS, DATA_STEPS, OWN_STEPS, SAVE_STEPS = 24, 20, 3, 2
+SYNC_STEPS, DATA_STEPS, OWN_STEPS, SAVE_STEPS = 40, 20, 3, 2
 FIRST_DATA0 = SYNC_STEPS + 1
 FIRST_DATA1 = FIRST_DATA0 + DATA_STEPS
 FIRST_OWN = FIRST_DATA1 + DATA_STEPS

@@ -14,12 +14,12 @@ metric):
   has computed every gradient (and DDP launches the last bucket) to the completion of the
   last bucket's reduction. That is the exposed communication, the time backward waits in
   DDP's finalisation, including the wait for a slower peer; reductions that overlap
-  backward's compute are not counted twice. On CPU these are DDP's own reducer timers, made
-  to sample every iteration and read at each boundary (no hook: on a 10 ms step a Python
-  comm hook cost 4-9%, the timers' read about 140 us; benchmarks/telemetry.py). On CUDA a
-  timing comm hook records two CUDA events, read at a later boundary once the device
-  passed them (`query()`, never a synchronise; DDP's own CUDA timers synchronise an event
-  at each read);
+  backward's compute are not counted twice. On CPU no hook: a post-accumulate-grad hook on
+  the module's first parameter starts the clock and two autograd final callbacks read it
+  after DDP's finalisation (`torch_private.time_cpu_ddp_sync`; on a 10 ms step a Python comm
+  hook cost 4-9%, DDP's own timers 70 us a read). On CUDA a timing comm hook records two CUDA
+  events, read at a later boundary once the device passed them (`query()`, never a
+  synchronise; DDP's own CUDA timers synchronise an event at each read);
 - `ckpt_stall_ms`: time the loop spent in the Checkpointer's `save()` and `wait()`.
 
 Compute is the rest and is not sent. A value the script logs itself under one of these

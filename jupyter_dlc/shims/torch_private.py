@@ -250,20 +250,25 @@ def _allreduce_hook(process_group: Any, bucket: Any) -> Any:
 
 def time_cpu_ddp_sync(ddp: Any, on_sync: Any) -> Any:
     """Call `on_sync(seconds)` after each synchronised backward of a CPU DDP with its exposed
-    gradient all-reduce: from the end of backward's compute to the end of DDP's finalisation
-    (the wait for the last bucket's reduction), which is DDP's own definition of it (its
-    logger's backward_compute_time_end to backward_comm_time_end), without its logger.
+    gradient all-reduce: from the end of backward's compute (the last gradient ready, when DDP
+    launches the last bucket) to the end of DDP's finalisation (the wait for the last bucket's
+    reduction), which is DDP's own definition of it (its logger's backward_compute_time_end
+    to backward_comm_time_end), without its logger.
 
-    How: the autograd engine runs "final callbacks" once a backward's graph is done, in the
-    order they were queued, and one may queue another. DDP's reducer queues its finalisation
-    when the last gradient is ready (it records the compute end as it starts). A
-    post-accumulate-grad hook on the module's first parameter queues our first callback; a
-    parameter's own hooks run before the reducer's hook on its gradient accumulator, so it
-    is queued ahead of DDP's even when that gradient is the backward's last. It notes the
-    time and queues the second, which runs after DDP's. A backward without DDP's reduction
-    (no_sync) measures the few microseconds between the two; one in which that parameter
-    gets no gradient measures nothing. About 10 us a step cold; reading DDP's own timers
-    every step cost 70. Returns the hook's handle (`remove()` it to stop), or None."""
+    How: a post-accumulate-grad hook on the module's first parameter, whose gradient is the
+    backward's last in most models, notes the time. A parameter's own hooks run before the
+    reducer's hook on its gradient accumulator, so the clock starts before DDP launches that
+    bucket. (Started later, at an autograd final callback, it missed the reduction's first
+    milliseconds whenever the loop's thread came to it late, waiting for the GIL or a core
+    while gloo's thread was already reducing: 8% short on average on a loaded host, 25% once
+    in CI.) The hook
+    then queues a "final callback", which autograd runs once the backward's graph is done,
+    in the order queued; it is queued ahead of DDP's finalisation and queues a second
+    one, which runs after it and reads the clock. A backward without DDP's reduction
+    (no_sync) measures the few microseconds of backward after that gradient; one in which
+    that parameter gets no gradient measures nothing. About 10 us a step cold; reading DDP's
+    own timers every step cost 70. Returns the hook's handle (`remove()` it to stop), or
+    None."""
     import torch
 
     queue = torch.autograd.Variable._execution_engine.queue_callback
@@ -273,14 +278,14 @@ def time_cpu_ddp_sync(ddp: Any, on_sync: Any) -> Any:
     def ended() -> None:
         on_sync(clock() - started[0])
 
-    def compute_done() -> None:
-        started[0] = clock()
-        queue(ended)
+    def graph_done() -> None:
+        queue(ended)  # behind DDP's finalisation
 
     def gradient_accumulated(_param: Any) -> None:
+        started[0] = clock()  # before the reducer's hook launches this gradient's bucket
         # A leaf's gradient is accumulated once a backward: one callback pair a backward,
         # and none left queued by a backward that failed half-way.
-        queue(compute_done)
+        queue(graph_done)
 
     # The first parameter: most models use their input layer's in every backward (an output
     # head may sit unused, as a pretrained pooler does); one hook, as it runs every step.

@@ -96,8 +96,7 @@ class Judging:
         engine = get_engine(ctx.spec.engine)
         status = engine.describe(ctx, handle)
         alive = status.alive
-        ranks = self.sync_ranks(ctx, status, alive)
-        self._watched[job_id] = (now, len(ranks))
+        self._watched[job_id] = (now, self.sync_ranks(ctx, status, alive))
         if status.phase == "PENDING":
             reason = f"waiting in {engine.name}: {status.reason}"
             if row["state"] != "PENDING" or row["reason"] != reason:
@@ -150,10 +149,13 @@ class Judging:
                              f"processes of rank(s) {lost} vanished without an exit record")
             return
         self._gone_since.pop((job_id, ctx.attempt), None)
-        self.check_liveness(row, ctx, handle, ranks, now)
-        self.maybe_start_standby(row, ctx, ranks)
+        # Judged from two aggregates of the rank rows; every row is read only for a verdict.
+        oldest_heartbeat, oldest_progress = self.store.liveness_of(job_id, ctx.attempt)
+        self.check_liveness(row, ctx, handle, oldest_heartbeat, oldest_progress, now)
+        if oldest_progress is not None:  # let the attempt's own start-up have the CPU first
+            self.maybe_start_standby(row, ctx)
 
-    def maybe_start_standby(self, row, ctx, ranks) -> None:
+    def maybe_start_standby(self, row, ctx) -> None:
         """Once an attempt trains, warm the agents of the next one, if a restart may come."""
         engine = get_engine(ctx.spec.engine)
         if not STANDBY_AGENTS or row["state"] != "RUNNING" or \
@@ -162,56 +164,56 @@ class Judging:
         restarts = self.store.attempt_row(row["id"], ctx.attempt)["restarts"] or 0
         if restarts >= ctx.spec.max_restarts:
             return
-        if not any(r["last_progress"] for r in ranks.values()):
-            return  # let the attempt's own start-up have the CPU first
         engine.start_standby(self.context(row, ctx.attempt + 1))  # once per attempt
 
-    def sync_ranks(self, ctx, status, alive: bool) -> dict:
-        """Copy what the engine knows of each rank into the store; returns the rank rows."""
+    def sync_ranks(self, ctx, status, alive: bool) -> int:
+        """Copy what the engine knows of each rank into the store; returns how many ranks
+        the attempt has."""
         job_id = ctx.job_id
-        ranks = {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
-        changed = False
+        known_ranks = self.store.rank_states(job_id, ctx.attempt)
         for rank, rs in status.ranks.items():
-            known = ranks.get(rank)
+            known = known_ranks.get(rank)
             if known is None:
                 continue
+            pid, exit_code, known_state = known
             state = ("running" if rs.running else "exited" if rs.exit_code == 0 else
-                     "failed" if rs.exit_code is not None else known["state"])
+                     "failed" if rs.exit_code is not None else known_state)
             if rs.exit_code is None and rs.pid and not rs.running and not alive:
                 state = "lost"
-            changes = {k: v for k, v in (("pid", rs.pid), ("exit_code", rs.exit_code),
-                                         ("state", state)) if v is not None and known[k] != v}
+            changes = {k: v for k, v, was in (("pid", rs.pid, pid), ("exit_code", rs.exit_code, exit_code),
+                                              ("state", state, known_state)) if v is not None and was != v}
             if changes:
-                changed = True
                 self.store.update_rank(job_id, ctx.attempt, rank, **changes)
                 if "exit_code" in changes:
                     self.store.add_event(job_id, ctx.attempt, "rank_exit",
                                          f"rank {rank} exited with code {rs.exit_code}",
                                          {"rank": rank, "exit_code": rs.exit_code})
-        if not changed:  # as read: with thousands of ranks, a second read is a tick's cost
-            return ranks
-        return {r["rank"]: r for r in self.store.rank_rows(job_id, ctx.attempt)}
+        return len(known_ranks)
 
-    def check_liveness(self, row, ctx, handle, ranks, now: float) -> None:
+    def check_liveness(self, row, ctx, handle, oldest_heartbeat: float | None,
+                       oldest_progress: float | None, now: float) -> None:
         spec = ctx.spec
         if spec.max_runtime and row["started"] and now - row["started"] > spec.max_runtime:
             self.end_attempt(row, ctx, handle, "timeout",
                              f"max runtime {spec.max_runtime:g}s exceeded")
             return
         verdict = spec.heartbeat_interval * spec.heartbeat_misses
-        for rank, r in ranks.items():
-            # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
-            if r["last_heartbeat"] and now - self.heard(r["last_heartbeat"]) > verdict and \
-                    r["exit_code"] is None:
+        # Only ranks that use the runtime heartbeat; a plain script is judged by its exit.
+        if oldest_heartbeat is not None and now - self.heard(oldest_heartbeat) > verdict:
+            # heard() is the later of a heartbeat and this launcher's waking: every rank whose
+            # heartbeat is older than the verdict's start is silent, the lowest one named.
+            r = self.store.first_silent_rank(row["id"], ctx.attempt, now - verdict)
+            if r is not None:
+                rank = r["rank"]
                 at = _on_host(get_engine(spec.engine), ctx, handle, rank // spec.nproc_per_node)
                 self.end_attempt(row, ctx, handle, "failed",
                                  f"rank {rank}{at} missed {spec.heartbeat_misses} heartbeats "
                                  f"({now - r['last_heartbeat']:.0f}s silent): hung or stopped",
                                  hung=True)
                 return
-        progress = [r["last_progress"] for r in ranks.values() if r["last_progress"]]
-        if progress and now - self.heard(min(progress)) > spec.progress_timeout:
-            reason, laggards = _hang_reason(ranks, now - min(progress))
+        if oldest_progress is not None and now - self.heard(oldest_progress) > spec.progress_timeout:
+            ranks = {r["rank"]: r for r in self.store.rank_rows(row["id"], ctx.attempt)}
+            reason, laggards = _hang_reason(ranks, now - oldest_progress)
             job_id = row["id"]
             asked = self.stacks_asked.get(job_id)
             if asked is None or asked[0] != ctx.attempt:

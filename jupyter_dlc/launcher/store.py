@@ -382,6 +382,30 @@ class Store:
         return self.db.execute("SELECT * FROM ranks WHERE job_id = ? AND attempt = ? ORDER BY rank",
                                (job_id, attempt)).fetchall()
 
+    def rank_states(self, job_id: str, attempt: int) -> dict[int, tuple[Any, Any, Any]]:
+        """{rank: (pid, exit_code, state)} of an attempt: what the engine's word is compared
+        with every tick, as plain tuples (a Row of every column per rank was most of a
+        4,096-rank tick)."""
+        cursor = self.db.execute("SELECT rank, pid, exit_code, state FROM ranks WHERE job_id = ?"
+                                 " AND attempt = ?", (job_id, attempt))
+        cursor.row_factory = None
+        return {rank: (pid, code, state) for rank, pid, code, state in cursor}
+
+    def liveness_of(self, job_id: str, attempt: int) -> tuple[float | None, float | None]:
+        """(the oldest last_heartbeat of a rank that has not exited, the oldest last_progress)
+        of an attempt, each None where no rank has one; judged without a row per rank."""
+        return self.db.execute(
+            "SELECT MIN(CASE WHEN exit_code IS NULL THEN NULLIF(last_heartbeat, 0) END),"
+            " MIN(NULLIF(last_progress, 0)) FROM ranks WHERE job_id = ? AND attempt = ?",
+            (job_id, attempt)).fetchone()
+
+    def first_silent_rank(self, job_id: str, attempt: int, before: float) -> sqlite3.Row | None:
+        """The lowest rank that has not exited and last heartbeated before `before`."""
+        return self.db.execute(
+            "SELECT * FROM ranks WHERE job_id = ? AND attempt = ? AND exit_code IS NULL AND"
+            " last_heartbeat AND last_heartbeat < ? ORDER BY rank LIMIT 1",
+            (job_id, attempt, before)).fetchone()
+
     def progress_of(self, job_id: str, attempt: int) -> tuple[int, float | None]:
         """(ranks, newest last_progress) of an attempt, without a row per rank."""
         count, newest = self.db.execute(

@@ -261,10 +261,9 @@ def time_cpu_ddp_sync(ddp: Any, on_sync: Any) -> Any:
     bucket. (Started later, at an autograd final callback, it missed the reduction's first
     milliseconds whenever the loop's thread came to it late, waiting for the GIL or a core
     while gloo's thread was already reducing: 8% short on average on a loaded host, 25% once
-    in CI.) The hook
-    then queues a "final callback", which autograd runs once the backward's graph is done,
-    in the order queued; it is queued ahead of DDP's finalisation and queues a second
-    one, which runs after it and reads the clock. A backward without DDP's reduction
+    in CI.) The hook then queues a "final callback", which autograd runs once the backward's
+    graph is done, in the order queued; it is queued ahead of DDP's finalisation and queues
+    a second one, which runs after it and reads the clock. A backward without DDP's reduction
     (no_sync) measures the few microseconds of backward after that gradient; one in which
     that parameter gets no gradient measures nothing. About 10 us a step cold; reading DDP's
     own timers every step cost 70. Returns the hook's handle (`remove()` it to stop), or

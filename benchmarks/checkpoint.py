@@ -70,7 +70,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     results.add_argument(parser)
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    host = results.Host.now()
+    print(f"host at start: {host}", flush=True)
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for every worker
 
     model, optimizer = make_state(args.mb)
@@ -123,7 +124,7 @@ def main():
                        "<= 1.2x the floor",
                        f"{stall_s / floor_s:.2f}x ({stall_s * 1e3:.0f} ms for {state_mb:.0f} MB; "
                        f"torch.save {sync_s / stall_s:.1f}x the stall)",
-                       stall_s / floor_s <= 1.2, results.command_line(sys.argv), load)
+                       stall_s / floor_s <= 1.2, results.command_line(sys.argv), host)
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ def main() -> None:
     results.add_argument(parser)
     args = parser.parse_args()
     root = pathlib.Path(tempfile.mkdtemp(prefix="dlc-held-"))
-    load = os.getloadavg()[0]
-    print(f"load average at start: {load:.1f} on {os.cpu_count()} cores", flush=True)
+    host = results.Host.now()
+    print(f"host at start: {host}", flush=True)
     try:
         with local_slurm(root / "slurm", SLURM_PORT) as slurm:
             hold = HeldSbatch(root / "hold", shutil.which("sbatch", path=slurm["PATH"]))
@@ -100,7 +100,7 @@ def main() -> None:
                        f"report p99 < {REPORT_GOAL_MS:g} ms, list p99 < {LIST_GOAL_MS:g} ms",
                        f"report p99 {reports:.1f} ms, list p99 {lists:.1f} ms",
                        reports < REPORT_GOAL_MS and lists < LIST_GOAL_MS,
-                       results.command_line(sys.argv), load)
+                       results.command_line(sys.argv), host)
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def main() -> None:
                         help="the launcher's DLC_METRICS_CAP (points per job)")
     dashboard.add_argument(parser)
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    host = dashboard.Host.now()
     if args.metrics_cap:
         os.environ["DLC_METRICS_CAP"] = str(args.metrics_cap)
     # The launcher it starts finds the bench-one-rank engine by its entry point there.
@@ -271,7 +271,7 @@ def main() -> None:
         p for p in (PLUGIN, os.environ.get("PYTHONPATH")) if p)
     client, root, script = private_launcher("dlc-ingest-", "job.py", JOB_SCRIPT)
     data_dir = os.environ["DLC_DATA_DIR"]
-    print(f"load average at start: {load:.1f} on {os.cpu_count()} cores; "
+    print(f"host at start: {host}; "
           f"{args.per_node} ranks a node, {args.rate:g} logs/s a rank, {args.seconds:g} s a size",
           flush=True)
     results = []
@@ -301,7 +301,7 @@ def main() -> None:
                          f"ingest {last['p99']:.1f} ms; reads {reads['metrics']:.0f} / "
                          f"{reads['list']:.0f} / {reads['detail']:.0f} ms",
                          last["p99"] < GOAL_MS and max(reads.values()) < READ_GOAL_MS,
-                         dashboard.command_line(sys.argv), load)
+                         dashboard.command_line(sys.argv), host)
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def main() -> None:
     parser.add_argument("--engine", choices=["local", "slurm"], default="local")
     results.add_argument(parser)
     args = parser.parse_args()
-    args.load = os.getloadavg()[0]
+    args.host = results.Host.now()
+    print(f"host at start: {args.host}", flush=True)
     fields, baseline, base_run = {}, "torchrun", plain_torchrun
     if args.engine == "slurm":
         state = tempfile.mkdtemp(prefix="dlc-bench-slurm-")
@@ -216,7 +217,7 @@ def measure(args, fields: dict, baseline: str, base_run) -> None:
         if not args.no_record:
             results.record(f"{phase}: submit to first step, 2x2 ({args.engine})",
                            f"{target} {baseline}", f"{median:.2f} s median; {ratio:.3f}x {baseline}",
-                           met, results.command_line(sys.argv), args.load)
+                           met, results.command_line(sys.argv), args.host)
 
 
 def report_end_to_end(args, plain: list[float], ours: list[float]) -> None:
@@ -230,7 +231,7 @@ def report_end_to_end(args, plain: list[float], ours: list[float]) -> None:
         results.record("warm: jupyter-dlc run tiny.py --wait end to end, 2x2 (local)",
                        "<= 0.25x two torchrun agents end to end",
                        f"{statistics.median(ours):.2f} s median; {ratio:.3f}x torchrun", met,
-                       results.command_line(sys.argv), args.load)
+                       results.command_line(sys.argv), args.host)
 
 
 def alternate(args, client, root: str, script: str, fields: dict, baseline: str, base_run,

@@ -106,7 +106,8 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=100, help="keep_last and recent_steps")
     results.add_argument(parser)
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    host = results.Host.now()
+    print(f"host at start: {host}", flush=True)
     random.seed(1)
     work = tempfile.mkdtemp(prefix="dlc-bench-")
     steps = [0] * args.ranks
@@ -150,7 +151,7 @@ def main() -> None:
     if not args.no_record:
         results.record(f"metric storage: chunks against a row per point, {args.ranks} ranks",
                        "< 1.0x rows' CPU", f"{chunk_cpu / rows_cpu:.3f}x rows' CPU",
-                       chunk_cpu < rows_cpu, results.command_line(sys.argv), load)
+                       chunk_cpu < rows_cpu, results.command_line(sys.argv), host)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,8 @@ def main() -> None:
                         help="the Linear layer's width: the checkpoint holds 2 x width^2 floats")
     results.add_argument(parser)
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    host = results.Host.now()
+    print(f"host at start: {host}", flush=True)
     client, root, script = private_launcher("dlc-bench-recovery-", "train.py", SCRIPT)
     plain, ours, timelines = [], [], []
     for rep in range(args.reps):
@@ -235,7 +236,7 @@ def main() -> None:
         results.record("recovery: kill -9 of a rank to the first resumed step, 2x2",
                        "<= 0.10x torchrun --max-restarts 1",
                        f"{statistics.median(ours):.2f} s median; {ratio:.3f}x torchrun",
-                       ratio <= 0.10, results.command_line(sys.argv), load)
+                       ratio <= 0.10, results.command_line(sys.argv), host)
 
 
 if __name__ == "__main__":

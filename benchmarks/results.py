@@ -22,9 +22,59 @@ RESULTS = _DIR / "RESULTS.md"
 HISTORY = _DIR / "HISTORY.md"
 BEGIN = "<!-- dashboard: rows rewritten by benchmarks/results.py -->"
 END = "<!-- /dashboard -->"
-COLUMNS = ("measure", "goal", "latest", "met", "date", "load at start", "command")
+COLUMNS = ("measure", "goal", "latest", "met", "date", "host at start, and at the end", "command")
+# The CPU probe (cpu_probe): a fixed pure-Python loop timed PROBE_REPS times, a few ms apart.
+PROBE_LOOP = 400_000  # about 25 ms on this project's 2-core machines at full speed
+PROBE_REPS = 9
 HEADER = ("| " + " | ".join(COLUMNS) + " |\n"
           + "| " + " | ".join("---" for _ in COLUMNS) + " |")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A fixed pure-Python loop timed PROBE_REPS times: the median and the fastest, in ms."""
+
+    median_ms: float
+    fastest_ms: float
+
+    def __str__(self) -> str:
+        return f"{self.median_ms:.0f} ms (fastest {self.fastest_ms:.0f})"
+
+
+def cpu_probe(reps: int = PROBE_REPS) -> Probe:
+    """How fast this host runs one core of Python now: the same loop, timed `reps` times a
+    few ms apart.
+
+    The load average does not see what slows a shared VM. On 2026-12-06, idle at load 0.4,
+    this loop took 25 ms or 39 ms on either core, switching several times a second, and the
+    same launcher code gave an ingest p99 of 200 ms in one run and 1.1 s in the next. A row
+    measured at a median of 39 ms was measured on a slower machine than one at 25 ms; a
+    median far above the fastest says the speed changed during the probe itself."""
+    timings = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        total = 0
+        for i in range(PROBE_LOOP):
+            total += i * i
+        timings.append((time.perf_counter() - start) * 1000)
+        time.sleep(0.03)  # spread over a third of a second: the slow spells come and go
+    timings.sort()
+    return Probe(timings[len(timings) // 2], timings[0])
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine as a benchmark starts: the 1-minute load average and the CPU probe."""
+
+    load: float
+    probe: Probe
+
+    @classmethod
+    def now(cls) -> "Host":
+        return cls(os.getloadavg()[0], cpu_probe())
+
+    def __str__(self) -> str:
+        return f"load {self.load:.1f} on {os.cpu_count()} cores; CPU probe {self.probe}"
 
 
 @dataclass(frozen=True)
@@ -34,11 +84,11 @@ class Row:
     latest: str
     met: str
     date: str
-    load: str
+    host: str
     command: str
 
     def line(self) -> str:
-        cells = (self.measure, self.goal, self.latest, self.met, self.date, self.load,
+        cells = (self.measure, self.goal, self.latest, self.met, self.date, self.host,
                  f"`{self.command}`" if self.command and not self.command.startswith("`")
                  else self.command)
         return "| " + " | ".join(_cell(c) for c in cells) + " |"
@@ -87,12 +137,19 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def record(measure: str, goal: str, latest: str, met: bool | None, command: str,
-           load: float, details: str = "", path: Path = RESULTS,
-           history: Path = HISTORY, now: float | None = None) -> Row:
-    """Rewrite `measure`'s row (or add it) and append the run to the history."""
+           host: Host | float, details: str = "", path: Path = RESULTS,
+           history: Path = HISTORY, now: float | None = None, end_probe: Probe | None = None) -> Row:
+    """Rewrite `measure`'s row (or add it) and append the run to the history. `host` as the
+    run started (a bare float: the load alone); the CPU probe runs again here, at the end,
+    unless `end_probe` gives it (a benchmark recording several rows probes once)."""
     stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(now))
+    if isinstance(host, Host):
+        end = cpu_probe() if end_probe is None else end_probe
+        where = f"{host}; {end} at the end"
+    else:
+        where = f"load {host:.1f} on {os.cpu_count()} cores"
     row = Row(measure, goal, latest, "—" if met is None else ("met" if met else "missed"),
-              stamp, f"{load:.1f} on {os.cpu_count()} cores", command)
+              stamp, where, command)
     text = path.read_text()
     current = rows(path)
     names = [r.measure for r in current]
@@ -103,7 +160,7 @@ def record(measure: str, goal: str, latest: str, met: bool | None, command: str,
     table = "\n".join([HEADER] + [r.line() for r in current])
     head, rest = text.split(BEGIN, 1)
     _write_atomic(path, head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
-    entry = (f"\n## {measure} ({stamp}, load {load:.1f} on {os.cpu_count()} cores)\n\n"
+    entry = (f"\n## {measure} ({stamp}, {where})\n\n"
              f"`{command}`: **{latest}** (goal {goal}: {row.met})\n")
     if details.strip():
         entry += "\n```\n" + details.strip("\n") + "\n```\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,42 @@ def test_a_row_is_rewritten_in_place_and_the_run_goes_to_the_history(copies):
     assert results.rows(path)[-1].met == "missed"
 
 
+def test_the_host_cell_says_the_load_and_both_cpu_probes(copies):
+    path, history = copies
+    host = results.Host(0.43, results.Probe(39.4, 24.6))
+    row = results.record("a measure", "< 1 s", "0.2 s", True, "python benchmarks/y.py", host,
+                         path=path, history=history, end_probe=results.Probe(25.2, 24.9))
+    assert row.host == (f"load 0.4 on {os.cpu_count()} cores; CPU probe 39 ms (fastest 25); "
+                        "25 ms (fastest 25) at the end")
+    assert results.rows(path)[-1].host == row.host
+    assert f"## a measure ({row.date}, {row.host})" in history.read_text()
+
+
+def test_the_cpu_probe_slows_on_a_core_shared_with_a_busy_loop():
+    """The probe on one core, with a busy process pinned to another core or to the same one,
+    in turns (so that a slow spell of the host falls on both alike): sharing its core, the
+    scheduler gives the probe about half of it, and its loop takes about twice as long."""
+    core = sorted(os.sched_getaffinity(0))[-1]
+    saved = os.sched_getaffinity(0)
+    elsewhere = {c for c in saved if c != core}
+    if not elsewhere:
+        pytest.skip("one core: no other core for the busy loop's turn apart")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    alone, shared = [], []
+    try:
+        os.sched_setaffinity(0, {core})
+        for _ in range(5):
+            os.sched_setaffinity(busy.pid, elsewhere)
+            alone.append(results.cpu_probe(reps=1).median_ms)
+            os.sched_setaffinity(busy.pid, {core})
+            shared.append(results.cpu_probe(reps=1).median_ms)
+    finally:
+        busy.kill()
+        busy.wait()
+        os.sched_setaffinity(0, saved)
+    assert sorted(shared)[2] > 1.4 * sorted(alone)[2], (alone, shared)
+
+
 def test_a_dashboard_without_its_markers_is_refused_naming_them(tmp_path):
     path = tmp_path / "RESULTS.md"
     path.write_text("# no table\n")
@@ -77,5 +114,10 @@ def test_a_real_benchmark_rewrites_its_row(copies):
     row = next(r for r in results.rows(path) if r.measure.startswith("telemetry:"))
     assert row.command == "`python benchmarks/telemetry.py --blocks 2 --steps 5`"
     assert row.date != "2026-12-01 (issue 25)" and row.latest.endswith(" ms bare)")
+    # The host as the run started and ended, in the row: not the load average alone.
+    probe = r"\d+ ms \(fastest \d+\)"
+    assert re.fullmatch(rf"load \d+\.\d on \d+ cores; CPU probe {probe}; {probe} at the end",
+                        row.host), row.host
+    assert re.search(rf"^host at start: load .*; CPU probe {probe}$", out.stdout, re.M)
     assert "telemetry: a logged step against a bare one" in history.read_text()
     assert results.rows(BENCH / "RESULTS.md") != results.rows(path)  # the real one untouched

@@ -11,10 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jupyter_dlc import wirejson
 from jupyter_dlc.launcher.alerts import (
     BASELINE_WINDOW, DEFAULT_RULES, LOG_QUIET_SECONDS, AlertEvaluator, JobSnapshot, parse_rule,
     post_webhook, rules_for, webhook_body, webhook_style,
 )
+from jupyter_dlc.launcher.store import Store
 from jupyter_dlc.spec import SpecError
 
 # ---------------------------------------------------------------------------- parser
@@ -229,7 +234,8 @@ def test_state_round_trip_across_a_launcher_restart():
     before = _ticks(first, gpu, "gpu_util", until=600)
     assert before == []
     first.evaluate(600, JobSnapshot(metrics={"grad_sync_ms": sync}, started=0.0, last_progress=590.0))
-    saved = json.loads(json.dumps(first.state()))  # what the launcher writes to its store
+    # What the launcher writes to its store and reads back (slices of 8 entries: many calls)
+    saved = wirejson.loads(wirejson.dumps_in_slices(first.state(), 8))
 
     second = AlertEvaluator(rules_for(["grad_sync_ms > 2x baseline 3 times"], True))
     second.load_state(saved)
@@ -250,6 +256,61 @@ def test_state_round_trip_across_a_launcher_restart():
     assert [tr.kind for tr in third.evaluate(1003, JobSnapshot(metrics={"gpu_util": high},
                                                                last_progress=1000.0))] == ["resolved"]
     assert [a["active"] for a in third.active() if a["condition"].startswith("grad_sync")] == [True]
+
+
+# ------------------------------------------------------------- the state as stored
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=6) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3) | st.integers(-3, 3) | st.booleans() | st.none(), inner, max_size=6),
+    max_leaves=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(1, 12))
+def test_a_state_encoded_in_slices_is_json_dumps_text(document, entries):
+    """The same text as one json.dumps call (NaN, infinities, keys json turns into strings,
+    tuples), whatever the slice size."""
+    assert wirejson.dumps_in_slices(document, entries) == json.dumps(document)
+
+
+def test_no_call_encodes_more_than_a_slice_of_a_4096_rank_state(monkeypatch):
+    """The evaluator's state of a 4,096-rank job as the launcher saves it: each json.dumps
+    call (each a hold of the GIL) encodes at most one slice's entries."""
+    evaluator = AlertEvaluator(rules_for(["loss is nan", "samples_per_s < 0.5x baseline 5 times"], True))
+    ranks = [(1000.0 + r * 1e-3, r, 2.5) for r in range(4096)]
+    evaluator.evaluate(1001, JobSnapshot(metrics={"loss": ranks, "samples_per_s": ranks},
+                                         started=0.0, last_progress=1000.0))
+    state = {"evaluator": evaluator.state(), "alerts": evaluator.active(), "stragglers": []}
+    whole = json.dumps(state)
+    assert len(whole) > 300_000
+    sizes = []
+    real = json.dumps
+
+    def counted(value, *args, **kwargs):
+        sizes.append(wirejson._entries(value, 1 << 30))
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(wirejson.json, "dumps", counted)
+    assert wirejson.dumps_in_slices(state) == whole
+    assert len(sizes) > 20 and max(sizes) <= wirejson.SLICE_ENTRIES
+
+
+def test_views_read_the_alert_summary_and_an_older_data_dir_its_state(tmp_path):
+    """A view reads the open episodes and the stragglers from the small summary saved beside
+    the state; a job whose state an older launcher saved (no summary) is read from the state."""
+    store = Store(str(tmp_path / "launcher.sqlite"))
+    store.insert_job("job-a", "a", {"script": "x"}, "token", str(tmp_path))
+    assert store.alert_summary(store.job_row("job-a")) == {"alerts": [], "stragglers": []}
+    named = [{"key": "rank 3", "message": "rank 3: input-bound"}]
+    old = {"evaluator": {"r": {"cursor": {f"rank {i}": 1.0 for i in range(5000)}}},
+           "alerts": [{"condition": "loss is nan", "active": True}], "stragglers": named}
+    store.update_job("job-a", alert_state=json.dumps(old))
+    assert store.alert_summary(store.job_row("job-a")) == {"alerts": old["alerts"], "stragglers": named}
+    store.update_job("job-a", alert_summary=json.dumps({"alerts": [], "stragglers": named[:0]}))
+    for row in (store.job_row("job-a"), store.job_rows()[0]):
+        assert store.alert_summary(row) == {"alerts": [], "stragglers": []}  # the summary wins
 
 
 # ---------------------------------------------------------------------------- webhooks

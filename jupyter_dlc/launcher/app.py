@@ -628,9 +628,8 @@ class EvidenceHandler(BaseHandler):
 class AlertsHandler(BaseHandler):
     async def get(self, ref: str) -> None:
         row = self.job_or_404(ref)
-        state = json.loads(row["alert_state"]) if row["alert_state"] else {}
         await self.reply_off_loop(lambda: {
-            "alerts": state.get("alerts", []),
+            "alerts": self.store.alert_summary(row)["alerts"],
             "events": self.store.events(row["id"], types=("alert", "alert_resolved"))})
 
 

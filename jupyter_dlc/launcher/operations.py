@@ -92,8 +92,7 @@ def job_detail(store: Store, row, rank_page: tuple[str, int, int] | None = None)
     checkpoints = store.checkpoints(row["id"])
     job["last_checkpoint"] = checkpoints[-1] if checkpoints else None
     # Who the straggler detector names now (launcher/stragglers.py), while the job runs.
-    alert_state = json.loads(row["alert_state"]) if "alert_state" in row.keys() and row["alert_state"] else {}
-    job["stragglers"] = alert_state.get("stragglers") or [] if row["state"] in ACTIVE_STATES else []
+    job["stragglers"] = store.alert_summary(row)["stragglers"] if row["state"] in ACTIVE_STATES else []
     return job
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .. import layout
+from .. import layout, wirejson
 from ..spec import branch_parent, spec_engine
 from ..states import ACTIVE_STATES, TERMINAL_STATES  # noqa: F401 (supervisor imports them here)
 from . import metric_chunks
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     spec TEXT NOT NULL, token TEXT NOT NULL, job_dir TEXT NOT NULL,
     created REAL NOT NULL, started REAL, ended REAL, reason TEXT,
     last_step INTEGER, last_loss REAL, resume_step INTEGER, stop_requested REAL,
-    alert_state TEXT
+    alert_state TEXT, alert_summary TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
@@ -69,11 +69,11 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 # (table, column, type) added after the first schema: a store opened on an older data dir
 # gains them (Store.__init__). attempts.intent: what the supervisor is about to submit
 # (the engine job's name, tries so far), stored before the submit (supervisor._submit).
-ADDED_COLUMNS = (("attempts", "intent", "TEXT"),)
+ADDED_COLUMNS = (("attempts", "intent", "TEXT"), ("jobs", "alert_summary", "TEXT"))
 
 
 _JOB_COLUMNS = ("id, name, state, attempt, spec, token, job_dir, created, started, ended, reason,"
-                " last_step, last_loss, resume_step, stop_requested")
+                " last_step, last_loss, resume_step, stop_requested, alert_summary")
 _JOB_SUMMARY = ("id", "name", "state", "attempt", "created", "started", "ended", "reason",
                 "last_step", "last_loss")
 
@@ -225,6 +225,19 @@ class Store:
 
     def job_row(self, job_id: str) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+
+    @staticmethod
+    def alert_summary(row: sqlite3.Row) -> dict:
+        """What the views read of a job's alerting: {"alerts": open episodes, "stragglers":
+        who is named}. Saved beside the whole alert state (alerting.py), which a view never
+        reads: with thousands of ranks that state is a megabyte, and parsing it for each
+        detail read kept the GIL 10-17 ms from the loop answering reports. A data dir written
+        before the summary has only the state: read from it then."""
+        text = row["alert_summary"] if "alert_summary" in row.keys() else None
+        if text is None and "alert_state" in row.keys() and row["alert_state"]:
+            text = row["alert_state"]
+        state = wirejson.loads(text) if text else {}
+        return {"alerts": state.get("alerts") or [], "stragglers": state.get("stragglers") or []}
 
     def report_row(self, job_id: str) -> sqlite3.Row | None:
         """What the report route needs of a job (id, token hash, attempt): a whole row carries

@@ -137,17 +137,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def record(measure: str, goal: str, latest: str, met: bool | None, command: str,
-           host: Host | float, details: str = "", path: Path = RESULTS,
+           host: Host, details: str = "", path: Path = RESULTS,
            history: Path = HISTORY, now: float | None = None, end_probe: Probe | None = None) -> Row:
     """Rewrite `measure`'s row (or add it) and append the run to the history. `host` as the
-    run started (a bare float: the load alone); the CPU probe runs again here, at the end,
-    unless `end_probe` gives it (a benchmark recording several rows probes once)."""
+    run started; the CPU probe runs again here, at the end, unless `end_probe` gives it (a
+    benchmark recording several rows at once probes once)."""
     stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(now))
-    if isinstance(host, Host):
-        end = cpu_probe() if end_probe is None else end_probe
-        where = f"{host}; {end} at the end"
-    else:
-        where = f"load {host:.1f} on {os.cpu_count()} cores"
+    where = f"{host}; {cpu_probe() if end_probe is None else end_probe} at the end"
     row = Row(measure, goal, latest, "—" if met is None else ("met" if met else "missed"),
               stamp, where, command)
     text = path.read_text()

@@ -47,52 +47,45 @@ def dumps_in_slices(document: Any, entries: int = SLICE_ENTRIES) -> str:
     most `entries` entries of its containers (dicts, lists; nested ones counted in).
 
     json's C encoder keeps the GIL for a whole document. The launcher's alert state of a
-    4,096-rank job (350 KB, a cursor per rank and rule) took 8-24 ms to encode, a few times
-    each 5 s, and the event loop that answers every node's report could not run meanwhile;
+    4,096-rank job (about 350 KB, a cursor per rank and rule) took 8-24 ms to encode, every
+    5 s, and the event loop that answers every node's report could not run meanwhile;
     between two slices it can. Only for large documents: a small one is one call."""
     if _entries(document, entries) <= entries:
         return json.dumps(document)
     if isinstance(document, dict):
-        parts: list[str] = []
-        batch: dict = {}
-        weight = 0
-        for key, value in document.items():
-            size = _entries(value, entries) + 1
-            if size > entries:  # too large for any slice: its own slices
-                if batch:
-                    parts.append(json.dumps(batch)[1:-1])
-                    batch, weight = {}, 0
-                parts.append(json.dumps({key: None})[1:-7] + ": " + dumps_in_slices(value, entries))
-                continue
-            if weight + size > entries:
-                parts.append(json.dumps(batch)[1:-1])
-                batch, weight = {}, 0
-            batch[key] = value
-            weight += size
-        if batch:
-            parts.append(json.dumps(batch)[1:-1])
-        return "{" + ", ".join(parts) + "}"
+        return "{" + _slices(document.items(), True, entries) + "}"
     if isinstance(document, (list, tuple)):
-        items: list[str] = []
-        run: list = []
-        weight = 0
-        for value in document:
-            size = _entries(value, entries) + 1
-            if size > entries:
-                if run:
-                    items.append(json.dumps(run)[1:-1])
-                    run, weight = [], 0
-                items.append(dumps_in_slices(value, entries))
-                continue
-            if weight + size > entries:
-                items.append(json.dumps(run)[1:-1])
-                run, weight = [], 0
-            run.append(value)
-            weight += size
-        if run:
-            items.append(json.dumps(run)[1:-1])
-        return "[" + ", ".join(items) + "]"
+        return "[" + _slices(((None, value) for value in document), False, entries) + "]"
     return json.dumps(document)  # a container json knows and this does not: one call
+
+
+def _slices(pairs: Any, keyed: bool, entries: int) -> str:
+    """The inside of a dict (`keyed`: its (key, value) pairs) or of a list ((None, value)),
+    its small members encoded together in slices, a large one in slices of its own."""
+    parts: list[str] = []
+    batch: list[tuple[Any, Any]] = []
+    weight = 0
+
+    def flush() -> None:
+        if batch:
+            parts.append(json.dumps(dict(batch) if keyed else [v for _, v in batch])[1:-1])
+            batch.clear()
+
+    for key, value in pairs:
+        size = _entries(value, entries) + 1
+        if size > entries:  # too large for any slice: its own slices
+            flush()
+            weight = 0
+            head = json.dumps({key: None})[1:-len(": null}")] + ": " if keyed else ""
+            parts.append(head + dumps_in_slices(value, entries))
+            continue
+        if weight + size > entries:
+            flush()
+            weight = 0
+        batch.append((key, value))
+        weight += size
+    flush()
+    return ", ".join(parts)
 
 
 def _entries(value: Any, limit: int) -> int:

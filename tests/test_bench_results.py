@@ -18,6 +18,10 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import results  # noqa: E402
 
+# A host given, so that a row's cell does not wait for a real probe.
+HOST = results.Host(0.4, results.Probe(25.0, 24.0))
+END = {"end_probe": results.Probe(25.0, 24.0)}
+
 
 @pytest.fixture
 def copies(tmp_path):
@@ -44,8 +48,8 @@ def test_a_row_is_rewritten_in_place_and_the_run_goes_to_the_history(copies):
     measure = before[2].measure
     lines_before = len(history.read_text().splitlines())
     results.record(measure, "<= 1x", "0.5x | with a pipe\nand a newline", True,
-                   "python benchmarks/x.py --a", 0.4, details="rep 0 0.5x",
-                   path=path, history=history)
+                   "python benchmarks/x.py --a", HOST, details="rep 0 0.5x",
+                   path=path, history=history, **END)
     after = results.rows(path)
     assert [r.measure for r in after] == [r.measure for r in before]  # same rows, same order
     assert after[2].latest == "0.5x | with a pipe and a newline" and after[2].met == "met"
@@ -54,8 +58,8 @@ def test_a_row_is_rewritten_in_place_and_the_run_goes_to_the_history(copies):
     added = history.read_text().splitlines()[lines_before:]
     assert any(line.startswith(f"## {measure} (") for line in added)
     assert "rep 0 0.5x" in added
-    results.record("a new measure", "< 1 s", "0.2 s", False, "python benchmarks/y.py", 1.0,
-                   path=path, history=history)
+    results.record("a new measure", "< 1 s", "0.2 s", False, "python benchmarks/y.py", HOST,
+                   path=path, history=history, **END)
     assert [r.measure for r in results.rows(path)][-1] == "a new measure"
     assert results.rows(path)[-1].met == "missed"
 
@@ -100,7 +104,7 @@ def test_a_dashboard_without_its_markers_is_refused_naming_them(tmp_path):
     path = tmp_path / "RESULTS.md"
     path.write_text("# no table\n")
     with pytest.raises(ValueError, match="no dashboard table between"):
-        results.record("m", "g", "v", True, "c", 0.0, path=path, history=tmp_path / "H.md")
+        results.record("m", "g", "v", True, "c", HOST, path=path, history=tmp_path / "H.md", **END)
     assert path.read_text() == "# no table\n"
 
 

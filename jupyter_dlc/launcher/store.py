@@ -230,8 +230,8 @@ class Store:
     def alert_summary(row: sqlite3.Row) -> dict:
         """What the views read of a job's alerting: {"alerts": open episodes, "stragglers":
         who is named}. Saved beside the whole alert state (alerting.py), which a view never
-        reads: with thousands of ranks that state is a megabyte, and parsing it for each
-        detail read kept the GIL 10-17 ms from the loop answering reports. A data dir written
+        reads: with 4,096 ranks that state is about 350 KB, and parsing it for each detail
+        read was one more hold of the GIL kept from the loop answering reports. A data dir written
         before the summary has only the state: read from it then."""
         text = row["alert_summary"] if "alert_summary" in row.keys() else None
         if text is None and "alert_state" in row.keys() and row["alert_state"]:

@@ -18,7 +18,8 @@ of 50 ranks, slowest first; with `--full-reads` every point and every rank inste
 latency recorded. Printed per size: ingest p50/p99, accepted logs/s (a log is one rank's
 step with its values, against what was offered), the batch interval the launcher's pace set
 (`report_interval`, launcher/pacing.py; a node reporter keeps it), read p99s, the CPU of
-the launcher and of its ingest worker, database growth per minute. Latencies are of the
+the launcher and of its ingest worker apart from the benchmark's own (its simulated nodes and
+reader share the same cores) and the host's busy share, database growth per minute. Latencies are of the
 steady load: the first WARMUP seconds of each size, while the nodes start together at a
 quarter second and the launcher's pace spreads them out, are printed apart (`start p99`).
 The last line is the 4,096-rank steady ingest p99 against the 50 ms goal.
@@ -151,8 +152,7 @@ def client_process(args: dict, nodes: list[int], queue) -> None:
         await asyncio.gather(*tasks)
         return out
 
-    results = asyncio.run(main())
-    queue.put(results)
+    queue.put(asyncio.run(main()))
 
 
 # -- the reader and the launcher's own numbers -------------------------------------------
@@ -181,6 +181,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def host_jiffies() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot, from /proc/stat: what the host's
+    cores did while the load ran, whoever ran it."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks[:8]) - idle, sum(ticks[:8])
+
+
 def db_bytes(data_dir: str) -> int:
     base = os.path.join(data_dir, "launcher.sqlite")
     return sum(os.path.getsize(p) for p in (base, base + "-wal") if os.path.exists(p))
@@ -193,8 +202,12 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     # The spec names the simulated world, so that the launcher takes every simulated rank's
     # report (it refuses a rank outside the job's world) and sizes the ranks table by it;
     # the bench-one-rank engine (engine_plugin/) runs one process of it.
+    # No restarts: a job that may restart gets standby agents for its next attempt once it
+    # trains (launcher/judging.py), and those import torch and fork warm ranks. A real job's
+    # run on its own nodes; here they would run on the launcher's two cores during the load
+    # (a quarter of a core over a 15 s load, 2026-12-06).
     job = client.submit({"script": script, "name": f"ingest-{ranks}", "engine": "bench-one-rank",
-                         "nodes": nodes, "nproc_per_node": per_node})
+                         "nodes": nodes, "nproc_per_node": per_node, "max_restarts": 0})
     token_path = os.path.join(job["job_dir"], "bench-token")
     deadline = time.monotonic() + 120
     while not os.path.exists(token_path):
@@ -221,14 +234,16 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     while time.monotonic() < start:
         time.sleep(0.01)
     cpu0, db0, t0 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
-    ingest0 = cpu_seconds(ingest_pid)
+    ingest0, own0, host0 = cpu_seconds(ingest_pid), cpu_seconds(os.getpid()), host_jiffies()
+    senders0 = sum(cpu_seconds(worker.pid) for worker in workers)
     reader = threading.Thread(target=reader_thread,
                               args=(client, job["id"], start + seconds, reads, as_a_view))
     reader.start()
     results = [r for _ in workers for r in queue.get()]
     reader.join()
     cpu1, db1, t1 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
-    ingest1 = cpu_seconds(ingest_pid)
+    ingest1, own1, host1 = cpu_seconds(ingest_pid), cpu_seconds(os.getpid()), host_jiffies()
+    senders1 = sum(cpu_seconds(worker.pid) for worker in workers)  # exited, not yet joined: still read
     for worker in workers:
         worker.join()
     open(os.path.join(job["job_dir"], "bench-done"), "w").close()
@@ -246,8 +261,22 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
             "reads": {k: percentile([ms for ms, sent in v if sent >= steady], 99) for k, v in reads.items()},
             "read_counts": {k: len(v) for k, v in reads.items()},
             "cpu": (cpu1 - cpu0) / wall, "ingest_cpu": (ingest1 - ingest0) / wall,
+            # What the benchmark itself costs on the same cores, over the same window: its
+            # simulated nodes (the client processes) and this process (the reader thread).
+            "senders_cpu": (senders1 - senders0) / wall, "reader_cpu": (own1 - own0) / wall,
+            "host_busy": (host1[0] - host0[0]) / max(1, host1[1] - host0[1]) * (os.cpu_count() or 1),
             "db_mb_min": (db1 - db0) / wall * 60 / 1e6,
             "db_mb": db1 / 1e6}
+
+
+def cpu_shares(r: dict) -> str:
+    """Who used the host's cores during the load: the product (launcher and ingest worker)
+    apart from the benchmark that loads it (simulated nodes, reader), which shares the cores."""
+    others = r["host_busy"] - r["cpu"] - r["ingest_cpu"] - r["senders_cpu"] - r["reader_cpu"]
+    return (f"CPU launcher {r['cpu'] * 100:.0f}% + ingest worker {r['ingest_cpu'] * 100:.0f}% "
+            f"(the product), the benchmark's simulated nodes {r['senders_cpu'] * 100:.0f}% + "
+            f"reader {r['reader_cpu'] * 100:.0f}%, the rest of the host {max(0.0, others) * 100:.0f}%: "
+            f"{r['host_busy'] * 100:.0f}% of {(os.cpu_count() or 1) * 100}% busy")
 
 
 def main() -> None:
@@ -286,8 +315,7 @@ def main() -> None:
                   f"{r['failed']} failed batches; read p99 "
                   f"metrics {r['reads']['metrics']:.0f} ms, list {r['reads']['list']:.0f} ms, "
                   f"detail {r['reads']['detail']:.0f} ms ({sum(r['read_counts'].values())} reads);"
-                  f" launcher CPU {r['cpu'] * 100:.0f}% + ingest worker "
-                  f"{r['ingest_cpu'] * 100:.0f}%; DB +{r['db_mb_min']:.1f} MB/min "
+                  f" {cpu_shares(r)}; DB +{r['db_mb_min']:.1f} MB/min "
                   f"({r['db_mb']:.0f} MB); load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         stop_launcher(client, root)

@@ -125,3 +125,21 @@ def test_a_real_benchmark_rewrites_its_row(copies):
     assert re.search(rf"^host at start: load .*; CPU probe {probe}$", out.stdout, re.M)
     assert "telemetry: a logged step against a bare one" in history.read_text()
     assert results.rows(BENCH / "RESULTS.md") != results.rows(path)  # the real one untouched
+
+
+def test_the_ingest_benchmark_says_what_the_product_and_what_the_benchmark_cost():
+    """Issue 25: the simulated nodes share the cores with the launcher, so the ingest
+    benchmark prints the CPU of each side over the same window (a real launcher, 512 simulated ranks)."""
+    out = subprocess.run([sys.executable, str(BENCH / "ingest.py"), "--sizes", "512", "--seconds", "4",
+                          "--no-record"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    line = next(li for li in out.stdout.splitlines() if li.lstrip().startswith("512 ranks /"))
+    shares = re.search(r"CPU launcher (\d+)% \+ ingest worker (\d+)% \(the product\), the benchmark's "
+                       r"simulated nodes (\d+)% \+ reader (\d+)%, the rest of the host (\d+)%: "
+                       r"(\d+)% of (\d+)% busy", line)
+    assert shares, line
+    launcher, worker, nodes, reader, rest, busy, cores = map(int, shares.groups())
+    assert launcher > 0 and nodes > 0 and cores == 100 * (os.cpu_count() or 1)
+    # Each share is of the same window: together they are what the host's cores did (rounding).
+    assert abs(launcher + worker + nodes + reader + rest - busy) <= 5 or rest == 0, line
+    assert out.stdout.strip().splitlines()[-1].startswith("512-rank steady ingest p99 ")

@@ -22,7 +22,8 @@ def _one(spec: JobSpec) -> JobSpec:
 
 
 def _ctx(ctx: AttemptContext) -> AttemptContext:
-    return replace(ctx, spec=_one(ctx.spec))
+    # The environment too: a standby agent forks as many warm ranks as DLC_NPROC_PER_NODE says.
+    return replace(ctx, spec=_one(ctx.spec), env=dict(ctx.env, DLC_NNODES="1", DLC_NPROC_PER_NODE="1"))
 
 
 class OneRankEngine(LocalEngine):

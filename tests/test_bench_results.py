@@ -97,7 +97,9 @@ def test_the_cpu_probe_slows_on_a_core_shared_with_a_busy_loop():
         busy.kill()
         busy.wait()
         os.sched_setaffinity(0, saved)
-    assert sorted(shared)[2] > 1.4 * sorted(alone)[2], (alone, shared)
+    # The fastest of each: other work on the host (a suite's leftovers) can only slow a turn
+    # alone, and a turn sharing the core cannot run faster than its share.
+    assert min(shared) > 1.4 * min(alone), (alone, shared)
 
 
 def test_a_dashboard_without_its_markers_is_refused_naming_them(tmp_path):

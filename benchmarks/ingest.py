@@ -2,7 +2,9 @@
 
 No torch: each simulated node sends what its node reporter (jupyter_dlc/node/reporter.py)
 sends, one batch of its ranks' reports every quarter second (a rank's reporter batches for
-0.25 s), each rank logging `--rate` times a second (loss and samples_per_s) and rank 0 of
+0.25 s), each rank logging `--rate` times a second (loss and samples_per_s, and the step breakdown
+the runtime adds by default: step_ms, data_wait_ms, grad_sync_ms, ckpt_stall_ms;
+`--no-breakdown` as with DLC_STEP_BREAKDOWN=0) and rank 0 of
 each node adding a system sample every 5 s. Batches go through the real report route with
 the job's own token (the job's script hands it over through a file), over keep-alive
 connections from `--procs` client processes. The job's spec is the simulated world, so its
@@ -76,15 +78,24 @@ def percentile(values: list[float], q: float) -> float:
 
 # -- the simulated nodes (client processes) ----------------------------------------------
 
+def _breakdown(rate: float) -> dict[str, float]:
+    """What the runtime adds to every `runtime.log` after the first (runtime/breakdown.py, on
+    by default): the step's parts in ms, rounded to 1 us as it sends them."""
+    step = 1000.0 / rate * random.uniform(0.95, 1.05)
+    return {"step_ms": round(step, 3), "data_wait_ms": round(random.uniform(0.5, 2.0), 3),
+            "grad_sync_ms": round(step * random.uniform(0.1, 0.2), 3), "ckpt_stall_ms": 0.0}
+
+
 def node_body(node: int, ranks: range, attempt: int, step: int, rate: float, now: float,
-              system: bool, interval: float = BATCH_INTERVAL) -> bytes:
+              system: bool, interval: float = BATCH_INTERVAL, breakdown: bool = True) -> bytes:
     per_rank = rate * interval
     # 10 logs/s over 0.25 s: 2 or 3 entries, 2.5 on average.
     count = int(per_rank) + (1 if random.random() < per_rank - int(per_rank) else 0)
     reports = []
     for rank in ranks:
-        metrics = [{"t": now, "step": step + i, "values": {"loss": 1.0 / (step + i + 1),
-                                                            "samples_per_s": 1000.0 + rank}}
+        metrics = [{"t": now, "step": step + i, "values": dict(
+                       {"loss": 1.0 / (step + i + 1), "samples_per_s": 1000.0 + rank},
+                       **(_breakdown(rate) if breakdown else {}))}
                    for i in range(count)]
         entry = {"rank": rank, "node": node, "attempt": attempt, "pid": 1000 + rank, "t": now,
                  "metrics": metrics, "system": [], "events": []}
@@ -96,7 +107,7 @@ def node_body(node: int, ranks: range, attempt: int, step: int, rate: float, now
     return body, count * len(ranks)
 
 
-async def run_node(host, port, path, token, node, ranks, attempt, rate, until, out):
+async def run_node(host, port, path, token, node, ranks, attempt, rate, until, out, breakdown):
     reader, writer = await asyncio.open_connection(host, port)
     await asyncio.sleep(random.random() * BATCH_INTERVAL)  # nodes do not report in lockstep
     step, next_send, next_system = 0, time.monotonic(), time.monotonic()
@@ -109,7 +120,7 @@ async def run_node(host, port, path, token, node, ranks, attempt, rate, until, o
         system = now >= next_system
         if system:
             next_system = now + SYSTEM_EVERY
-        body, logs = node_body(node, ranks, attempt, step, rate, time.time(), system, interval)
+        body, logs = node_body(node, ranks, attempt, step, rate, time.time(), system, interval, breakdown)
         step += int(rate * interval) + 1
         sent, start = time.monotonic(), time.perf_counter()
         writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -148,7 +159,7 @@ def client_process(args: dict, nodes: list[int], queue) -> None:
         await asyncio.sleep(max(0.0, args["start"] - time.monotonic()))
         tasks = [run_node(args["host"], args["port"], args["path"], args["token"], node,
                           range(node * args["per_node"], (node + 1) * args["per_node"]),
-                          args["attempt"], args["rate"], until, out) for node in nodes]
+                          args["attempt"], args["rate"], until, out, args["breakdown"]) for node in nodes]
         await asyncio.gather(*tasks)
         return out
 
@@ -196,7 +207,7 @@ def db_bytes(data_dir: str) -> int:
 
 
 def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate: float,
-             seconds: float, procs: int, as_a_view: bool = True) -> dict:
+             seconds: float, procs: int, as_a_view: bool = True, breakdown: bool = True) -> dict:
 
     nodes = max(1, ranks // per_node)
     # The spec names the simulated world, so that the launcher takes every simulated rank's
@@ -223,7 +234,7 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     start = time.monotonic() + 1.0
     args = {"host": host, "port": int(port), "path": f"/api/jobs/{job['id']}/report",
             "token": token, "attempt": attempt, "rate": rate, "per_node": per_node,
-            "start": start, "seconds": seconds}
+            "start": start, "seconds": seconds, "breakdown": breakdown}
     queue = multiprocessing.Queue()
     workers = [multiprocessing.Process(target=client_process,
                                        args=(args, list(range(i, nodes, procs)), queue))
@@ -288,6 +299,8 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--full-reads", action="store_true",
                         help="the reader reads every point and every rank, not bands and a page")
+    parser.add_argument("--no-breakdown", action="store_true",
+                        help="ranks send no step breakdown, as with DLC_STEP_BREAKDOWN=0")
     parser.add_argument("--metrics-cap", type=int, default=None,
                         help="the launcher's DLC_METRICS_CAP (points per job)")
     dashboard.add_argument(parser)
@@ -307,7 +320,8 @@ def main() -> None:
     try:
         for size in (int(s) for s in args.sizes.split(",")):
             r = run_size(client, script, data_dir, size, args.per_node, args.rate,
-                         args.seconds, args.procs, as_a_view=not args.full_reads)
+                         args.seconds, args.procs, as_a_view=not args.full_reads,
+                         breakdown=not args.no_breakdown)
             results.append(r)
             print(f"{r['ranks']:>5} ranks / {r['nodes']:>4} nodes: ingest p50 {r['p50']:.1f} ms "
                   f"p99 {r['p99']:.1f} ms (start p99 {r['start_p99']:.0f} ms), {r['accepted']:.0f} logs/s accepted "

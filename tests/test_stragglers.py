@@ -313,7 +313,8 @@ def test_a_restarted_launcher_keeps_naming_the_straggler_of_a_slow_stepping_job(
     def straggler_events() -> list[dict]:
         return [e for e in store.events("j") if e["type"] == "straggler"]
 
-    store.record_reports([("j", 1, steps(1, 12))])
+    for step in range(1, 13):  # a write a step, as a rank stepping once a minute reports
+        store.record_reports([("j", 1, steps(step, 1))])
     supervisor = SimpleNamespace(store=store, logs=lambda *args, **kwargs: [])
     before = alerting.Alerting(supervisor)
     before(store.job_row("j"), time.time())
@@ -321,7 +322,8 @@ def test_a_restarted_launcher_keeps_naming_the_straggler_of_a_slow_stepping_job(
     assert named["data"]["stragglers"][0]["key"] == "rank 3", named
 
     after = alerting.Alerting(supervisor)  # the restarted launcher's
-    store.record_reports([("j", 1, steps(13, 2))])
+    for step in (13, 14):
+        store.record_reports([("j", 1, steps(step, 1))])
     after(store.job_row("j"), time.time() + 1)
     assert straggler_events() == [named]
     assert [f["key"] for f in after.jobs["j"].stragglers] == ["rank 3"]

@@ -14,8 +14,9 @@ named until its excess falls under half the bound (no flapping on the edge). Whe
 of a node is slow, the node is named instead. The reason says whether the excess is data
 wait (input-bound on that node) or compute.
 
-Cost: the launcher feeds only the points new since its last look (the alert reader's cursor)
-into a ring of WINDOW steps per rank, arrays of world x WINDOW; a judgement is a few numpy
+Cost: the launcher feeds only the points new since its last look (the alert reader's cursor),
+each rank's newest step of every stored write (launcher/alerting.py), into a ring of WINDOW
+steps per rank, arrays of world x WINDOW; a judgement is a few numpy
 passes over them, a millisecond at 4,096 ranks, twice a second.
 
 The breakdown names are the runtime's (issue 23's contract): `step_ms`, `data_wait_ms`,

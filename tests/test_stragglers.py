@@ -313,8 +313,15 @@ def test_a_restarted_launcher_keeps_naming_the_straggler_of_a_slow_stepping_job(
     def straggler_events() -> list[dict]:
         return [e for e in store.events("j") if e["type"] == "straggler"]
 
+    # Another job of the launcher writes 100 times between two steps of this one: the chunk
+    # seqs are shared, so a refill must count back by this job's own writes.
+    store.insert_job("k", "busy", {"script": "x.py", "nodes": 1, "nproc_per_node": 1}, "token",
+                     str(tmp_path))
     for step in range(1, 13):  # a write a step, as a rank stepping once a minute reports
         store.record_reports([("j", 1, steps(step, 1))])
+        store.record_reports([("k", 1, [{"rank": 0, "node": 0, "metrics": [
+            {"t": start + 60 * step + i, "step": 100 * step + i, "values": {"loss": 1.0}}]}])
+            for i in range(100)])
     supervisor = SimpleNamespace(store=store, logs=lambda *args, **kwargs: [])
     before = alerting.Alerting(supervisor)
     before(store.job_row("j"), time.time())

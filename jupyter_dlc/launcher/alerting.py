@@ -26,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import wirejson
 from .alerts import AlertEvaluator, JobSnapshot, post_webhook, rules_for
-from . import metric_chunks
 from .stragglers import BREAKDOWN, WINDOW, StragglerDetector
 
 log = logging.getLogger("jupyter_dlc.launcher")
@@ -93,12 +92,12 @@ class JobAlerts:
         self.detector.named = {f["key"] for f in self.stragglers}  # its hysteresis goes on
         if not self.metric_seq:
             return
-        # A write is a chunk, seq numbers CHUNK apart whatever it holds, and a node's write
-        # gives each of its ranks a step as the detector reads it (the newest of the write):
-        # so back by writes, WINDOW of every node's. Counting back by points (as before) reached
-        # only the newest one or two writes, and the refilled windows held a step or two.
+        # A node's write gives each of its ranks a step as the detector reads it (the newest
+        # of the write): so back by the job's writes, WINDOW of every node's. Counting back by
+        # seq numbers (as before) reached only the newest write or two: a write's points are
+        # numbered CHUNK apart from the next, and every job's writes share the numbers.
         nodes = max(1, self.world // self.nproc)
-        since = max(0, self.metric_seq - nodes * WINDOW * REFILL_WRITES_PER_STEP * metric_chunks.CHUNK)
+        since = store.metric_seq_writes_back(job_id, self.metric_seq, nodes * WINDOW * REFILL_WRITES_PER_STEP)
         _, points = store.metric_points(job_id, since, [n for n in BREAKDOWN if n in self.metric_names],
                                         [n for n in BREAKDOWN if n in self.latest_names])
         started = attempt_started or 0.0

@@ -560,6 +560,15 @@ class Store:
                                       " ORDER BY seq DESC LIMIT 1", (job_id,)).fetchone()
         return row[0] * metric_chunks.CHUNK + row[1] if row else None
 
+    def metric_seq_writes_back(self, job_id: str, until: int, writes: int) -> int:
+        """The `since` cursor from which a read gets the job's last `writes` stored writes up
+        to the point seq `until` (a write is a chunk; chunk seqs are shared by every job, so
+        only the job's own are counted)."""
+        row = self.db.execute("SELECT seq FROM metric_chunks WHERE job_id = ? AND seq <= ?"
+                              " ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                              (job_id, until // metric_chunks.CHUNK, max(0, writes))).fetchone()
+        return row[0] * metric_chunks.CHUNK + metric_chunks.CHUNK - 1 if row else 0
+
     def newest_train_times(self, job_id: str, since: int) -> dict[int, float]:
         """{attempt: the time of its newest train point} among the points after `since`, from
         the chunks' own column (no point is decoded)."""

@@ -5,6 +5,7 @@ dir. All on a real SQLite store."""
 from __future__ import annotations
 
 import math
+import random
 import sqlite3
 
 import pytest
@@ -132,6 +133,45 @@ def test_an_is_nan_rule_reads_each_ranks_last_point_of_a_new_chunk_and_every_poi
     assert sorted(both) == sorted(store.metric_points("j", 0, ["samples_per_s"])[1] + points)
 
 
+def test_a_whole_chunks_lasts_are_the_last_points_a_full_read_finds(tmp_path):
+    """The ingest notes each rank's last point of each name as it takes a batch (a chunk's
+    `lasts`), and a latest read of a whole new chunk returns those without decoding it. They
+    must be what a full read finds: here against the last point per chunk, rank and name of
+    every stored point, over entries whose names differ, entries without values and a batch
+    whose entries all have the same names. A chunk without lasts (a data dir from before
+    them) is decoded and reads the same."""
+    rng = random.Random(7)
+    store = new_store(tmp_path)
+    for batch in range(6):
+        reports = []
+        for rank in range(4):
+            entries = []
+            for step in range(rng.randint(1, 6)):
+                names = rng.sample(["loss", "step_ms", "grad_sync_ms", "lr"], rng.randint(0, 4))
+                entries.append({"t": T0 + batch * 10 + step, "step": step,
+                                "values": {name: rng.uniform(-1, 1) for name in names}})
+            reports.append({"rank": rank, "node": rank // 2, "metrics": entries})
+        store.record_reports([("j", 1, reports)])
+    store.record_reports([("j", 1, rank_reports(100, 5, ranks=(0, 1, 2)))])
+    assert store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE lasts IS NULL").fetchone()[0] == 0
+    latest = ["loss", "lr", "samples_per_s"]
+    expected: dict[tuple, tuple] = {}
+    for p in store.metrics("j", 0, 10**6):
+        if p["name"] in latest:
+            expected[(p["seq"] // CHUNK, p["rank"], p["name"])] = (
+                p["seq"], p["name"], p["t"], p["rank"], p["value"], p["device"])
+    newest, points = store.metric_points("j", 0, [], latest)
+    assert points == sorted(expected.values()) and len(points) > 20
+    with store.tx() as db:
+        db.execute("UPDATE metric_chunks SET lasts = NULL")
+    assert store.metric_points("j", 0, [], latest) == (newest, points)
+    # A data dir from before the column: it is added, empty, on open.
+    with store.tx() as db:
+        db.execute("ALTER TABLE metric_chunks DROP COLUMN lasts")
+    reopened = Store(str(tmp_path / "db.sqlite"))
+    assert reopened.metric_points("j", 0, [], latest) == (newest, points)
+
+
 def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     store = new_store(tmp_path)
     for step in range(0, 600, 5):  # 5 entries a report, 2 ranks: chunks of 20 points
@@ -152,6 +192,8 @@ def test_retention_rewrites_chunks_keeping_survivors_seqs_and_cursors(tmp_path):
     # Chunks hold their survivors' original indices; whole ones none.
     rewritten = store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE n < 20").fetchone()[0]
     assert rewritten > 0
+    # A rewritten chunk's lasts are gone (its last points may be too): readers decode it.
+    assert store.db.execute("SELECT COUNT(*) FROM metric_chunks WHERE n < 20 AND lasts IS NOT NULL").fetchone()[0] == 0
     state = store.retention_state("j")
     assert state["dropped"] == len(before) - len(after)
     # New points after a pass keep counting from where the chunks are.

@@ -23,7 +23,12 @@ in compact JSON, so that a reader wanting only `loss` skips a chunk in SQL (`ins
 '"loss":')`, then an exact test on what it decodes) and retention counts each series' points
 without decoding. `rank` and `node` are set when the chunk holds one rank. `top` is the
 index of the chunk's last point; `n`, `t_first`, `t_last`, `step_max` let readers and
-retention skip chunks unread.
+retention skip chunks unread. `lasts`, while a chunk is whole, is each rank's last point of
+each name, `[[index, name, t, rank, value]...]` in index order, noted by the ingest worker as
+it takes the entries (it walks them anyway): the alert rules and the straggler detector read
+the newest point of a name alone, and decoding a whole node batch to find 48 of its 500
+values was most of the launcher's alerting cost at 4,096 ranks (benchmarks/HISTORY.md,
+2026-12-06). NULL once retention rewrote the chunk, and in columns chunks.
 
 On the wire a point keeps a seq as before: `chunk seq * CHUNK + index` (a chunk holds at most
 CHUNK points; a larger request is split), unique and increasing, and stable when retention
@@ -53,16 +58,17 @@ CREATE TABLE IF NOT EXISTS metric_chunks (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, attempt INTEGER, rank INTEGER,
     node INTEGER, kind TEXT NOT NULL, device TEXT, ranks TEXT NOT NULL, names TEXT NOT NULL,
     n INTEGER NOT NULL, top INTEGER NOT NULL, t_first REAL, t_last REAL, step_max INTEGER,
-    data TEXT NOT NULL
+    data TEXT NOT NULL, lasts TEXT
 );
 CREATE INDEX IF NOT EXISTS metric_chunks_job ON metric_chunks (job_id, seq);
 """
 _COLUMNS = ("job_id, attempt, rank, node, kind, device, ranks, names, n, top, t_first, t_last,"
-            " step_max, data")
-INSERT = f"INSERT INTO metric_chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " step_max, data, lasts")
+_PLACES = ", ".join("?" * len(_COLUMNS.split(",")))
+INSERT = f"INSERT INTO metric_chunks ({_COLUMNS}) VALUES ({_PLACES})"
 # What retention rewrites of a chunk: the columns after `device` in a chunk row.
 REWRITE = ("UPDATE metric_chunks SET rank = ?, node = ?, ranks = ?, names = ?, n = ?, top = ?,"
-           " t_first = ?, t_last = ?, step_max = ?, data = ? WHERE seq = ?")
+           " t_first = ?, t_last = ?, step_max = ?, data = ?, lasts = NULL WHERE seq = ?")
 # What a reader of points selects, in the order `read_points` takes it.
 POINT_COLUMNS = "seq, job_id, attempt, kind, device, ranks, names, top, data"
 # A point as every reader returns it: the columns of the one-row-per-point table it replaces.
@@ -112,6 +118,7 @@ class ChunkBuilder:
         self.attempt = attempt
         self.now = now
         self._parts: list[list] = []          # [rank, node, entries] of the train chunk
+        self._lasts: list[list] = []          # its `lasts`
         self._counts: dict[str, dict[int, int]] = {}
         self._n = 0
         self._rows: list[tuple] = []
@@ -154,6 +161,7 @@ class ChunkBuilder:
                     self._flush_train()
                 self._parts.append([rank, node, entries])
                 self._n += n
+                self._lasts += _lasts_of(rank, entries, self._n, first if uniform else None)
                 counts = self._counts
                 if uniform and first is not None:
                     for key in first:
@@ -190,10 +198,10 @@ class ChunkBuilder:
                                parts[0][1] if one else None, "train", None,
                                orjson.dumps(ranks).decode(), orjson.dumps(names).decode(), self._n,
                                self._n - 1, min(times), max(times), max(steps, default=None),
-                               orjson.dumps(parts)))
+                               orjson.dumps(parts), orjson.dumps(self._lasts).decode()))
         except TypeError:  # a name, number or time orjson cannot write (direct callers)
             self._unusual += [tuple(part) for part in parts]
-        self._parts, self._counts, self._n = [], {}, 0
+        self._parts, self._counts, self._n, self._lasts = [], {}, 0, []
 
     def rows(self) -> list[tuple]:
         self._flush_train()
@@ -227,12 +235,31 @@ class ChunkBuilder:
             self._rows.append(chunk_row(head, list(names), cols))
 
 
+def _lasts_of(rank: int, entries: list[dict], end: int, names: Any) -> list[list]:
+    """`lasts` of one rank's entries whose points end before chunk index `end`: [[index,
+    name, t, rank, value]...] of its last point of each name, in index order. `names`: the
+    names every entry has, when they are the same (then the last entry holds them all)."""
+    found: dict[str, list] = {}
+    at = end
+    for entry in reversed(entries):
+        values = entry.get("values")
+        if not values:
+            continue
+        at -= len(values)
+        for i, name in enumerate(values):
+            if name not in found:
+                found[name] = [at + i, name, entry.get("t"), rank, values[name]]
+        if names is not None:
+            break
+    return sorted(found.values(), key=lambda last: last[0])
+
+
 def chunk_row(head: tuple, names: list, cols: dict[str, list]) -> tuple:
     """The row of a columns chunk for INSERT, `head` being (job_id, attempt, kind, device):
     cols t, s (None for system chunks), k, v (floats or None), r, o, and i (None while whole)."""
     job_id, attempt, kind, device = head
     rank, node, *rest = columns_fields(kind, names, cols)
-    return (job_id, attempt, rank, node, kind, device, *rest)
+    return (job_id, attempt, rank, node, kind, device, *rest, None)
 
 
 def columns_fields(kind: str, names: list, cols: dict[str, list]) -> tuple:
@@ -337,27 +364,33 @@ def read_points(out: list, rows: Iterator[tuple], since: int, limit: int, fold: 
 
 def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterable[str],
                  latest: Iterable[str] = ()) -> list[tuple]:
-    """[(seq, name, t, rank, value, device)...] of chunk rows (seq, device, names, top, data)
-    for the points in (since, newest] with a name in `wanted`, and for names in `latest` at
-    least each rank's last logged point of each chunk (of a whole chunk inside the window,
-    only that one).
+    """[(seq, name, t, rank, value, device)...] of chunk rows (seq, device, names, top, data,
+    lasts) for the points in (since, newest] with a name in `wanted`, and for names in
+    `latest` at least each rank's last logged point of each chunk (of a whole chunk inside
+    the window, only that one).
 
     Alerting reads every new point of the metrics its rules name twice a second: a whole
-    chunk is read entry by entry, touching only the wanted values. An `is nan` rule judges
-    each series by its latest point alone; at 4,096 ranks, reading all of them was most of
-    alerting's cost, a tenth of the launcher's interpreter (benchmarks/HISTORY.md)."""
+    chunk is read entry by entry, touching only the wanted values. An `is nan` rule and the
+    straggler detector judge each series by its latest point alone: of a whole chunk all
+    new, those are its `lasts`, and its points are not decoded at all (at 4,096 ranks,
+    decoding every node batch for them was most of alerting's cost, benchmarks/HISTORY.md)."""
     out: list[tuple] = []
     latest = frozenset(latest) - frozenset(wanted)
     wanted = frozenset(wanted)
     both = wanted | latest
     # Per name set read in full: an entry's names -> the read ones, and where.
     hits_caches: dict[frozenset, dict[tuple, list[tuple[int, str]]]] = {wanted: {}, both: {}}
-    for seq, device, names, top, data in rows:
+    for seq, device, names, top, data, lasts in rows:
         base = seq * CHUNK
+        whole_and_new = latest and since < base and base + top <= newest
+        if whole_and_new and lasts is not None and wanted.isdisjoint(counts_of(names)):
+            # Whole, all of it new, and nothing read in full: its lasts alone.
+            out += [(base + p, name, t, rank, _number(value), device)
+                    for p, name, t, rank, value in orjson.loads(lasts) if name in latest]
+            continue
         d = wirejson.loads(data)
         if type(d) is list:
-            if latest and since < base and base + top <= newest:
-                # Whole, and all of it new: of `latest` names, each rank's last point alone.
+            if whole_and_new:
                 if wanted.isdisjoint(counts_of(names)):
                     _latest_of_whole(out, d, base, latest, device)
                 else:
@@ -398,28 +431,14 @@ def _walk_whole(out: list, d: list, base: int, since: int, newest: int, every: f
 
 
 def _latest_of_whole(out: list, d: list, base: int, last_of: frozenset, device: Any) -> None:
-    """`named_points` of a whole chunk all new that holds none of the names read in full:
-    each rank's last point of each `last_of` name, found from its last entry back (a node
-    batch holds ten entries a rank at 10 steps/s; the one rule reading them all was a tenth
-    of the launcher's interpreter at 4,096 ranks)."""
+    """`named_points` of a whole chunk all new, holding none of the names read in full, and
+    without `lasts` (written before them): its lasts of the `last_of` names, found as the
+    ingest finds them, from each rank's last entry back."""
     pos = base
     for rank, _node, entries in d:
-        end = pos + sum(len(entry.get("values") or ()) for entry in entries)
-        found: dict[str, tuple[int, dict]] = {}
-        at = end
-        for entry in reversed(entries):
-            values = entry.get("values")
-            if not values:
-                continue
-            at -= len(values)
-            for name in last_of:
-                if name not in found and name in values:
-                    found[name] = (at + list(values).index(name), entry)
-            if len(found) == len(last_of):
-                break
-        for name, (p, entry) in sorted(found.items(), key=lambda item: item[1][0]):
-            out.append((p, name, entry.get("t"), rank, _number(entry["values"][name]), device))
-        pos = end
+        pos += sum(len(entry.get("values") or ()) for entry in entries)
+        out += [(p, name, t, rank, _number(value), device)
+                for p, name, t, _rank, value in _lasts_of(rank, entries, pos, None) if name in last_of]
 
 
 def _number(value: Any) -> float | None:
@@ -466,8 +485,7 @@ def migrate_rows(db: sqlite3.Connection) -> int:
                 "v": [_finite(row[9]) for row in group], "r": [row[4] for row in group],
                 "o": [row[5] for row in group]}
         row = chunk_row((first[1], first[3], first[7], first[10]), list(names), cols)
-        db.execute(f"INSERT INTO metric_chunks (seq, {_COLUMNS}) VALUES"
-                   " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (first[0], *row))
+        db.execute(f"INSERT INTO metric_chunks (seq, {_COLUMNS}) VALUES (?, {_PLACES})", (first[0], *row))
         written += 1
         group.clear()
 

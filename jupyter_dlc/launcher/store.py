@@ -69,7 +69,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 # (table, column, type) added after the first schema: a store opened on an older data dir
 # gains them (Store.__init__). attempts.intent: what the supervisor is about to submit
 # (the engine job's name, tries so far), stored before the submit (supervisor._submit).
-ADDED_COLUMNS = (("attempts", "intent", "TEXT"), ("jobs", "alert_summary", "TEXT"))
+ADDED_COLUMNS = (("attempts", "intent", "TEXT"), ("jobs", "alert_summary", "TEXT"),
+                 ("metric_chunks", "lasts", "TEXT"))
 
 
 _JOB_COLUMNS = ("id, name, state, attempt, spec, token, job_dir, created, started, ended, reason,"
@@ -590,7 +591,7 @@ class Store:
             return max(since, newest or 0), []
         where, params = metric_chunks.names_filter(names + latest)
         cursor = self.db.execute(
-            f"SELECT seq, device, names, top, data FROM metric_chunks WHERE job_id = ? AND seq >= ?"
+            f"SELECT seq, device, names, top, data, lasts FROM metric_chunks WHERE job_id = ? AND seq >= ?"
             f" AND seq <= ? AND {where} ORDER BY seq",
             (job_id, since // metric_chunks.CHUNK, newest // metric_chunks.CHUNK, *params))
         cursor.row_factory = None

@@ -17,7 +17,7 @@ wait (input-bound on that node) or compute.
 Cost: the launcher feeds only the points new since its last look (the alert reader's cursor),
 each rank's newest step of every stored write (launcher/alerting.py), into a ring of WINDOW
 steps per rank, arrays of world x WINDOW; a judgement is a few numpy
-passes over them, a millisecond at 4,096 ranks, twice a second.
+passes over them, a few milliseconds at 4,096 ranks, twice a second.
 
 The breakdown names are the runtime's (issue 23's contract): `step_ms`, `data_wait_ms`,
 `grad_sync_ms`, `ckpt_stall_ms`, one value each per `runtime.log` call, all sharing its time.
@@ -55,6 +55,16 @@ def _ranges(numbers: list[int]) -> str:
 
 def _ms(value: float) -> str:
     return f"{value:.0f} ms" if abs(value) >= 10 else f"{value:.1f} ms"
+
+
+def _row_medians(rings: np.ndarray) -> np.ndarray:
+    """np.nanmedian(rings, axis=1) of rings whose NaNs are unfilled slots (each row at least
+    one value): a sort (NaN sorts last) and two picks. np.nanmedian took 15 ms at 4,096
+    ranks, twice a second; this a third of that."""
+    ordered = np.sort(rings, axis=1)
+    filled = np.count_nonzero(~np.isnan(rings), axis=1)
+    rows = np.arange(len(rings))
+    return (ordered[rows, (filled - 1) // 2] + ordered[rows, filled // 2]) / 2
 
 
 class StragglerDetector:
@@ -106,17 +116,15 @@ class StragglerDetector:
             self.named = set()
             return []
         ranks = np.flatnonzero(valid)
-        own = np.nanmedian(self.own[ranks], axis=1)
-        data = np.nanmedian(self.data[ranks], axis=1)
-        sync = np.nanmedian(self.sync[ranks], axis=1)
+        own, data, sync = (_row_medians(a[ranks]) for a in (self.own, self.data, self.sync))
         median = float(np.median(own))
         mad = float(np.median(np.abs(own - median))) * 1.4826
         margin = max(K * mad, FLOOR_MS, FLOOR_SHARE * abs(median))
         keep = median + KEEP_SHARE * margin
         slow_mask = own > median + margin
-        for i, rank in enumerate(ranks):  # hysteresis: a named rank stays named above `keep`
-            if not slow_mask[i] and own[i] > keep and (f"rank {rank}" in self.named or
-                                                       f"node {rank // self.nproc}" in self.named):
+        for i in np.flatnonzero(~slow_mask & (own > keep)):  # hysteresis: a named rank stays named above `keep`
+            rank = int(ranks[i])
+            if f"rank {rank}" in self.named or f"node {rank // self.nproc}" in self.named:
                 slow_mask[i] = True
         if not slow_mask.any() or slow_mask.all():
             self.named = set()

@@ -161,7 +161,7 @@ class ChunkBuilder:
                     self._flush_train()
                 self._parts.append([rank, node, entries])
                 self._n += n
-                self._lasts += _lasts_of(rank, entries, self._n, first if uniform else None)
+                self._lasts += _lasts_of(rank, entries, self._n, uniform)
                 counts = self._counts
                 if uniform and first is not None:
                     for key in first:
@@ -235,10 +235,10 @@ class ChunkBuilder:
             self._rows.append(chunk_row(head, list(names), cols))
 
 
-def _lasts_of(rank: int, entries: list[dict], end: int, names: Any) -> list[list]:
+def _lasts_of(rank: int, entries: list[dict], end: int, uniform: bool) -> list[list]:
     """`lasts` of one rank's entries whose points end before chunk index `end`: [[index,
-    name, t, rank, value]...] of its last point of each name, in index order. `names`: the
-    names every entry has, when they are the same (then the last entry holds them all)."""
+    name, t, rank, value]...] of its last point of each name, in index order. `uniform`:
+    every entry with values has the same names (then the last one holds them all)."""
     found: dict[str, list] = {}
     at = end
     for entry in reversed(entries):
@@ -249,7 +249,7 @@ def _lasts_of(rank: int, entries: list[dict], end: int, names: Any) -> list[list
         for i, name in enumerate(values):
             if name not in found:
                 found[name] = [at + i, name, entry.get("t"), rank, values[name]]
-        if names is not None:
+        if uniform:
             break
     return sorted(found.values(), key=lambda last: last[0])
 
@@ -382,19 +382,19 @@ def named_points(rows: Iterator[tuple], since: int, newest: int, wanted: Iterabl
     hits_caches: dict[frozenset, dict[tuple, list[tuple[int, str]]]] = {wanted: {}, both: {}}
     for seq, device, names, top, data, lasts in rows:
         base = seq * CHUNK
-        whole_and_new = latest and since < base and base + top <= newest
-        if whole_and_new and lasts is not None and wanted.isdisjoint(counts_of(names)):
-            # Whole, all of it new, and nothing read in full: its lasts alone.
+        whole_and_new = bool(latest) and since < base and base + top <= newest
+        # All of it new, and none of its names read in full: of `latest` names, the lasts alone.
+        lasts_only = whole_and_new and wanted.isdisjoint(counts_of(names))
+        if lasts_only and lasts is not None:  # noted at ingest: nothing to decode
             out += [(base + p, name, t, rank, _number(value), device)
                     for p, name, t, rank, value in orjson.loads(lasts) if name in latest]
             continue
         d = wirejson.loads(data)
         if type(d) is list:
-            if whole_and_new:
-                if wanted.isdisjoint(counts_of(names)):
-                    _latest_of_whole(out, d, base, latest, device)
-                else:
-                    _walk_whole(out, d, base, since, newest, wanted, latest, device, hits_caches[wanted])
+            if lasts_only:
+                _latest_of_whole(out, d, base, latest, device)
+            elif whole_and_new:
+                _walk_whole(out, d, base, since, newest, wanted, latest, device, hits_caches[wanted])
             else:
                 _walk_whole(out, d, base, since, newest, both, frozenset(), device, hits_caches[both])
             continue
@@ -438,7 +438,7 @@ def _latest_of_whole(out: list, d: list, base: int, last_of: frozenset, device: 
     for rank, _node, entries in d:
         pos += sum(len(entry.get("values") or ()) for entry in entries)
         out += [(p, name, t, rank, _number(value), device)
-                for p, name, t, _rank, value in _lasts_of(rank, entries, pos, None) if name in last_of]
+                for p, name, t, _rank, value in _lasts_of(rank, entries, pos, False) if name in last_of]
 
 
 def _number(value: Any) -> float | None:

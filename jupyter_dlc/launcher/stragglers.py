@@ -59,8 +59,8 @@ def _ms(value: float) -> str:
 
 def _row_medians(rings: np.ndarray) -> np.ndarray:
     """np.nanmedian(rings, axis=1) of rings whose NaNs are unfilled slots (each row at least
-    one value): a sort (NaN sorts last) and two picks. np.nanmedian took 15 ms at 4,096
-    ranks, twice a second; this a third of that."""
+    one value): a sort (NaN sorts last) and two picks. A judgement of 4,096 ranks (twice a
+    second) took 15 ms with np.nanmedian, 7 ms with this."""
     ordered = np.sort(rings, axis=1)
     filled = np.count_nonzero(~np.isnan(rings), axis=1)
     rows = np.arange(len(rings))

@@ -20,10 +20,11 @@ of 50 ranks, slowest first; with `--full-reads` every point and every rank inste
 latency recorded. Printed per size: ingest p50/p99, accepted logs/s (a log is one rank's
 step with its values, against what was offered), the batch interval the launcher's pace set
 (`report_interval`, launcher/pacing.py; a node reporter keeps it), read p99s, the CPU of
-the launcher and of its ingest worker apart from the benchmark's own (its simulated nodes and
-reader share the same cores) and the host's busy share, database growth per minute. Latencies are of the
-steady load: the first WARMUP seconds of each size, while the nodes start together at a
-quarter second and the launcher's pace spreads them out, are printed apart (`start p99`).
+the launcher, of its ingest worker and of the worker's retention analysis apart from the
+benchmark's own (its simulated nodes and reader share the same cores) and the host's busy
+share, database growth per minute. Latencies are of the steady load: the first WARMUP
+seconds of each size, while the nodes start together at a quarter second and the launcher's
+pace spreads them out, are printed apart (`start p99`).
 The last line is the 4,096-rank steady ingest p99 against the 50 ms goal.
 
     python benchmarks/ingest.py [--sizes 64,1024,4096] [--per-node 8] [--seconds 30] [--full-reads]
@@ -53,6 +54,7 @@ sys.path.insert(0, PLUGIN)
 import results as dashboard  # noqa: E402
 from common import private_launcher, stop_launcher  # noqa: E402
 
+from jupyter_dlc.hostprocs import child  # noqa: E402
 from jupyter_dlc.node.reporter import MAX_PACE, paced, phase_shift  # noqa: E402
 
 GOAL_MS = 50.0
@@ -235,6 +237,12 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     attempt = client.job(job["id"])["attempt"]
     health = client.request("GET", "/healthz")[1]
     pid, ingest_pid = health["pid"], health["ingest"]["pid"]
+    # The worker's retention analysis runs in a process of its own (retention_process.py).
+    deadline = time.monotonic() + 30
+    while (analysis_pid := child(ingest_pid, b"retention_process")) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit("the ingest worker has no retention analysis process")
+        time.sleep(0.1)
     host, port = client.url.split("//")[1].split(":")
     start = time.monotonic() + 1.0
     args = {"host": host, "port": int(port), "path": f"/api/jobs/{job['id']}/report",
@@ -251,6 +259,7 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
         time.sleep(0.01)
     cpu0, db0, t0 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
     ingest0, own0, host0 = cpu_seconds(ingest_pid), cpu_seconds(os.getpid()), host_jiffies()
+    analysis0 = cpu_seconds(analysis_pid)
     senders0 = sum(cpu_seconds(worker.pid) for worker in workers)
     reader = threading.Thread(target=reader_thread,
                               args=(client, job["id"], start + seconds, reads, as_a_view))
@@ -259,6 +268,7 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
     reader.join()
     cpu1, db1, t1 = cpu_seconds(pid), db_bytes(data_dir), time.monotonic()
     ingest1, own1, host1 = cpu_seconds(ingest_pid), cpu_seconds(os.getpid()), host_jiffies()
+    analysis1 = cpu_seconds(analysis_pid)
     senders1 = sum(cpu_seconds(worker.pid) for worker in workers)  # exited, not yet joined: still read
     for worker in workers:
         worker.join()
@@ -277,6 +287,7 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
             "reads": {k: percentile([ms for ms, sent in v if sent >= steady], 99) for k, v in reads.items()},
             "read_counts": {k: len(v) for k, v in reads.items()},
             "cpu": (cpu1 - cpu0) / wall, "ingest_cpu": (ingest1 - ingest0) / wall,
+            "analysis_cpu": (analysis1 - analysis0) / wall,
             # What the benchmark itself costs on the same cores, over the same window: its
             # simulated nodes (the client processes) and this process (the reader thread).
             "senders_cpu": (senders1 - senders0) / wall, "reader_cpu": (own1 - own0) / wall,
@@ -286,11 +297,14 @@ def run_size(client, script: str, data_dir: str, ranks: int, per_node: int, rate
 
 
 def cpu_shares(r: dict) -> str:
-    """Who used the host's cores during the load: the product (launcher and ingest worker)
-    apart from the benchmark that loads it (simulated nodes, reader), which shares the cores."""
-    others = r["host_busy"] - r["cpu"] - r["ingest_cpu"] - r["senders_cpu"] - r["reader_cpu"]
+    """Who used the host's cores during the load: the product (launcher, ingest worker and
+    its retention analysis) apart from the benchmark that loads it (simulated nodes, reader),
+    which shares the cores."""
+    others = r["host_busy"] - r["cpu"] - r["ingest_cpu"] - r["analysis_cpu"] - r["senders_cpu"] - \
+        r["reader_cpu"]
     return (f"CPU launcher {r['cpu'] * 100:.0f}% + ingest worker {r['ingest_cpu'] * 100:.0f}% "
-            f"(the product), the benchmark's simulated nodes {r['senders_cpu'] * 100:.0f}% + "
+            f"+ retention analysis {r['analysis_cpu'] * 100:.0f}% (the product), "
+            f"the benchmark's simulated nodes {r['senders_cpu'] * 100:.0f}% + "
             f"reader {r['reader_cpu'] * 100:.0f}%, the rest of the host {max(0.0, others) * 100:.0f}%: "
             f"{r['host_busy'] * 100:.0f}% of {(os.cpu_count() or 1) * 100}% busy")
 

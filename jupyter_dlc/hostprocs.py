@@ -231,3 +231,21 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def child(parent: int, marker: bytes) -> int | None:
+    """The pid of a live child of `parent` whose command line holds `marker`, if there is one
+    (the ingest worker's retention analysis, for benchmarks and tests)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if fields[0] != b"Z" and int(fields[1]) == parent and marker in command:
+            return int(entry)
+    return None

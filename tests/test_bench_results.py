@@ -136,12 +136,13 @@ def test_the_ingest_benchmark_says_what_the_product_and_what_the_benchmark_cost(
                           "--no-record"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     line = next(li for li in out.stdout.splitlines() if li.lstrip().startswith("512 ranks /"))
-    shares = re.search(r"CPU launcher (\d+)% \+ ingest worker (\d+)% \(the product\), the benchmark's "
+    shares = re.search(r"CPU launcher (\d+)% \+ ingest worker (\d+)% \+ retention analysis (\d+)% "
+                       r"\(the product\), the benchmark's "
                        r"simulated nodes (\d+)% \+ reader (\d+)%, the rest of the host (\d+)%: "
                        r"(\d+)% of (\d+)% busy", line)
     assert shares, line
-    launcher, worker, nodes, reader, rest, busy, cores = map(int, shares.groups())
+    launcher, worker, analysis, nodes, reader, rest, busy, cores = map(int, shares.groups())
     assert launcher > 0 and nodes > 0 and cores == 100 * (os.cpu_count() or 1)
     # Each share is of the same window: together they are what the host's cores did (rounding).
-    assert abs(launcher + worker + nodes + reader + rest - busy) <= 5 or rest == 0, line
+    assert abs(launcher + worker + analysis + nodes + reader + rest - busy) <= 5 or rest == 0, line
     assert out.stdout.strip().splitlines()[-1].startswith("512-rank steady ingest p99 ")

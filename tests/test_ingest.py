@@ -16,7 +16,7 @@ import urllib.request
 from conftest import wait_for
 
 from jupyter_dlc import formatting
-from jupyter_dlc.hostprocs import job_processes
+from jupyter_dlc.hostprocs import alive, child, job_processes
 from jupyter_dlc.launcher.retention import Retention, RetentionPolicy
 from jupyter_dlc.launcher.store import Store
 
@@ -119,10 +119,18 @@ def test_retention_keeps_min_max_last_and_nan_of_every_bucket(tmp_path):
 
 
 def test_a_job_over_its_cap_is_downsampled_and_the_answer_says_so(launcher, monkeypatch):
+    """The analysis runs in a process of its own beside the ingest worker
+    (retention_process.py); killed with -9 it is started again, and the removals it chooses
+    still reach the worker's writer."""
     monkeypatch.setenv("DLC_METRICS_CAP", "400")
     monkeypatch.setenv("DLC_METRICS_KEEP_LAST", "50")
     launcher.restart()  # the launcher reads the policy at start
     job = ended_job(launcher, nproc=2)
+    worker = ingest_worker(launcher)["pid"]
+    first = wait_for(lambda: retention_analysis(worker), 30, what="the retention analysis process")
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: retention_analysis(worker) not in (None, first), 30,
+             what="a new retention analysis process")
     assert launcher.client.metrics(job["id"])["downsampled"] is None
     t0 = time.time() - 3600
     ranks = [{"rank": r, "metrics": [{"t": t0 + step, "step": step, "values": {"loss": 1.0 / (step + 1)}}
@@ -488,12 +496,18 @@ def ingest_worker(launcher) -> dict:
     return launcher.client.request("GET", "/healthz")[1]["ingest"]
 
 
+def retention_analysis(worker: int) -> int | None:
+    """The pid of the ingest worker's retention analysis process, if it has one now."""
+    return child(worker, b"retention_process")
+
+
 def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledged_point(launcher, monkeypatch):
     """Reports are parsed and stored in a process of their own (ingest_worker.py): killed
     with -9 mid-load, the reports it held are answered 503 (a reporter retries them), a new
     one takes over, and every acknowledged point is stored."""
     job = ended_world(launcher, monkeypatch, 4, 8)  # first: it restarts the launcher
     first = ingest_worker(launcher)
+    analysis = wait_for(lambda: retention_analysis(first["pid"]), 30, what="the retention analysis")
 
     def kill_worker():
         os.kill(first["pid"], signal.SIGKILL)
@@ -502,14 +516,16 @@ def test_an_ingest_worker_killed_under_load_is_replaced_and_loses_no_acknowledge
 
     load_across(launcher, job, kill_worker, retry_status=503)
     assert ingest_worker(launcher)["pid"] != first["pid"]
+    # Its retention analysis saw its end of their socket pair close, and left with it.
+    wait_for(lambda: not alive(analysis), 30, what="the killed worker's retention analysis gone")
 
 
 def test_a_launcher_killed_leaves_no_ingest_worker_behind(launcher):
     old = ingest_worker(launcher)["pid"]
+    analysis = wait_for(lambda: retention_analysis(old), 30, what="the retention analysis")
     launcher.restart(kill=True)
-    wait_for(lambda: not os.path.exists(f"/proc/{old}") or
-             open(f"/proc/{old}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
-             30, what="the old launcher's ingest worker gone")
+    wait_for(lambda: not alive(old), 30, what="the old launcher's ingest worker gone")
+    wait_for(lambda: not alive(analysis), 30, what="the old ingest worker's retention analysis gone")
     job = ended_job(launcher, nproc=1)  # the new launcher's worker takes reports
     status, answer = post_report(launcher, job["id"], {"rank": 0, "metrics": [
         {"t": time.time(), "step": 1, "values": {"loss": 0.5}}]})

@@ -7,7 +7,8 @@ evaluation decoding a second of points, and a view's read behind a group commit
 (benchmarks/HISTORY.md, ingest). So the launcher keeps the HTTP side of the report route
 (the token, the job's attempt, the pace, the ranks' commands) and hands each body to this
 process, which parses and checks it (bodies.REPORT), stores it in group commits
-(ingest.ReportIngest) and runs the metrics retention between commits, then answers with the
+(ingest.ReportIngest) and applies the metrics retention's removals between commits (its
+analysis runs in a process of its own, retention_process.py), then answers with the
 status and what the launcher needs for its answer. A report is still acknowledged only once
 committed.
 
@@ -30,7 +31,6 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -39,36 +39,10 @@ from typing import Any
 
 from ..spec import SpecError
 from .. import bodies, layout
+from .framing import Frames, frame
 
 log = logging.getLogger("jupyter_dlc.launcher")
 
-
-
-_HEAD = struct.Struct("!I")
-
-
-def frame(message: Any) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEAD.pack(len(payload)) + payload
-
-
-class Frames:
-    """Messages out of a byte stream fed in pieces."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Any]:
-        self._buffer += data
-        out = []
-        while len(self._buffer) >= _HEAD.size:
-            (size,) = _HEAD.unpack_from(self._buffer)
-            end = _HEAD.size + size
-            if len(self._buffer) < end:
-                break
-            out.append(pickle.loads(self._buffer[_HEAD.size:end]))
-            del self._buffer[:end]
-        return out
 
 
 def report_summary(report: dict, stale: bool) -> dict:
@@ -144,13 +118,14 @@ class Once:
 def serve(sock: socket.socket, db_path: str, data_dir: str, policy: Any) -> None:
     from .ingest import ReportIngest
     from .retention import Retention
+    from .retention_process import AnalysisProcess
     from .storage import DiskGuard
     from .store import Store
 
     guard = DiskGuard(data_dir)
     store = Store(db_path, guard)
     retention = Retention(store, policy)
-    retention.start()
+    AnalysisProcess(retention, db_path)
 
     def maintain() -> None:
         guard.check()

@@ -14,24 +14,25 @@ its whole history, less full resolution (keep_last and recent_steps halved): the
 points go last. The per-job state (bucket width, how far downsampling reached, how many
 points it removed) is in `metric_retention`, and the metrics answer shows it.
 
-The analysis runs on a thread of its own with its own SQLite connection (WAL: it never
-blocks the writer), and its work is proportional to what is new: it reads each new chunk's
-row once without its points (`names` has the count of each series' points in it), keeps per
-series how many points came after each pending chunk, and decodes a chunk only once all its
-points are old (beyond keep_last of their series and recent_steps); a large chunk (a batch
-upload) or any chunk of a job that went quiet is also decoded while only partly old, and
-only its old points are considered. Old points are bucketed with numpy; with each series'
-survivors of its newest bucket carried to the next pass (min, max, last and first NaN of a
-set are those of its survivors together with what joins it), a bucket split across passes
-ends as if analyzed at once. A point of a rarely logged series still among its last
-keep_last when its chunk was analyzed stays as logged (retention never removes more than the
-rules say). The tracking is in memory (in proportion to each job's recent points): after a
-restart, or a change of bucket or policy, the first pass reads every chunk of the job once;
-an ended job's tracking is let go once a pass found nothing new (a resume rebuilds it the
-same way). The removal itself, rewriting (or
-deleting) chunks prepared by the analysis, runs on the ingest writer's thread between its
-commits (ingest.py), in slices, so that it never waits on SQLite's one write lock or makes
-ingest wait long.
+The analysis runs in a process of its own with its own SQLite connection (WAL: it never
+blocks the writer; retention_process.py says why not a thread), and its work is
+proportional to what is new: it reads each new chunk's row once without its points (`names`
+has the count of each series' points in it), keeps per series how many points came after
+each pending chunk, and decodes a chunk only once all its points are old (beyond keep_last
+of their series and recent_steps); a large chunk (a batch upload) or any chunk of a job
+that went quiet is also decoded while only partly old, and only its old points are
+considered. Old points are bucketed with numpy; with each series' survivors of its newest
+bucket carried to the next pass (min, max, last and first NaN of a set are those of its
+survivors together with what joins it), a bucket split across passes ends as if analyzed at
+once. A point of a rarely logged series still among its last keep_last when its chunk was
+analyzed stays as logged (retention never removes more than the rules say). The tracking is
+in memory (in proportion to each job's recent points): after a restart, or a change of
+bucket or policy, the first pass reads every chunk of the job once; an ended job's tracking
+is let go once a pass found nothing new (a resume rebuilds it the same way). The removal
+itself, rewriting (or deleting) chunks prepared by the analysis, runs on the ingest
+writer's thread between its commits (ingest.py), in slices, so that it never waits on
+SQLite's one write lock or makes ingest wait long. The next pass begins only once the last
+pass's removals are committed (it must read what they wrote).
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ import dataclasses
 import heapq
 import logging
 import os
-import threading
 import time
 from array import array
 from bisect import bisect_left
+from typing import Callable
 
 import numpy as np
 
@@ -183,7 +184,9 @@ def _survivors(sid, bucket, value, seq) -> np.ndarray:
 
 
 class Retention:
-    """`start()` the analysis thread; call `run_slices()` from the thread that writes metrics."""
+    """The analysis (`analyze`, in its own process: retention_process.py) and the removals
+    it chose (`queue` them where metrics are written, and call `run_slices()` between writes).
+    `run_pass` does both at once."""
 
     def __init__(self, store, policy: RetentionPolicy | None = None, interval: float = PASS_INTERVAL):
         self.store = store
@@ -194,17 +197,21 @@ class Retention:
         # Slices of (job id, [(chunk seq, its new columns or None to delete it, points
         # removed)...], newest t among those points, the job's state), oldest first.
         self._removals: collections.deque = collections.deque()
-        self._wake = threading.Event()
+        self._drained: Callable[[], None] | None = None
         self._tracks: dict[str, _Track] = {}
         # job id -> (newest seq, recent_from, policy) when a quiet analysis of the ended job
         # left it under its cap (its tracking dropped)
         self._idle: dict[str, tuple] = {}
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._analyze_forever, name="dlc-retention",
-                                        daemon=True)
-        self._thread.start()
+    def queue(self, removals: list, drained: Callable[[], None]) -> None:
+        """Removals an analysis chose (`analyze`), for `run_slices` to apply; `drained()` is
+        called once the last of them is committed. One analysis's at a time."""
+        self._removals.extend(removals)
+        # After them: set first, a slice could find the queue empty before they were in it.
+        self._drained = drained
+
+    def pending(self) -> bool:
+        return bool(self._removals)
 
     def run_slices(self, budget: float = SLICE_BUDGET) -> None:
         """Apply what the analysis chose, for at most about `budget` seconds."""
@@ -232,6 +239,9 @@ class Retention:
                 # Off the queue only once its transaction ended: the analysis waits for an
                 # empty queue, and must then read the chunks and counts it committed.
                 self._removals.popleft()
+        if not self._removals and self._drained is not None:
+            drained, self._drained = self._drained, None
+            drained()
 
     def run_pass(self) -> None:
         """Analyze every job and remove what it chose, all at once (tests; a quiet launcher)."""
@@ -239,25 +249,18 @@ class Retention:
         while self._removals:
             self.run_slices(budget=3600)
 
-    def _analyze_forever(self) -> None:
-        again = False
-        while True:
-            if not again:
-                self._wake.wait(self.interval)
-                self._wake.clear()
-            while self._removals:  # the writer removes what the last analysis chose first
-                time.sleep(0.1)
-            started = time.monotonic()
-            try:
-                again = self._analyze_all()
-            except Exception:  # noqa: BLE001 - retention must never end the launcher
-                log.exception("metrics retention analysis failed; trying again later")
-                self._tracks.clear()  # start over from the chunks
-                again = False
-            if again:
-                # A job is still over its cap: analyze again at once, after a pause as long
-                # as the analysis took, so that this thread never takes more than half a core.
-                time.sleep(time.monotonic() - started)
+    def analyze(self) -> tuple[bool, list]:
+        """One pass over every job: whether some job is still over its cap (analyze again
+        soon), and the removals chosen, taken off this object's queue (for `queue` elsewhere)."""
+        try:
+            again = self._analyze_all()
+        except Exception:  # noqa: BLE001 - retention must never end ingest
+            log.exception("metrics retention analysis failed; trying again later")
+            self._tracks.clear()  # start over from the chunks
+            again = False
+        removals = list(self._removals)
+        self._removals.clear()
+        return again, removals
 
     def _analyze_all(self) -> bool:
         """Queue the removals for every job; True if some job is still over its cap."""

@@ -51,10 +51,12 @@ def _receive(sock: socket.socket, frames: Frames) -> list[Any] | None:
 def analyze_forever(retention: Retention, sock: socket.socket) -> None:
     """The analysis process's loop; returns when the worker is gone."""
     frames = Frames()
+    closing = select.poll()
+    closing.register(sock, select.POLLIN)
     again = False
     while True:
         # The worker sends nothing unasked: the socket turning readable is its end closing.
-        if not again and select.select([sock], [], [], retention.interval)[0]:
+        if not again and closing.poll(retention.interval * 1000):
             if _receive(sock, frames) is None:
                 return
         started = time.monotonic()

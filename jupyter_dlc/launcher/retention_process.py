@@ -86,10 +86,8 @@ class AnalysisProcess:
     def __init__(self, retention: Retention, db_path: str):
         self.retention = retention
         self.db_path = db_path
-        self.starts = 0
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self._sending = threading.Lock()
         self._start()
         threading.Thread(target=self._receive_forever, name="dlc-retention-in", daemon=True).start()
 
@@ -103,12 +101,12 @@ class AnalysisProcess:
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.sock = ours
-        self.starts += 1
 
-    def _drained(self, sock: socket.socket) -> None:
+    @staticmethod
+    def _drained(sock: socket.socket) -> None:
+        # Only the writer's thread calls it, one pass's removals at a time: no lock.
         try:
-            with self._sending:
-                sock.sendall(frame(DRAINED))
+            sock.sendall(frame(DRAINED))
         except OSError:
             pass  # that analysis is gone; its successor starts once the queue is empty
 

@@ -207,7 +207,7 @@ def main() -> int:
             # the launcher this Lab started (its connection file is in our runtime dir)
             os.environ.update(JUPYTER_RUNTIME_DIR=env["JUPYTER_RUNTIME_DIR"],
                               DLC_DATA_DIR=env["DLC_DATA_DIR"])
-            from jupyter_dlc.client import LauncherClient
+            from jupyter_dlc.client import LauncherClient, LauncherUnavailable
 
             client = wait_until(lambda: LauncherClient.from_connection_file(), 120, "the launcher")
             job_id = wait_until(lambda: next((j["id"] for j in client.jobs()), None), 120, "the job")
@@ -228,13 +228,24 @@ def main() -> int:
             def follow_store():
                 # The launcher's push of stored points, as the kernel's view gets it (a poll
                 # every 20 ms saw each point 10-20 ms late, and counted that as batching).
-                for event, data in client.metrics_stream(job_id, since=0, timeout=60):
-                    now = time.time()
-                    if done.is_set():
-                        return
-                    for point in data.get("points", ()) if event == "metrics" else ():
-                        if point["rank"] == 0 and point["name"] == "loss":
-                            stored.setdefault(int(point["step"]), now)
+                # A cut stream is followed again from where it ended, as the view does.
+                since = 0
+                while not done.is_set():
+                    try:
+                        for event, data in client.metrics_stream(job_id, since=since, timeout=60):
+                            now = time.time()
+                            if done.is_set():
+                                return
+                            if event != "metrics":
+                                continue
+                            for point in data.get("points", ()):
+                                if point["rank"] == 0 and point["name"] == "loss":
+                                    stored.setdefault(int(point["step"]), now)
+                            since = int(data.get("last_seq") or since)
+                    except (LauncherUnavailable, OSError, ValueError) as error:
+                        print(f"live_view: the metrics stream was cut ({error}); following it again",
+                              file=sys.stderr, flush=True)
+                        time.sleep(0.1)
 
             poller = threading.Thread(target=follow_store, daemon=True)
             poller.start()

@@ -147,15 +147,17 @@ def main() -> int:
     # No disk guard: the worker's writer, which owns the reserve, does the writes that matter.
     store = Store(args.db, None)
     retention = Retention(store, pickle.loads(bytes.fromhex(args.policy)), interval=args.interval)
+    code = 0  # the worker is gone: nothing failed
     try:
         analyze_forever(retention, socket.socket(fileno=args.fd))
     except BaseException:  # noqa: BLE001 - said here; the worker starts another
         log.exception("the metrics retention analysis failed")
+        code = 1  # the worker's log says "ended (exit 1)"
     # Gone without closing SQLite, as a killed worker goes: the last connection to close
     # checkpoints the WAL into the database, which would then hold what a killed launcher
     # never committed there itself (a WAL lost under a running launcher would be found
     # whole again: tests/test_identity.py).
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -98,8 +98,11 @@ def test_the_cpu_probe_slows_on_a_core_shared_with_a_busy_loop():
         busy.wait()
         os.sched_setaffinity(0, saved)
     # The fastest of each: other work on the host (a suite's leftovers) can only slow a turn
-    # alone, and a turn sharing the core cannot run faster than its share.
-    assert min(shared) > 1.4 * min(alone), (alone, shared)
+    # alone. Sharing the core, the probe gets about half of it, but not exactly: it wakes from
+    # its sleep with credit from the scheduler and the busy loop has just moved in, so a short
+    # loop can get more than its share. This host gives 1.7x; CI's gave 1.39x on 2026-12-07
+    # (fastest 17.1 ms alone, 23.8 shared). A probe blind to the busy loop would give 1.0x.
+    assert min(shared) > 1.25 * min(alone), (alone, shared)
 
 
 def test_a_dashboard_without_its_markers_is_refused_naming_them(tmp_path):

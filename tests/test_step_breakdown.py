@@ -309,3 +309,24 @@ def test_only_the_loops_thread_counts(monkeypatch):
             pass
     values = breakdown.close_step()
     assert values[breakdown.DATA_WAIT] == 1000.0 and values[breakdown.STEP] == 3000.0, values
+
+
+def test_a_sync_timed_on_another_thread_is_counted_once_through_the_lock(monkeypatch):
+    """A CPU DDP's sync is timed by autograd callbacks on the thread that calls backward: on
+    the loop's thread it is added without a lock; a backward on another thread adds through
+    `_add`'s lock, and the step that ends next counts both, once."""
+    import threading
+
+    from jupyter_dlc.runtime import breakdown
+
+    monkeypatch.setattr(breakdown, "_installed", True)
+    monkeypatch.setattr(breakdown, "_last_boundary", None)
+    breakdown.close_step()  # the first boundary: this thread is the loop's
+    sync = breakdown._sections[breakdown.GRAD_SYNC]
+    sync.add(0.002)
+    thread = threading.Thread(target=sync.add, args=(0.003,))
+    thread.start()
+    thread.join()
+    assert sync.spent == 0.002 and breakdown._sums == {breakdown.GRAD_SYNC: 0.003}
+    assert breakdown.close_step()[breakdown.GRAD_SYNC] == 5.0
+    assert breakdown.close_step()[breakdown.GRAD_SYNC] == 0.0

@@ -51,8 +51,10 @@ _OWN_NAMES = {"data": DATA_WAIT, "step": None, "data_wait": None, "grad_sync": N
 _clock = time.perf_counter
 _get_ident = threading.get_ident
 _lock = threading.Lock()
-# Seconds in this step added from threads other than the loop's (a CUDA DDP's hook); the
-# loop's own thread adds to its _Section's `spent`, without a lock (the common case).
+# Seconds in this step added from threads other than the loop's: a CPU DDP whose backward
+# runs off the loop's thread, or a DDP on a device neither CPU nor CUDA (its hook's future
+# completes on a communication thread). The loop's own thread adds to its _Section's
+# `spent`, without a lock (the common case; a CUDA DDP's events are read there too).
 _sums: dict[str, float] = {}
 # Every name of a runtime.timer section this rank has timed but the breakdown's own: each
 # step carries all of them (0 where the step had none).
